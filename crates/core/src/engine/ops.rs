@@ -1,0 +1,405 @@
+//! Transitions of an open transaction: begin, read, record an effect, seal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use smallvec::SmallVec;
+
+use super::{Core, Eff, EffStatus, KeyEntry, KeyState, Tx};
+use crate::effect::{AbortReason, EffectDecl, HeldAck};
+use crate::error::{EngineError, TxState};
+use crate::ids::{EffectId, Epoch, GroupId, Timestamp, TxId, Version};
+use crate::ledger::Event;
+use crate::scope::Scope;
+
+/// Arguments of [`Core::begin`].
+#[derive(Debug, Clone, Default)]
+pub struct BeginRequest {
+    /// The agent (for records and traces).
+    pub agent: Arc<str>,
+    /// Scopes the transaction may touch. `None` blocks every scope until it seals; `Some`
+    /// blocks only these, and touching anything outside them is a protocol violation.
+    pub may_touch: Option<Vec<Scope>>,
+    /// Lease override; `None` takes the engine's.
+    pub lease: Option<Duration>,
+}
+
+/// A begun transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Begun {
+    /// Its id.
+    pub tx: TxId,
+    /// Its epoch.
+    pub epoch: Epoch,
+}
+
+/// The result of a read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadResult {
+    /// The committed version of the scope.
+    pub version: Version,
+    /// The latest value this transaction staged (bufferable effect arguments) on an
+    /// overlapping scope: read-your-writes.
+    pub staged: Option<Arc<Value>>,
+}
+
+/// What the caller must do after [`Core::record_effect`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recorded {
+    /// Call the tool now, then report with [`Core::executed`].
+    Execute(EffectId),
+    /// Held until commit; give the agent this acknowledgement.
+    Held(EffectId, HeldAck),
+    /// The key already executed; give the agent this output, do not call the tool.
+    Replay(EffectId, Arc<Value>),
+}
+
+/// A read-only view of a sealed transaction's footprint, for pre-commit hooks.
+#[derive(Debug, Clone)]
+pub struct SealedView {
+    /// The transaction.
+    pub tx: TxId,
+    /// Its epoch.
+    pub epoch: Epoch,
+    /// Its agent.
+    pub agent: Arc<str>,
+    /// Its speculation group, if a branch.
+    pub group: Option<GroupId>,
+    /// When it began.
+    pub began: Timestamp,
+    /// Scopes read and the versions seen.
+    pub reads: Vec<(Scope, Version)>,
+    /// Effects in issuance order.
+    pub effects: Vec<EffectView>,
+}
+
+/// One effect in a [`SealedView`].
+#[derive(Debug, Clone)]
+pub struct EffectView {
+    /// Issuance position.
+    pub id: EffectId,
+    /// Tool name.
+    pub tool: Arc<str>,
+    /// Effect class.
+    pub class: crate::effect::EffectClass,
+    /// Scopes.
+    pub scopes: Vec<Scope>,
+    /// Arguments.
+    pub args: Arc<Value>,
+    /// Output of an executed (or replayed) effect.
+    pub output: Option<Arc<Value>>,
+}
+
+impl Core {
+    /// The footprint of a transaction, for hooks and inspection.
+    pub fn view(&self, tx: TxId) -> Result<SealedView, EngineError> {
+        let t = self.tx(tx)?;
+        Ok(SealedView {
+            tx,
+            epoch: t.epoch,
+            agent: t.agent.clone(),
+            group: t.group,
+            began: t.began,
+            reads: t.reads.to_vec(),
+            effects: t
+                .effects
+                .iter()
+                .enumerate()
+                .map(|(i, e)| EffectView {
+                    id: EffectId(i as u32),
+                    tool: e.tool.clone(),
+                    class: e.class,
+                    scopes: e.scopes.to_vec(),
+                    args: e.args.clone(),
+                    output: e.output.clone(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Begins a transaction at a fresh epoch.
+    pub fn begin(&mut self, req: BeginRequest, now: Timestamp) -> Begun {
+        let epoch = Epoch(self.next_epoch);
+        self.next_epoch += 1;
+        self.begin_at(req, epoch, None, now)
+    }
+
+    pub(super) fn begin_at(
+        &mut self,
+        req: BeginRequest,
+        epoch: Epoch,
+        group: Option<GroupId>,
+        now: Timestamp,
+    ) -> Begun {
+        let tx = TxId(self.next_tx);
+        self.next_tx += 1;
+        let lease_until = now.after(req.lease.unwrap_or(self.cfg.lease));
+        let mut claims = SmallVec::new();
+        let blocks_all = req.may_touch.is_none();
+        if let Some(scopes) = &req.may_touch {
+            for s in scopes {
+                if !claims.contains(s) {
+                    self.index.claim(s, epoch);
+                    claims.push(s.clone());
+                }
+            }
+        } else {
+            *self.undeclared.entry(epoch).or_insert(0) += 1;
+        }
+        self.leases.insert((lease_until, tx));
+        self.events.push(Event::Begin {
+            tx,
+            epoch,
+            agent: req.agent.clone(),
+            group,
+            may_touch: req.may_touch.as_ref().map(|v| v.iter().map(|s| s.as_str().to_owned()).collect()),
+            lease_until,
+        });
+        self.txs.insert(
+            tx,
+            Tx {
+                epoch,
+                agent: req.agent,
+                group,
+                state: TxState::Open,
+                may_touch: req.may_touch.map(SmallVec::from_vec),
+                reads: SmallVec::new(),
+                effects: Vec::new(),
+                claims,
+                blocks_all,
+                lease_until,
+                in_flight: 0,
+                reason: None,
+                began: now,
+            },
+        );
+        Begun { tx, epoch }
+    }
+
+    /// Checks that `tx` is open and `scope` inside its may-touch set; on a violation the
+    /// transaction is aborted (the abort is queued as [`super::Action::RunAbort`]).
+    fn check_touch(&mut self, tx: TxId, scope: &Scope, what: &str, now: Timestamp) -> Result<(), EngineError> {
+        let lease = self.cfg.lease;
+        let missing = self.missing(tx);
+        let t = self.txs.get_mut(&tx).ok_or(missing)?;
+        match t.state {
+            TxState::Open => {}
+            TxState::Sealed | TxState::Waiting => {
+                let what = format!("{what} `{scope}` after seal");
+                return Err(self.violation(tx, what));
+            }
+            state => {
+                return Err(EngineError::WrongState { tx, op: "touch", state, hint: "" });
+            }
+        }
+        if let Some(mt) = &t.may_touch {
+            if !mt.iter().any(|m| m.covers(scope)) {
+                let declared: Vec<&str> = mt.iter().map(Scope::as_str).collect();
+                let what = format!("{what} `{scope}` outside the declared may-touch set {declared:?}");
+                return Err(self.violation(tx, what));
+            }
+        }
+        t.lease_until = now.after(lease);
+        Ok(())
+    }
+
+    fn violation(&mut self, tx: TxId, what: String) -> EngineError {
+        match self.abort(tx, AbortReason::ProtocolViolation { what: what.clone() }) {
+            Ok(plan) => self.actions.push(super::Action::RunAbort(plan)),
+            Err(e) => debug_assert!(false, "violation abort of {tx} failed: {e}"),
+        }
+        EngineError::ProtocolViolation { tx, what }
+    }
+
+    /// Records that `tx` read `scope` at its current committed version.
+    pub fn read(&mut self, tx: TxId, scope: &Scope, now: Timestamp) -> Result<ReadResult, EngineError> {
+        self.check_touch(tx, scope, "read of", now)?;
+        let version = self.index.version(scope);
+        let t = self.txs.get_mut(&tx).expect("checked by check_touch");
+        let staged = t
+            .effects
+            .iter()
+            .rev()
+            .find(|e| e.status == EffStatus::Held(HeldAck::Staged) && e.scopes.iter().any(|s| s.overlaps(scope)))
+            .map(|e| e.args.clone());
+        if !t.reads.iter().any(|(s, v)| s == scope && *v == version) {
+            t.reads.push((scope.clone(), version));
+            self.events.push(Event::Read { tx, scope: scope.as_str().into(), version });
+        }
+        Ok(ReadResult { version, staged })
+    }
+
+    /// Records an effect and routes it by class.
+    pub fn record_effect(&mut self, tx: TxId, decl: EffectDecl, now: Timestamp) -> Result<Recorded, EngineError> {
+        if decl.scopes.is_empty() {
+            return Err(EngineError::InvalidArgument {
+                field: "scopes",
+                value: format!("[] (tool `{}`)", decl.tool),
+                expected: "at least one scope the effect touches",
+            });
+        }
+        for s in &decl.scopes {
+            self.check_touch(tx, s, "effect on", now)?;
+        }
+        let t = self.txs.get(&tx).expect("checked by check_touch");
+        let id = EffectId(u32::try_from(t.effects.len()).unwrap_or(u32::MAX));
+
+        // Idempotency: a derived key is local to the transaction; an adapter's key is global.
+        let (key, global_key) = match decl.key {
+            Some(k) => (k, true),
+            None => {
+                let first = t
+                    .effects
+                    .iter()
+                    .position(|e| !e.global_key && e.tool == decl.tool && e.args == decl.args)
+                    .unwrap_or(id.0 as usize);
+                (Arc::from(format!("{}:{}:{}", decl.tool, tx, first)), false)
+            }
+        };
+        if let Some(r) = self.replay(tx, &key, global_key)? {
+            return Ok(r);
+        }
+        let status = if decl.class.executes_eagerly() {
+            EffStatus::InFlight
+        } else if decl.class == crate::effect::EffectClass::Bufferable {
+            EffStatus::Held(HeldAck::Staged)
+        } else {
+            EffStatus::Held(HeldAck::Queued)
+        };
+        let mut replay_output = None;
+        let status = if global_key {
+            match self.keys.get(&key) {
+                Some(KeyEntry { state: KeyState::Done(out), .. }) => {
+                    replay_output = Some(out.clone());
+                    EffStatus::Replayed
+                }
+                _ => {
+                    self.keys.insert(key.clone(), KeyEntry { tx, effect: id, state: KeyState::Pending });
+                    status
+                }
+            }
+        } else {
+            status
+        };
+        self.events.push(Event::EffectRecorded {
+            tx,
+            effect: id,
+            tool: decl.tool.clone(),
+            class: decl.class,
+            scopes: decl.scopes.iter().map(|s| Arc::from(s.as_str())).collect(),
+            key: key.clone(),
+            args: decl.args.clone(),
+            compensable: decl.compensable,
+        });
+        let t = self.txs.get_mut(&tx).expect("checked by check_touch");
+        let recorded = match &status {
+            EffStatus::InFlight => {
+                t.in_flight += 1;
+                Recorded::Execute(id)
+            }
+            EffStatus::Held(ack) => Recorded::Held(id, *ack),
+            _ => {
+                let out = replay_output.clone().unwrap_or_default();
+                self.events.push(Event::EffectExecuted { tx, effect: id, output: out.clone() });
+                Recorded::Replay(id, out)
+            }
+        };
+        t.effects.push(Eff {
+            tool: decl.tool,
+            class: decl.class,
+            scopes: SmallVec::from_vec(decl.scopes),
+            key,
+            global_key,
+            args: decl.args,
+            compensable: decl.compensable,
+            status,
+            output: replay_output,
+        });
+        Ok(recorded)
+    }
+
+    /// Handles a key seen before: returns the earlier outcome for a retry within the same
+    /// transaction, refuses keys held elsewhere or unresolved, and otherwise lets the caller
+    /// record a new effect (a key whose effect committed is replayed by the caller).
+    fn replay(&self, tx: TxId, key: &Arc<str>, global: bool) -> Result<Option<Recorded>, EngineError> {
+        let own = if global {
+            match self.keys.get(key) {
+                None | Some(KeyEntry { state: KeyState::Done(_), .. }) => return Ok(None),
+                Some(KeyEntry { state: KeyState::Unresolved, .. }) => {
+                    return Err(EngineError::KeyUnresolved { key: key.to_string() });
+                }
+                Some(KeyEntry { tx: holder, effect, state: KeyState::Pending }) => {
+                    if *holder != tx {
+                        return Err(EngineError::KeyInUse { key: key.to_string(), holder: *holder });
+                    }
+                    *effect
+                }
+            }
+        } else {
+            let t = self.tx(tx)?;
+            match t.effects.iter().position(|e| &e.key == key) {
+                Some(i) => EffectId(i as u32),
+                None => return Ok(None),
+            }
+        };
+        let e = &self.tx(tx)?.effects[own.0 as usize];
+        match &e.status {
+            EffStatus::Executed | EffStatus::Replayed => {
+                Ok(Some(Recorded::Replay(own, e.output.clone().unwrap_or_default())))
+            }
+            EffStatus::Held(ack) => Ok(Some(Recorded::Held(own, *ack))),
+            _ => Err(EngineError::KeyInUse { key: key.to_string(), holder: tx }),
+        }
+    }
+
+    /// Seals `tx`: freezes its footprint and narrows what it blocks to exactly that footprint.
+    pub fn seal(&mut self, tx: TxId, _now: Timestamp) -> Result<(), EngineError> {
+        let missing = self.missing(tx);
+        let t = self.txs.get_mut(&tx).ok_or(missing)?;
+        if t.state != TxState::Open {
+            let state = t.state;
+            return Err(EngineError::WrongState { tx, op: "seal", state, hint: "; only an open transaction can seal" });
+        }
+        if t.in_flight > 0 {
+            let effects = t
+                .effects
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.status == EffStatus::InFlight)
+                .map(|(i, _)| EffectId(i as u32))
+                .collect();
+            return Err(EngineError::InFlight { tx, effects });
+        }
+        t.state = TxState::Sealed;
+        let epoch = t.epoch;
+        let mut footprint: SmallVec<[Scope; 4]> = SmallVec::new();
+        for s in t.reads.iter().map(|(s, _)| s).chain(t.effects.iter().flat_map(|e| e.scopes.iter())) {
+            if !footprint.contains(s) {
+                footprint.push(s.clone());
+            }
+        }
+        for s in &footprint {
+            self.index.claim(s, epoch);
+        }
+        let old = std::mem::replace(&mut t.claims, footprint);
+        for s in &old {
+            self.index.unclaim(s, epoch);
+        }
+        if std::mem::take(&mut t.blocks_all) {
+            self.remove_undeclared(epoch);
+        }
+        self.events.push(Event::Sealed { tx });
+        self.wake_after(epoch);
+        Ok(())
+    }
+
+    pub(super) fn remove_undeclared(&mut self, epoch: Epoch) {
+        if let Some(n) = self.undeclared.get_mut(&epoch) {
+            *n -= 1;
+            if *n == 0 {
+                self.undeclared.remove(&epoch);
+            }
+        }
+    }
+}

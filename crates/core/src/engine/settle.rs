@@ -1,0 +1,591 @@
+//! Settlement: eager-call results, the commit decision, releases, aborts and compensations,
+//! lease expiry, and waking the transactions a finished one was blocking.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{Action, Core, EffStatus, KeyState, Ordering, Tx, disposition_for_discard};
+use crate::effect::{AbortReason, Disposition, EffectClass, EffectOutcome, Outcome, PartialCommit, Tag};
+use crate::error::{EngineError, TxState};
+use crate::ids::{EffectId, Epoch, Timestamp, TxId};
+use crate::ledger::Event;
+
+/// One compensation to run.
+#[derive(Debug, Clone)]
+pub struct CompensationTask {
+    /// The transaction.
+    pub tx: TxId,
+    /// The forward effect.
+    pub effect: EffectId,
+    /// The tool whose compensation handler runs.
+    pub tool: Arc<str>,
+    /// The forward call's arguments.
+    pub args: Arc<Value>,
+    /// The forward call's output.
+    pub output: Arc<Value>,
+}
+
+/// The compensations of a decided abort, in the order to run them (reverse issuance).
+#[derive(Debug, Clone)]
+pub struct AbortPlan {
+    /// The transaction.
+    pub tx: TxId,
+    /// Why it aborted.
+    pub reason: AbortReason,
+    /// Compensations, last-issued first.
+    pub compensations: Vec<CompensationTask>,
+}
+
+/// One held effect to release at commit.
+#[derive(Debug, Clone)]
+pub struct ReleaseTask {
+    /// The effect.
+    pub effect: EffectId,
+    /// Its tool.
+    pub tool: Arc<str>,
+    /// Bufferable (apply) or gated (fire).
+    pub class: EffectClass,
+    /// Its arguments.
+    pub args: Arc<Value>,
+}
+
+/// The held effects of a decided commit, in issuance order.
+#[derive(Debug, Clone)]
+pub struct ReleasePlan {
+    /// The transaction.
+    pub tx: TxId,
+    /// Releases in issuance order.
+    pub releases: Vec<ReleaseTask>,
+}
+
+/// The result of [`Core::try_commit`].
+#[derive(Debug)]
+pub enum Decision {
+    /// Earlier work may still touch the footprint; wait for a [`Action::Wake`] and retry.
+    Wait,
+    /// Committed: release these, report each with [`Core::release_done`], then
+    /// [`Core::finish_commit`].
+    Commit(ReleasePlan),
+    /// Aborted (stale read): run the plan, then [`Core::finish_abort`].
+    Abort(AbortPlan),
+}
+
+/// The result of [`Core::finish_commit`].
+#[derive(Debug)]
+pub enum Settlement {
+    /// Committed (possibly partially: see [`Outcome::partial`]).
+    Committed(Outcome),
+    /// The first release failed before anything left: the transaction aborts instead.
+    Abort(AbortPlan),
+}
+
+/// The result of [`Core::executed`].
+#[derive(Debug)]
+pub enum ExecResult {
+    /// Recorded; give the output to the agent.
+    Done,
+    /// The call failed and the transaction aborted: run the plan, then finish the abort.
+    Aborted(AbortPlan),
+    /// The transaction aborted while the call ran: compensate it now.
+    Late(CompensationTask),
+}
+
+impl Core {
+    /// Reports the result of an eager call. `Err((message, unknown))`: the call failed;
+    /// `unknown` says it may nevertheless have taken effect.
+    pub fn executed(
+        &mut self,
+        tx: TxId,
+        effect: EffectId,
+        result: Result<Arc<Value>, (String, bool)>,
+    ) -> Result<ExecResult, EngineError> {
+        let Some(t) = self.txs.get_mut(&tx) else {
+            if let Some(task) = self.late.remove(&(tx, effect)) {
+                return Ok(match result {
+                    Ok(output) => {
+                        self.events.push(Event::EffectExecuted { tx, effect, output: output.clone() });
+                        ExecResult::Late(CompensationTask { output, ..task })
+                    }
+                    Err((error, unknown)) => {
+                        self.events.push(Event::EffectFailed { tx, effect, error, unknown });
+                        ExecResult::Done
+                    }
+                });
+            }
+            return Err(self.missing(tx));
+        };
+        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| e.status == EffStatus::InFlight) else {
+            return Err(EngineError::InvalidArgument {
+                field: "effect",
+                value: format!("{tx}{effect}"),
+                expected: "an effect whose call is in flight",
+            });
+        };
+        t.in_flight -= 1;
+        match result {
+            Ok(output) => {
+                e.status = EffStatus::Executed;
+                e.output = Some(output.clone());
+                self.events.push(Event::EffectExecuted { tx, effect, output });
+                if t.state == TxState::Aborting {
+                    // Aborted while the call ran: compensate it now.
+                    let task = CompensationTask {
+                        tx,
+                        effect,
+                        tool: e.tool.clone(),
+                        args: e.args.clone(),
+                        output: e.output.clone().unwrap_or_default(),
+                    };
+                    return Ok(ExecResult::Late(task));
+                }
+                Ok(ExecResult::Done)
+            }
+            Err((message, unknown)) => {
+                e.status = EffStatus::Failed { unknown };
+                let tool = e.tool.to_string();
+                self.events.push(Event::EffectFailed { tx, effect, error: message.clone(), unknown });
+                if t.state == TxState::Aborting {
+                    return Ok(ExecResult::Done);
+                }
+                let plan = self.abort(tx, AbortReason::ToolFailed { tool, message })?;
+                Ok(ExecResult::Aborted(plan))
+            }
+        }
+    }
+
+    /// Asks to commit a sealed transaction: it stops holding a lease and starts waiting.
+    pub fn request_commit(&mut self, tx: TxId) -> Result<(), EngineError> {
+        let groups = &self.groups;
+        let t = self.txs.get(&tx).ok_or_else(|| self.missing(tx))?;
+        if let Some(g) = t.group {
+            if groups.get(&g).and_then(|g| g.winner) != Some(tx) {
+                return Err(EngineError::BranchOfGroup { tx, group: g });
+            }
+        }
+        match t.state {
+            TxState::Sealed => {}
+            TxState::Open => {
+                return Err(EngineError::WrongState {
+                    tx,
+                    op: "commit",
+                    state: TxState::Open,
+                    hint: "; seal it first",
+                });
+            }
+            state => {
+                return Err(EngineError::WrongState {
+                    tx,
+                    op: "commit",
+                    state,
+                    hint: "; commit was already requested or decided",
+                });
+            }
+        }
+        let lease = (t.lease_until, tx);
+        self.leases.remove(&lease);
+        self.txs.get_mut(&tx).expect("present").state = TxState::Waiting;
+        Ok(())
+    }
+
+    /// Decides a waiting transaction if it can be decided now.
+    pub fn try_commit(&mut self, tx: TxId, _now: Timestamp) -> Result<Decision, EngineError> {
+        let t = self.tx(tx)?;
+        if t.state != TxState::Waiting {
+            let state = t.state;
+            return Err(EngineError::WrongState { tx, op: "decide", state, hint: "; request the commit first" });
+        }
+        let epoch = t.epoch;
+        // A stale read can only get staler: abort it now rather than after waiting.
+        if let Some((scope, read, current)) =
+            t.reads.iter().map(|(s, v)| (s, *v, self.index.version(s))).find(|(_, read, cur)| cur > read)
+        {
+            let reason = AbortReason::StaleRead { scope: scope.to_string(), read: read.0, current: current.0 };
+            self.waiting.remove(&(epoch, tx));
+            return Ok(Decision::Abort(self.abort(tx, reason)?));
+        }
+        if !self.admissible(t) {
+            self.waiting.insert((epoch, tx));
+            return Ok(Decision::Wait);
+        }
+        self.waiting.remove(&(epoch, tx));
+        self.stamp += 1;
+        let stamp = self.stamp;
+        let t = self.txs.get_mut(&tx).expect("present");
+        t.state = TxState::Committing;
+        let mut releases = Vec::new();
+        for (i, e) in t.effects.iter().enumerate() {
+            if e.status != EffStatus::Replayed {
+                for s in &e.scopes {
+                    self.index.record_write(s, stamp);
+                }
+            }
+            if matches!(e.status, EffStatus::Held(_)) {
+                releases.push(ReleaseTask {
+                    effect: EffectId(i as u32),
+                    tool: e.tool.clone(),
+                    class: e.class,
+                    args: e.args.clone(),
+                });
+            }
+        }
+        self.events.push(Event::Decided { tx, commit: true, stamp: Some(stamp), reason: None });
+        // Readers waiting behind this commit are now stale: let them abort early.
+        self.wake_after(epoch);
+        Ok(Decision::Commit(ReleasePlan { tx, releases }))
+    }
+
+    /// The commit predicate: no unfinished transaction with a smaller epoch may touch any
+    /// scope of the sealed footprint.
+    fn admissible(&self, t: &Tx) -> bool {
+        if self.cfg.ordering == Ordering::FirstCommitterWins {
+            return true;
+        }
+        if self.undeclared.first_key_value().is_some_and(|(e, _)| *e < t.epoch) {
+            return false;
+        }
+        !t.claims.iter().any(|s| self.index.blocked_before(s, t.epoch))
+    }
+
+    /// Reports the release of one held effect at commit.
+    pub fn release_done(
+        &mut self,
+        tx: TxId,
+        effect: EffectId,
+        result: Result<Arc<Value>, String>,
+    ) -> Result<(), EngineError> {
+        let t = self.tx_mut(tx)?;
+        if t.state != TxState::Committing {
+            let state = t.state;
+            return Err(EngineError::WrongState { tx, op: "release an effect of", state, hint: "" });
+        }
+        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| matches!(e.status, EffStatus::Held(_))) else {
+            return Err(EngineError::InvalidArgument {
+                field: "effect",
+                value: format!("{tx}{effect}"),
+                expected: "a held effect not yet released",
+            });
+        };
+        match result {
+            Ok(output) => {
+                e.status = EffStatus::Released;
+                e.output = Some(output.clone());
+                self.events.push(Event::Released { tx, effect, output: Some(output), error: None });
+            }
+            Err(error) => {
+                e.status = EffStatus::ReleaseFailed(error.clone());
+                self.events.push(Event::Released { tx, effect, output: None, error: Some(error) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes a commit after its releases were reported (stopping at the first failure).
+    pub fn finish_commit(&mut self, tx: TxId) -> Result<Settlement, EngineError> {
+        let t = self.tx(tx)?;
+        if t.state != TxState::Committing {
+            let state = t.state;
+            return Err(EngineError::WrongState { tx, op: "finish the commit of", state, hint: "" });
+        }
+        let failed = t.effects.iter().position(|e| matches!(e.status, EffStatus::ReleaseFailed(_)));
+        let released: Vec<EffectId> = t
+            .effects
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.status == EffStatus::Released)
+            .map(|(i, _)| EffectId(i as u32))
+            .collect();
+        if let Some(f) = failed {
+            if released.is_empty() {
+                let (tool, message) = match &t.effects[f].status {
+                    EffStatus::ReleaseFailed(m) => (t.effects[f].tool.to_string(), m.clone()),
+                    _ => unreachable!("position matched ReleaseFailed"),
+                };
+                let t = self.txs.get_mut(&tx).expect("present");
+                t.state = TxState::Waiting; // so that abort() accepts it
+                return Ok(Settlement::Abort(self.abort(tx, AbortReason::ReleaseFailed { tool, message })?));
+            }
+        }
+        let t = self.txs.remove(&tx).expect("present");
+        let mut partial = None;
+        if let Some(f) = failed {
+            let error = match &t.effects[f].status {
+                EffStatus::ReleaseFailed(m) => m.clone(),
+                _ => String::new(),
+            };
+            let not_attempted = t
+                .effects
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| matches!(e.status, EffStatus::Held(_)))
+                .map(|(i, _)| EffectId(i as u32))
+                .collect();
+            partial = Some(PartialCommit { released, failed: EffectId(f as u32), error, not_attempted });
+        }
+        let effects = t
+            .effects
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let (disposition, tag, detail) = match &e.status {
+                    EffStatus::Released if e.class == EffectClass::Bufferable => {
+                        (Disposition::Applied, Tag::Clean, None)
+                    }
+                    EffStatus::Released => (Disposition::Fired, Tag::Clean, None),
+                    EffStatus::ReleaseFailed(m) => (Disposition::ReleaseFailed, Tag::PartialCommit, Some(m.clone())),
+                    EffStatus::Held(_) => (Disposition::NotReleased, Tag::PartialCommit, None),
+                    EffStatus::Replayed => (Disposition::Replayed, Tag::Clean, None),
+                    _ => (Disposition::Accepted, Tag::Clean, None),
+                };
+                EffectOutcome {
+                    id: EffectId(i as u32),
+                    tool: e.tool.clone(),
+                    class: e.class,
+                    key: e.key.clone(),
+                    disposition,
+                    tag,
+                    detail,
+                }
+            })
+            .collect();
+        let outcome =
+            Outcome { tx, epoch: t.epoch, agent: t.agent.clone(), committed: true, reason: None, effects, partial };
+        self.committed += 1;
+        self.finish(tx, t, &outcome);
+        Ok(Settlement::Committed(outcome))
+    }
+
+    /// Decides to abort `tx`. Held effects are dropped (never released); the plan lists the
+    /// executed effects to compensate, last-issued first.
+    pub fn abort(&mut self, tx: TxId, reason: AbortReason) -> Result<AbortPlan, EngineError> {
+        let t = self.tx_mut(tx)?;
+        match t.state {
+            TxState::Open | TxState::Sealed | TxState::Waiting => {}
+            state => {
+                return Err(EngineError::WrongState {
+                    tx,
+                    op: "abort",
+                    state,
+                    hint: "; its settlement is already decided",
+                });
+            }
+        }
+        if matches!(t.state, TxState::Open | TxState::Sealed) {
+            let lease = (t.lease_until, tx);
+            self.leases.remove(&lease);
+        }
+        let t = self.txs.get_mut(&tx).expect("present");
+        t.state = TxState::Aborting;
+        t.reason = Some(reason.clone());
+        let epoch = t.epoch;
+        let mut compensations = Vec::new();
+        for (i, e) in t.effects.iter().enumerate().rev() {
+            if e.status == EffStatus::Executed && e.compensable {
+                compensations.push(CompensationTask {
+                    tx,
+                    effect: EffectId(i as u32),
+                    tool: e.tool.clone(),
+                    args: e.args.clone(),
+                    output: e.output.clone().unwrap_or_default(),
+                });
+            }
+        }
+        self.waiting.remove(&(epoch, tx));
+        self.events.push(Event::Decided { tx, commit: false, stamp: None, reason: Some(reason.clone()) });
+        Ok(AbortPlan { tx, reason, compensations })
+    }
+
+    /// Reports a compensation's result (`Ok(residue)` or the error after retries).
+    pub fn compensated(
+        &mut self,
+        tx: TxId,
+        effect: EffectId,
+        result: Result<Option<String>, String>,
+    ) -> Result<(), EngineError> {
+        let t = self.tx_mut(tx)?;
+        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| e.status == EffStatus::Executed) else {
+            return Err(EngineError::InvalidArgument {
+                field: "effect",
+                value: format!("{tx}{effect}"),
+                expected: "an executed effect awaiting compensation",
+            });
+        };
+        let (residue, error) = match result {
+            Ok(residue) => {
+                e.status = EffStatus::Compensated { residue: residue.clone() };
+                (residue, None)
+            }
+            Err(error) => {
+                e.status = EffStatus::CompensationFailed(error.clone());
+                (None, Some(error))
+            }
+        };
+        self.events.push(Event::Compensated { tx, effect, residue, error });
+        Ok(())
+    }
+
+    /// Records the compensation of an effect that completed after its transaction settled.
+    pub fn late_compensated(&mut self, tx: TxId, effect: EffectId, result: Result<Option<String>, String>) {
+        let (residue, error) = match result {
+            Ok(r) => (r, None),
+            Err(e) => (None, Some(e)),
+        };
+        self.events.push(Event::Compensated { tx, effect, residue, error });
+    }
+
+    /// Finishes an abort after its compensations were reported.
+    pub fn finish_abort(&mut self, tx: TxId) -> Result<Outcome, EngineError> {
+        let t = self.tx(tx)?;
+        if t.state != TxState::Aborting {
+            let state = t.state;
+            return Err(EngineError::WrongState { tx, op: "finish the abort of", state, hint: "; abort it first" });
+        }
+        let t = self.txs.remove(&tx).expect("present");
+        let effects = t
+            .effects
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let (disposition, mut tag) = disposition_for_discard(&e.status);
+                let mut detail = match &e.status {
+                    EffStatus::Compensated { residue } => residue.as_ref().map(|r| format!("residue: {r}")),
+                    EffStatus::CompensationFailed(m) => Some(format!("compensation failed: {m}")),
+                    EffStatus::Executed if !e.compensable => Some("no compensation handler; the effect stands".into()),
+                    EffStatus::Executed => Some("compensation never reported".into()),
+                    EffStatus::InFlight => Some("call still running at abort; compensated when it returns".into()),
+                    EffStatus::Failed { unknown: true } => Some("call outcome unknown".into()),
+                    _ => None,
+                };
+                if e.status == EffStatus::Executed && e.class == EffectClass::Gated {
+                    tag = Tag::Leaked;
+                    detail = Some("irreversible effect left before the abort".into());
+                }
+                if e.status == EffStatus::InFlight {
+                    self.late.insert(
+                        (tx, EffectId(i as u32)),
+                        CompensationTask {
+                            tx,
+                            effect: EffectId(i as u32),
+                            tool: e.tool.clone(),
+                            args: e.args.clone(),
+                            output: Arc::default(),
+                        },
+                    );
+                }
+                EffectOutcome {
+                    id: EffectId(i as u32),
+                    tool: e.tool.clone(),
+                    class: e.class,
+                    key: e.key.clone(),
+                    disposition,
+                    tag,
+                    detail,
+                }
+            })
+            .collect();
+        let outcome = Outcome {
+            tx,
+            epoch: t.epoch,
+            agent: t.agent.clone(),
+            committed: false,
+            reason: t.reason.clone(),
+            effects,
+            partial: None,
+        };
+        self.aborted += 1;
+        self.finish(tx, t, &outcome);
+        Ok(outcome)
+    }
+
+    /// Aborts every open or sealed transaction whose lease ended at or before `now`, queueing
+    /// their plans as [`Action::RunAbort`]. Returns how many expired.
+    pub fn expire_leases(&mut self, now: Timestamp) -> usize {
+        let mut n = 0;
+        while let Some(&(deadline, tx)) = self.leases.first() {
+            if deadline > now {
+                break;
+            }
+            self.leases.pop_first();
+            let Some(t) = self.txs.get(&tx) else { continue };
+            if !matches!(t.state, TxState::Open | TxState::Sealed) {
+                continue;
+            }
+            if t.lease_until > now {
+                // Renewed since this entry was made.
+                self.leases.insert((t.lease_until, tx));
+                continue;
+            }
+            // The entry is gone from `leases` already; abort() tolerates that.
+            if let Ok(plan) = self.abort(tx, AbortReason::LeaseExpired) {
+                self.actions.push(Action::RunAbort(plan));
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Releases everything a finished transaction held and wakes those it blocked.
+    fn finish(&mut self, tx: TxId, t: Tx, outcome: &Outcome) {
+        for s in &t.claims {
+            self.index.unclaim(s, t.epoch);
+        }
+        if t.blocks_all {
+            self.remove_undeclared(t.epoch);
+        }
+        self.waiting.remove(&(t.epoch, tx));
+        for (i, e) in t.effects.iter().enumerate() {
+            if !e.global_key {
+                continue;
+            }
+            let Some(entry) = self.keys.get_mut(&e.key) else { continue };
+            if entry.tx != tx || entry.effect.0 as usize != i {
+                continue;
+            }
+            let eo = &outcome.effects[i];
+            match (eo.disposition.clone(), eo.tag) {
+                (Disposition::Discarded | Disposition::Compensated, Tag::Clean) => {
+                    self.keys.remove(&e.key);
+                }
+                (
+                    Disposition::Accepted | Disposition::Applied | Disposition::Fired | Disposition::NotCompensable,
+                    _,
+                ) => {
+                    entry.state = KeyState::Done(e.output.clone().unwrap_or_default());
+                }
+                (Disposition::NotReleased | Disposition::ReleaseFailed, _) => {
+                    self.keys.remove(&e.key);
+                }
+                _ => entry.state = KeyState::Unresolved,
+            }
+        }
+        if let Some(g) = t.group {
+            self.group_member_finished(g, tx);
+        }
+        self.events.push(Event::Settled {
+            tx,
+            committed: outcome.committed,
+            effects: outcome.effects.iter().map(|e| (e.id, e.disposition.clone(), e.tag)).collect(),
+        });
+        self.wake_after(t.epoch);
+    }
+
+    /// Wakes the waiting transactions later than `epoch` that can now decide (admissible, or
+    /// stale and therefore bound to abort).
+    pub(super) fn wake_after(&mut self, epoch: Epoch) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let mut woken = Vec::new();
+        for &(e, w) in self.waiting.range((Epoch(epoch.0 + 1), TxId(0))..) {
+            let Some(t) = self.txs.get(&w) else { continue };
+            let stale = t.reads.iter().any(|(s, v)| self.index.version(s) > *v);
+            if stale || self.admissible(t) {
+                woken.push((e, w));
+            }
+        }
+        for (e, w) in woken {
+            self.waiting.remove(&(e, w));
+            self.actions.push(Action::Wake(w));
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Errors of the engine's operations.
+
+use crate::ids::{EffectId, GroupId, TxId};
+use crate::scope::ScopeError;
+
+/// The lifecycle state of a transaction, as reported in errors and views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TxState {
+    /// Accepting reads and effects.
+    Open,
+    /// Footprint frozen; commit not yet requested.
+    Sealed,
+    /// Commit requested: hooks running or waiting for earlier work on its scopes.
+    Waiting,
+    /// Commit decided; held effects being released.
+    Committing,
+    /// Abort decided; compensations running.
+    Aborting,
+}
+
+impl std::fmt::Display for TxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TxState::Open => "open",
+            TxState::Sealed => "sealed",
+            TxState::Waiting => "waiting",
+            TxState::Committing => "committing",
+            TxState::Aborting => "aborting",
+        })
+    }
+}
+
+/// Why an engine operation was refused. The engine's state is unchanged by a refusal unless
+/// the variant says the transaction was aborted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// A scope could not be canonicalised.
+    #[error("invalid scope in `{field}`: {source}")]
+    Scope {
+        /// Which argument held it (`read`, `may_touch`, `effect scope of tool X`).
+        field: String,
+        /// The canonicalisation error.
+        #[source]
+        source: ScopeError,
+    },
+    /// The id was never issued by this engine.
+    #[error("unknown transaction {tx}: this engine never issued it")]
+    UnknownTx {
+        /// The id.
+        tx: TxId,
+    },
+    /// The transaction has already settled (committed or aborted) and been reclaimed.
+    #[error("transaction {tx} has already settled")]
+    Settled {
+        /// The id.
+        tx: TxId,
+    },
+    /// The operation is not allowed in the transaction's current state.
+    #[error("cannot {op} transaction {tx}: it is {state}{hint}")]
+    WrongState {
+        /// The id.
+        tx: TxId,
+        /// The operation attempted.
+        op: &'static str,
+        /// Its state.
+        state: TxState,
+        /// What to do instead, if anything.
+        hint: &'static str,
+    },
+    /// The transaction broke the protocol and has been aborted.
+    #[error("protocol violation in {tx}, transaction aborted: {what}")]
+    ProtocolViolation {
+        /// The id.
+        tx: TxId,
+        /// What happened.
+        what: String,
+    },
+    /// Calls of the transaction are still running.
+    #[error("cannot seal {tx}: effects {effects:?} are still executing; seal after every call returned")]
+    InFlight {
+        /// The id.
+        tx: TxId,
+        /// Effects in flight.
+        effects: Vec<EffectId>,
+    },
+    /// Another unfinished transaction holds the idempotency key.
+    #[error("idempotency key `{key}` is held by unfinished transaction {holder}; retry after it settles")]
+    KeyInUse {
+        /// The key.
+        key: String,
+        /// The transaction holding it.
+        holder: TxId,
+    },
+    /// The key's earlier execution has an unknown or unresolved outcome; it will not run again.
+    #[error("idempotency key `{key}` has an unresolved earlier execution; an operator must resolve it")]
+    KeyUnresolved {
+        /// The key.
+        key: String,
+    },
+    /// A malformed argument.
+    #[error("invalid `{field}` = {value}: expected {expected}")]
+    InvalidArgument {
+        /// The argument.
+        field: &'static str,
+        /// The value given, rendered.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// The group id was never issued, or the group has settled.
+    #[error("unknown or settled speculation group {group}")]
+    UnknownGroup {
+        /// The id.
+        group: GroupId,
+    },
+    /// The transaction is not a branch of the group.
+    #[error("{tx} is not a branch of {group}; branches are {branches:?}")]
+    NotInGroup {
+        /// The id.
+        tx: TxId,
+        /// The group.
+        group: GroupId,
+        /// Its branches.
+        branches: Vec<TxId>,
+    },
+    /// A branch must be settled through its group.
+    #[error("{tx} is a branch of {group}: settle it with the group's commit (choose a winner) or abort")]
+    BranchOfGroup {
+        /// The id.
+        tx: TxId,
+        /// The group.
+        group: GroupId,
+    },
+    /// A group was asked to settle before a winner was chosen.
+    #[error("speculation group {group} has no winner chosen; choose one of {branches:?} or abort the group")]
+    NoWinner {
+        /// The group.
+        group: GroupId,
+        /// Its branches still open.
+        branches: Vec<TxId>,
+    },
+}
+
+impl EngineError {
+    /// Whether retrying the same call later may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self, EngineError::KeyInUse { .. })
+    }
+}

@@ -1,0 +1,169 @@
+//! Ledger events: the append-only facts every projection is rebuilt from.
+//!
+//! # Format
+//!
+//! Events serialise as JSON objects tagged by `"event"` (snake_case). The format version is
+//! [`LEDGER_FORMAT_VERSION`]. Rule for changes: within one version, fields may only be *added*
+//! and must be optional (`#[serde(default)]`) so older ledgers still read; removing or changing
+//! the meaning of a field, or adding an event kind older readers must understand, bumps the
+//! version, and readers refuse a ledger whose version is newer than theirs.
+//!
+//! A compensation registration is not a separate event: [`Event::EffectExecuted`] carries
+//! everything its compensation needs (the tool named in [`Event::EffectRecorded`], the
+//! arguments, and the output), and it is appended before the agent is told the effect
+//! happened. A compensation never edits history; [`Event::Compensated`] is a new fact.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::effect::{AbortReason, Disposition, EffectClass, Tag};
+use crate::ids::{EffectId, Epoch, GroupId, Timestamp, TxId, Version};
+
+/// The ledger format version written by this build.
+pub const LEDGER_FORMAT_VERSION: u32 = 1;
+
+/// One ledger fact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Event {
+    /// A transaction began.
+    Begin {
+        /// Transaction.
+        tx: TxId,
+        /// Its epoch.
+        epoch: Epoch,
+        /// The agent.
+        agent: Arc<str>,
+        /// Speculation group, if a branch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group: Option<GroupId>,
+        /// Declared may-touch scopes (`None`: undeclared, blocks everything until sealed).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        may_touch: Option<Vec<String>>,
+        /// When the lease expires unless renewed.
+        lease_until: Timestamp,
+    },
+    /// A scope was read at a version.
+    Read {
+        /// Transaction.
+        tx: TxId,
+        /// Canonical scope.
+        scope: Arc<str>,
+        /// Version observed.
+        version: Version,
+    },
+    /// An effect was recorded: before an eager call is made, or when a held effect is staged
+    /// or queued.
+    EffectRecorded {
+        /// Transaction.
+        tx: TxId,
+        /// Issuance position.
+        effect: EffectId,
+        /// Tool name.
+        tool: Arc<str>,
+        /// Effect class.
+        class: EffectClass,
+        /// Canonical scopes.
+        scopes: Vec<Arc<str>>,
+        /// Idempotency key.
+        key: Arc<str>,
+        /// Arguments.
+        args: Arc<Value>,
+        /// Whether a compensation handler exists.
+        compensable: bool,
+    },
+    /// An eager effect executed; registers its compensation.
+    EffectExecuted {
+        /// Transaction.
+        tx: TxId,
+        /// Issuance position.
+        effect: EffectId,
+        /// The tool's output.
+        output: Arc<Value>,
+    },
+    /// An eager effect's call failed (known not to have taken effect, or unknown).
+    EffectFailed {
+        /// Transaction.
+        tx: TxId,
+        /// Issuance position.
+        effect: EffectId,
+        /// Error text.
+        error: String,
+        /// Whether the outcome is unknown (the call may have taken effect).
+        unknown: bool,
+    },
+    /// The footprint was frozen.
+    Sealed {
+        /// Transaction.
+        tx: TxId,
+    },
+    /// The commit or abort decision.
+    Decided {
+        /// Transaction.
+        tx: TxId,
+        /// `true` for commit.
+        commit: bool,
+        /// Commit stamp (versions written), for commits.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stamp: Option<u64>,
+        /// Why, for aborts.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<AbortReason>,
+    },
+    /// A held effect was released at commit (or its release failed).
+    Released {
+        /// Transaction.
+        tx: TxId,
+        /// Issuance position.
+        effect: EffectId,
+        /// Output on success.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<Arc<Value>>,
+        /// Error text on failure.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// A compensation ran (or failed).
+    Compensated {
+        /// Transaction.
+        tx: TxId,
+        /// Issuance position of the forward effect.
+        effect: EffectId,
+        /// Residue reported by a reversible-with-cost compensation.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        residue: Option<String>,
+        /// Error text on failure.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// Final per-effect tags; the transaction is finished.
+    Settled {
+        /// Transaction.
+        tx: TxId,
+        /// Committed or aborted.
+        committed: bool,
+        /// Per effect, in issuance order.
+        effects: Vec<(EffectId, Disposition, Tag)>,
+    },
+}
+
+impl Event {
+    /// The transaction the event belongs to.
+    pub fn tx(&self) -> TxId {
+        match self {
+            Event::Begin { tx, .. }
+            | Event::Read { tx, .. }
+            | Event::EffectRecorded { tx, .. }
+            | Event::EffectExecuted { tx, .. }
+            | Event::EffectFailed { tx, .. }
+            | Event::Sealed { tx }
+            | Event::Decided { tx, .. }
+            | Event::Released { tx, .. }
+            | Event::Compensated { tx, .. }
+            | Event::Settled { tx, .. } => *tx,
+        }
+    }
+}
