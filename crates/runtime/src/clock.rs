@@ -1,0 +1,116 @@
+//! Time, injected: the engine never reads the system clock itself.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use tidegate_core::Timestamp;
+
+/// A source of time and sleeps.
+///
+/// `now` MUST be monotonic. `sleep_until` MUST NOT resolve before `now() >= deadline`.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// The current time.
+    fn now(&self) -> Timestamp;
+    /// A future that resolves once `now() >= deadline`.
+    fn sleep_until(&self, deadline: Timestamp) -> BoxFuture<'static, ()>;
+}
+
+/// Tokio's clock. Under `tokio::time::pause()` (or `#[tokio::test(start_paused = true)]`) it is
+/// virtual time that jumps forward whenever every task is idle, so tests and simulations run
+/// leases, backoffs and think times in no wall time at all.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    origin: tokio::time::Instant,
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        TokioClock { origin: tokio::time::Instant::now() }
+    }
+}
+
+impl TokioClock {
+    /// A clock whose zero is now.
+    pub fn new() -> TokioClock {
+        TokioClock::default()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn sleep_until(&self, deadline: Timestamp) -> BoxFuture<'static, ()> {
+        let at = self.origin + Duration::from_nanos(deadline.0);
+        Box::pin(tokio::time::sleep_until(at))
+    }
+}
+
+/// A clock that moves only when told to ([`ManualClock::advance`]). Runtime-agnostic.
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock {
+    inner: Arc<Mutex<ManualInner>>,
+}
+
+#[derive(Debug, Default)]
+struct ManualInner {
+    now: u64,
+    sleepers: Vec<(u64, Waker)>,
+}
+
+impl ManualClock {
+    /// A clock at zero.
+    pub fn new() -> ManualClock {
+        ManualClock::default()
+    }
+
+    /// Moves time forward and wakes every sleep that is now due.
+    pub fn advance(&self, d: Duration) {
+        let due: Vec<Waker> = {
+            let mut g = self.inner.lock();
+            g.now = g.now.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            let now = g.now;
+            let (due, keep): (Vec<_>, Vec<_>) = g.sleepers.drain(..).partition(|(t, _)| *t <= now);
+            g.sleepers = keep;
+            due.into_iter().map(|(_, w)| w).collect()
+        };
+        for w in due {
+            w.wake();
+        }
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.inner.lock().now)
+    }
+
+    fn sleep_until(&self, deadline: Timestamp) -> BoxFuture<'static, ()> {
+        Box::pin(ManualSleep { clock: self.inner.clone(), deadline: deadline.0 })
+    }
+}
+
+struct ManualSleep {
+    clock: Arc<Mutex<ManualInner>>,
+    deadline: u64,
+}
+
+impl Future for ManualSleep {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut g = self.clock.lock();
+        if g.now >= self.deadline {
+            Poll::Ready(())
+        } else {
+            g.sleepers.push((self.deadline, cx.waker().clone()));
+            Poll::Pending
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! The engine handle: the state machine behind a lock, the store, the clock, and the tasks
+//! that execute what the state machine decides.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use smallvec::SmallVec;
+use tidegate_core::engine::{BeginRequest, Stats};
+use tidegate_core::{Action, Core, CoreConfig, Ordering, Scope, ScopeRegistry, TxId};
+use tidegate_storage::{LedgerStore, Lsn, MemoryStore, StoreError};
+use tokio::sync::Notify;
+
+use crate::clock::{Clock, TokioClock};
+use crate::hooks::PreCommitHook;
+use crate::tool::Tool;
+use crate::tx::Transaction;
+use crate::{Error, Result};
+
+/// Bounded retry with exponential backoff, for releases and compensations (and tool calls
+/// whose error is `retryable`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, including the first. Default: 4.
+    pub attempts: u32,
+    /// Backoff before the second attempt, doubled each time. Default: 20 ms.
+    pub initial_backoff: Duration,
+    /// Backoff cap. Default: 1 s.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { attempts: 4, initial_backoff: Duration::from_millis(20), max_backoff: Duration::from_secs(1) }
+    }
+}
+
+impl RetryPolicy {
+    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.initial_backoff.saturating_mul(factor).min(self.max_backoff)
+    }
+}
+
+/// Options of [`Tidegate::begin_with`].
+#[derive(Debug, Clone, Default)]
+pub struct TxOptions {
+    /// The agent's name (for records and traces). Default: `"agent"`.
+    pub agent: Option<String>,
+    /// Scopes the transaction may touch. Declaring them lets transactions on other scopes
+    /// commit without waiting for this one; touching anything else aborts it.
+    pub may_touch: Option<Vec<String>>,
+    /// Lease override.
+    pub lease: Option<Duration>,
+}
+
+impl TxOptions {
+    /// Options for `agent`.
+    pub fn agent(agent: impl Into<String>) -> TxOptions {
+        TxOptions { agent: Some(agent.into()), ..TxOptions::default() }
+    }
+
+    /// Declares the may-touch set.
+    pub fn may_touch<I, S>(mut self, scopes: I) -> TxOptions
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.may_touch = Some(scopes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Overrides the lease.
+    pub fn lease(mut self, lease: Duration) -> TxOptions {
+        self.lease = Some(lease);
+        self
+    }
+}
+
+/// Builds a [`Tidegate`].
+pub struct Builder {
+    cfg: CoreConfig,
+    scopes: ScopeRegistry,
+    store: Option<Arc<dyn LedgerStore>>,
+    clock: Option<Arc<dyn Clock>>,
+    retry: RetryPolicy,
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder").field("cfg", &self.cfg).field("retry", &self.retry).finish_non_exhaustive()
+    }
+}
+
+impl Builder {
+    /// Lease of open transactions (default 30 s).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.cfg.lease = lease;
+        self
+    }
+
+    /// Commit ordering (default [`Ordering::EpochOrder`]).
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.cfg.ordering = ordering;
+        self
+    }
+
+    /// The scope types accepted (default [`ScopeRegistry::default`]).
+    pub fn scopes(mut self, scopes: ScopeRegistry) -> Self {
+        self.scopes = scopes;
+        self
+    }
+
+    /// The ledger store (default: a new [`MemoryStore`]).
+    pub fn store(mut self, store: Arc<dyn LedgerStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The clock (default: [`TokioClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Retry policy for releases and compensations.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Builds the engine. Background work (aborts decided by lease expiry, late
+    /// compensations) runs on the current tokio runtime; outside one, the engine starts a
+    /// small runtime of its own.
+    pub fn build(self) -> Result<Tidegate> {
+        let (handle, own) = match tokio::runtime::Handle::try_current() {
+            Ok(h) => (h, None),
+            Err(_) => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("tidegate-bg")
+                    .enable_time()
+                    .build()
+                    .map_err(|e| Error::Store(StoreError::Io { op: "start the background runtime", source: e }))?;
+                (rt.handle().clone(), Some(OwnedRuntime(Some(rt))))
+            }
+        };
+        let clock = self.clock.unwrap_or_else(|| {
+            let _guard = handle.enter();
+            Arc::new(TokioClock::new())
+        });
+        Ok(Tidegate {
+            inner: Arc::new(Inner {
+                shared: Mutex::new(Shared { core: Core::with_scopes(self.cfg, self.scopes.clone()), waiters: HashMap::new() }),
+                scopes: self.scopes,
+                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                clock,
+                retry: self.retry,
+                hooks: RwLock::new(Vec::new()),
+                tx_hooks: Mutex::new(HashMap::new()),
+                tools: RwLock::new(HashMap::new()),
+                poisoned: AtomicBool::new(false),
+                handle,
+                _own: own,
+            }),
+        })
+    }
+}
+
+struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) core: Core,
+    pub(crate) waiters: HashMap<TxId, Arc<Notify>>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) shared: Mutex<Shared>,
+    pub(crate) scopes: ScopeRegistry,
+    pub(crate) store: Arc<dyn LedgerStore>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) hooks: RwLock<Vec<Arc<dyn PreCommitHook>>>,
+    pub(crate) tx_hooks: Mutex<HashMap<TxId, Vec<Arc<dyn PreCommitHook>>>>,
+    pub(crate) tools: RwLock<HashMap<Arc<str>, Tool>>,
+    poisoned: AtomicBool,
+    pub(crate) handle: tokio::runtime::Handle,
+    _own: Option<OwnedRuntime>,
+}
+
+/// The Tidegate engine: begin transactions, register tools and hooks. Cheap to clone; every
+/// clone is the same engine. Safe to use from many tasks and threads at once.
+#[derive(Clone)]
+pub struct Tidegate {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Tidegate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tidegate").field("stats", &self.stats()).finish_non_exhaustive()
+    }
+}
+
+impl Tidegate {
+    /// A builder with every default.
+    pub fn builder() -> Builder {
+        Builder {
+            cfg: CoreConfig::default(),
+            scopes: ScopeRegistry::default(),
+            store: None,
+            clock: None,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// An in-memory engine with every default.
+    pub fn in_memory() -> Result<Tidegate> {
+        Tidegate::builder().build()
+    }
+
+    /// The engine's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The ledger store.
+    pub fn store(&self) -> &Arc<dyn LedgerStore> {
+        &self.inner.store
+    }
+
+    /// Canonicalises a scope with this engine's registry.
+    pub fn scope(&self, text: &str) -> Result<Scope> {
+        self.parse_scope(text, "scope")
+    }
+
+    pub(crate) fn parse_scope(&self, text: &str, field: &str) -> Result<Scope> {
+        self.inner
+            .scopes
+            .parse(text)
+            .map_err(|source| Error::Engine(tidegate_core::EngineError::Scope { field: field.to_owned(), source }))
+    }
+
+    /// Begins a transaction for `agent` with no may-touch declaration.
+    pub fn begin(&self, agent: &str) -> Result<Transaction> {
+        self.begin_with(TxOptions::agent(agent))
+    }
+
+    /// Begins a transaction.
+    pub fn begin_with(&self, opts: TxOptions) -> Result<Transaction> {
+        let may_touch = match opts.may_touch {
+            None => None,
+            Some(list) => {
+                let mut scopes = Vec::with_capacity(list.len());
+                for (i, s) in list.iter().enumerate() {
+                    scopes.push(self.parse_scope(s, &format!("may_touch[{i}]"))?);
+                }
+                Some(scopes)
+            }
+        };
+        let agent: Arc<str> = opts.agent.as_deref().unwrap_or("agent").into();
+        let now = self.inner.clock.now();
+        let req = BeginRequest { agent, may_touch, lease: opts.lease };
+        let (begun, _) = self.with_core(|c| Ok(c.begin(req, now)))?;
+        Ok(Transaction::new(self.clone(), begun.tx, begun.epoch))
+    }
+
+    /// Registers a tool so that the engine can release and compensate its effects (tools
+    /// are also registered on first use). Refuses a different tool under a taken name.
+    pub fn register(&self, tool: &Tool) -> Result<()> {
+        if let Some(t) = self.inner.tools.read().get(tool.name()) {
+            return if t.same(tool) { Ok(()) } else { Err(name_taken(tool)) };
+        }
+        let mut tools = self.inner.tools.write();
+        match tools.get(tool.name()) {
+            Some(t) if !t.same(tool) => Err(name_taken(tool)),
+            Some(_) => Ok(()),
+            None => {
+                tools.insert(tool.name_arc().clone(), tool.clone());
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn tool(&self, name: &str) -> Result<Tool> {
+        self.inner.tools.read().get(name).cloned().ok_or_else(|| Error::UnknownTool {
+            name: name.to_owned(),
+            detail: "; register it before recovering or settling its effects".to_owned(),
+        })
+    }
+
+    /// Adds a pre-commit hook run on every transaction's sealed footprint.
+    pub fn add_hook(&self, hook: Arc<dyn PreCommitHook>) {
+        self.inner.hooks.write().push(hook);
+    }
+
+    /// Monitoring counters.
+    pub fn stats(&self) -> Stats {
+        self.inner.shared.lock().core.stats()
+    }
+
+    /// The engine's full integrity check (see [`Core::check_integrity`]).
+    pub fn check_integrity(&self) -> std::result::Result<(), String> {
+        self.inner.shared.lock().core.check_integrity()
+    }
+
+    /// The committed version of a scope.
+    pub fn version(&self, scope: &str) -> Result<tidegate_core::Version> {
+        let s = self.parse_scope(scope, "scope")?;
+        Ok(self.inner.shared.lock().core.version(&s))
+    }
+
+    /// Aborts every transaction whose lease has ended and runs their compensations.
+    /// Returns how many expired. Waiting committers call this on their own; call it (or
+    /// [`Tidegate::spawn_reaper`]) when nothing else may notice.
+    pub async fn reap(&self) -> Result<usize> {
+        let now = self.inner.clock.now();
+        let (n, _) = self.with_core(|c| Ok(c.expire_leases(now)))?;
+        Ok(n)
+    }
+
+    /// Starts a background task that reaps expired leases as their deadlines pass.
+    pub fn spawn_reaper(&self) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(&self.inner);
+        self.inner.handle.spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let tg = Tidegate { inner };
+                let now = tg.inner.clock.now();
+                let next = tg.inner.shared.lock().core.next_lease_deadline();
+                let wake = next.unwrap_or(now.after(Duration::from_millis(250))).min(now.after(Duration::from_secs(1)));
+                let clock = tg.inner.clock.clone();
+                drop(tg);
+                clock.sleep_until(wake).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let tg = Tidegate { inner };
+                let _ = tg.reap().await;
+            }
+        })
+    }
+
+    /// Runs `f` on the state machine under the lock, appends the events it produced to the
+    /// ledger (in decision order), and dispatches its actions. Returns `f`'s result and the
+    /// LSN to wait on for durability.
+    pub(crate) fn with_core<R>(
+        &self,
+        f: impl FnOnce(&mut Core) -> std::result::Result<R, tidegate_core::EngineError>,
+    ) -> Result<(R, Lsn)> {
+        if self.inner.poisoned.load(AtomicOrdering::Relaxed) {
+            return Err(Error::Store(StoreError::Closed));
+        }
+        let mut background: SmallVec<[Action; 2]> = SmallVec::new();
+        let mut g = self.inner.shared.lock();
+        let r = f(&mut g.core);
+        let mut lsn = 0;
+        if g.core.has_events() {
+            match self.inner.store.append(&mut g.core.take_events()) {
+                Ok(l) => lsn = l,
+                Err(e) => {
+                    // The state machine moved on but its facts are not in the ledger: stop
+                    // accepting work rather than acknowledge something unrecorded.
+                    self.inner.poisoned.store(true, AtomicOrdering::Relaxed);
+                    return Err(Error::Store(e));
+                }
+            }
+        }
+        if g.core.has_actions() {
+            let actions: SmallVec<[Action; 4]> = g.core.take_actions().collect();
+            for a in actions {
+                match a {
+                    Action::Wake(tx) => {
+                        if let Some(n) = g.waiters.get(&tx) {
+                            n.notify_one();
+                        }
+                    }
+                    other => background.push(other),
+                }
+            }
+        }
+        drop(g);
+        for a in background {
+            let tg = self.clone();
+            match a {
+                Action::RunAbort(plan) => {
+                    self.inner.handle.spawn(async move {
+                        let _ = tg.run_abort(plan).await;
+                    });
+                }
+                Action::LateCompensate(task) => {
+                    self.inner.handle.spawn(async move { tg.late_compensate(task).await });
+                }
+                _ => {}
+            }
+        }
+        Ok((r?, lsn))
+    }
+
+    /// Waits until the ledger holds everything up to `lsn` durably.
+    pub(crate) async fn durable(&self, lsn: Lsn) -> Result<()> {
+        if lsn == 0 || self.inner.store.is_durable(lsn) {
+            return Ok(());
+        }
+        let store = self.inner.store.clone();
+        tokio::task::spawn_blocking(move || store.wait_durable(lsn))
+            .await
+            .map_err(|e| Error::Store(StoreError::Io { op: "wait for durability", source: std::io::Error::other(e) }))??;
+        Ok(())
+    }
+}
+
+fn name_taken(tool: &Tool) -> Error {
+    Error::InvalidArgument {
+        field: "tool name",
+        value: format!("{:?}", tool.name()),
+        expected: "a name not already registered to a different tool on this engine",
+    }
+}

@@ -1,0 +1,65 @@
+//! The runtime's error type.
+
+use tidegate_core::{AbortReason, EngineError, Outcome};
+use tidegate_storage::StoreError;
+
+/// Result with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the runtime.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The engine refused the operation (bad input, wrong state, protocol).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The transaction aborted; the outcome holds every effect's tag.
+    #[error("transaction {} aborted: {}", .0.tx, .0.reason.as_ref().map_or_else(|| "unknown reason".to_owned(), ToString::to_string))]
+    Aborted(Box<Outcome>),
+    /// The ledger store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A malformed argument.
+    #[error("invalid `{field}` = {value}: expected {expected}")]
+    InvalidArgument {
+        /// The argument.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// A tool named in the ledger or a plan is not registered with this engine.
+    #[error("tool `{name}` is not registered with this engine{detail}")]
+    UnknownTool {
+        /// The name.
+        name: String,
+        /// Context.
+        detail: String,
+    },
+}
+
+impl Error {
+    /// Whether running the same work again (at a fresh epoch, for aborts) may succeed.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Error::Engine(e) => e.retryable(),
+            Error::Aborted(o) => o.reason.as_ref().is_some_and(AbortReason::retryable),
+            Error::Store(e) => e.retryable(),
+            Error::InvalidArgument { .. } | Error::UnknownTool { .. } => false,
+        }
+    }
+
+    /// The outcome, when the error is an abort.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        match self {
+            Error::Aborted(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// The abort reason, when the error is an abort.
+    pub fn abort_reason(&self) -> Option<&AbortReason> {
+        self.outcome().and_then(|o| o.reason.as_ref())
+    }
+}

@@ -1,0 +1,107 @@
+//! Speculation: alternative branches of one decision, run as transactions sharing one epoch.
+//! Exactly one wins; the others abort and leave no bufferable or irreversible residue.
+
+use tidegate_core::{AbortReason, Epoch, GroupId, Outcome, TxId, TxState};
+
+use crate::engine::{Tidegate, TxOptions};
+use crate::tx::Transaction;
+use crate::Result;
+
+/// A speculation group. Later transactions on its scopes wait for it as for one transaction.
+#[derive(Debug, Clone)]
+pub struct Speculation {
+    engine: Tidegate,
+    group: GroupId,
+    epoch: Epoch,
+    branches: Vec<Transaction>,
+}
+
+/// The settlement of a speculation group.
+#[derive(Debug, Clone)]
+pub struct SpeculationOutcome {
+    /// The winner's settlement.
+    pub winner: Outcome,
+    /// Each loser's settlement (lost_branch aborts).
+    pub losers: Vec<Outcome>,
+}
+
+impl Tidegate {
+    /// Begins a speculation group of `branches` transactions sharing one epoch.
+    pub fn speculate(&self, opts: TxOptions, branches: usize) -> Result<Speculation> {
+        let may_touch = match &opts.may_touch {
+            None => None,
+            Some(list) => Some(
+                list.iter()
+                    .enumerate()
+                    .map(|(i, s)| self.parse_scope(s, &format!("may_touch[{i}]")))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
+        let agent = opts.agent.as_deref().unwrap_or("agent").into();
+        let now = self.inner.clock.now();
+        let (start, _) = self.with_core(|c| c.begin_group(agent, branches, may_touch, now))?;
+        let branches = start.branches.iter().map(|&tx| Transaction::new(self.clone(), tx, start.epoch)).collect();
+        Ok(Speculation { engine: self.clone(), group: start.group, epoch: start.epoch, branches })
+    }
+}
+
+impl Speculation {
+    /// The group's id.
+    pub fn id(&self) -> GroupId {
+        self.group
+    }
+
+    /// The epoch every branch shares.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The branches, one transaction each.
+    pub fn branches(&self) -> &[Transaction] {
+        &self.branches
+    }
+
+    /// Chooses the winner and aborts every other branch (compensating what they executed,
+    /// dropping what they held). Returns the losers' settlements.
+    pub async fn choose(&self, winner: TxId) -> Result<Vec<Outcome>> {
+        let (plans, _) = self.engine.with_core(|c| c.choose_winner(self.group, winner))?;
+        let mut losers = Vec::with_capacity(plans.len());
+        for plan in plans {
+            losers.push(self.engine.run_abort(plan).await?);
+        }
+        Ok(losers)
+    }
+
+    /// Commits the chosen winner (sealing it if still open). Refuses with `NoWinner` if no
+    /// winner has been chosen.
+    pub async fn commit(&self) -> Result<Outcome> {
+        let winner = self.engine.inner.shared.lock().core.winner(self.group)?;
+        let tx = self.branches.iter().find(|b| b.id() == winner).cloned().ok_or(tidegate_core::EngineError::NotInGroup {
+            tx: winner,
+            group: self.group,
+            branches: self.branches.iter().map(Transaction::id).collect(),
+        })?;
+        if tx.state()? == TxState::Open {
+            tx.seal()?;
+        }
+        tx.commit().await
+    }
+
+    /// Chooses `winner`, aborts the losers first, then commits the winner.
+    pub async fn commit_winner(&self, winner: TxId) -> Result<SpeculationOutcome> {
+        let losers = self.choose(winner).await?;
+        let winner = self.commit().await?;
+        Ok(SpeculationOutcome { winner, losers })
+    }
+
+    /// Aborts every branch (no winner).
+    pub async fn abort(&self, reason: impl Into<String>) -> Result<Vec<Outcome>> {
+        let reason = AbortReason::Explicit { reason: reason.into() };
+        let (plans, _) = self.engine.with_core(|c| c.abort_group(self.group, reason))?;
+        let mut out = Vec::with_capacity(plans.len());
+        for plan in plans {
+            out.push(self.engine.run_abort(plan).await?);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,54 @@
+//! Tidegate's runtime: the engine you embed.
+//!
+//! [`Tidegate`] wraps the pure state machine of `tidegate-core` and executes what it decides:
+//! calls tools, stages and queues held effects, waits for earlier transactions, runs
+//! pre-commit hooks, releases held effects in issuance order with bounded retry, and runs
+//! compensations in reverse order on abort. It works from async code (tokio) and, through the
+//! `*_blocking` methods, from plain threads. Time comes from an injected [`Clock`].
+//!
+//! ```
+//! use serde_json::json;
+//! use tidegate_runtime::{Compensation, EffectClass, Tidegate, Tool, TxOptions};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tidegate_runtime::Error> {
+//! let tg = Tidegate::in_memory()?;
+//! let refund = Tool::builder("refund", EffectClass::Reversible)
+//!     .scope(|a| format!("retail:order:{}", a["order"].as_str().unwrap_or_default()))
+//!     .call(|a| async move { Ok(json!({"refund_id": format!("R-{}", a["order"])})) })
+//!     .compensate(|_, _| async { Ok(Compensation::clean()) })
+//!     .build()?;
+//! let tx = tg.begin_with(TxOptions::agent("support").may_touch(["retail:order:W1"]))?;
+//! tx.read("retail:order:W1")?;
+//! tx.call(&refund, json!({"order": "W1"})).await?;
+//! tx.seal()?;
+//! let outcome = tx.commit().await?;
+//! assert!(outcome.committed && outcome.is_clean());
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+mod blocking;
+pub mod clock;
+mod engine;
+mod error;
+mod group;
+pub mod hooks;
+mod run;
+mod settle;
+mod tool;
+mod tx;
+
+pub use clock::{Clock, ManualClock, TokioClock};
+pub use engine::{Builder, RetryPolicy, Tidegate, TxOptions};
+pub use error::{Error, Result};
+pub use group::{Speculation, SpeculationOutcome};
+pub use hooks::{FnHook, PreCommitHook, Verdict};
+pub use run::DEFAULT_ATTEMPTS;
+pub use tidegate_core::{
+    AbortReason, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, Ordering, Outcome,
+    PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
+};
+pub use tool::{Compensation, IntoScopes, Probe, Tool, ToolBuilder, ToolError};
+pub use tx::{Ack, CallOptions, CommitOptions, Transaction};

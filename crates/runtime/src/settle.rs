@@ -1,0 +1,97 @@
+//! Executing settlements: releasing held effects at commit and compensating at abort, each
+//! with bounded retry and backoff from the engine's clock.
+
+use tidegate_core::engine::{AbortPlan, CompensationTask, ReleasePlan, Settlement};
+use tidegate_core::Outcome;
+
+use crate::engine::Tidegate;
+use crate::tool::{Compensation, ToolError};
+use crate::{Error, Result};
+
+impl Tidegate {
+    /// Releases a decided commit's held effects in issuance order, stopping at the first that
+    /// fails after retries, then finishes the commit.
+    pub(crate) async fn release(&self, plan: ReleasePlan) -> Result<Outcome> {
+        let tx = plan.tx;
+        for r in plan.releases {
+            let result = match self.tool(&r.tool) {
+                Ok(tool) => {
+                    let mut attempt = 1;
+                    loop {
+                        match tool.invoke(r.args.clone()).await {
+                            Ok(v) => break Ok(std::sync::Arc::new(v)),
+                            // An unknown outcome is never retried: firing twice is worse.
+                            Err(e) if e.outcome_unknown => break Err(format!("{} (outcome unknown)", e.message)),
+                            Err(e) if attempt < self.inner.retry.attempts => {
+                                let _ = e;
+                                self.backoff(attempt).await;
+                                attempt += 1;
+                            }
+                            Err(e) => break Err(format!("{} (after {attempt} attempts)", e.message)),
+                        }
+                    }
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            let failed = result.is_err();
+            let (_, lsn) = self.with_core(|c| c.release_done(tx, r.effect, result))?;
+            // Each release is durable before the next fires.
+            self.durable(lsn).await?;
+            if failed {
+                break;
+            }
+        }
+        let (settlement, lsn) = self.with_core(|c| c.finish_commit(tx))?;
+        self.durable(lsn).await?;
+        match settlement {
+            Settlement::Committed(outcome) => Ok(outcome),
+            Settlement::Abort(plan) => Err(Error::Aborted(Box::new(self.run_abort(plan).await?))),
+        }
+    }
+
+    /// Runs an abort's compensations (last-issued first) and finishes the abort.
+    pub(crate) async fn run_abort(&self, plan: AbortPlan) -> Result<Outcome> {
+        let tx = plan.tx;
+        for task in plan.compensations {
+            let result = self.compensate(&task).await;
+            self.with_core(|c| c.compensated(tx, task.effect, result))?;
+        }
+        let (outcome, lsn) = self.with_core(|c| c.finish_abort(tx))?;
+        self.durable(lsn).await?;
+        Ok(outcome)
+    }
+
+    /// Compensates an effect that finished after its transaction aborted.
+    pub(crate) async fn late_compensate(&self, task: CompensationTask) {
+        let result = self.compensate(&task).await;
+        let _ = self.with_core(|c| {
+            c.late_compensated(task.tx, task.effect, result);
+            Ok(())
+        });
+    }
+
+    async fn compensate(&self, task: &CompensationTask) -> Result<Option<String>, String> {
+        let tool = self.tool(&task.tool).map_err(|e| e.to_string())?;
+        let mut attempt = 1;
+        loop {
+            let Some(fut) = tool.compensate_call(task.args.clone(), task.output.clone()) else {
+                return Err(format!("tool `{}` has no compensation handler", task.tool));
+            };
+            match fut.await {
+                Ok(Compensation { residue }) => return Ok(residue),
+                Err(ToolError { message, .. }) if attempt >= self.inner.retry.attempts => {
+                    return Err(format!("{message} (after {attempt} attempts)"));
+                }
+                Err(_) => {
+                    self.backoff(attempt).await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    async fn backoff(&self, attempt: u32) {
+        let at = self.inner.clock.now().after(self.inner.retry.backoff(attempt));
+        self.inner.clock.sleep_until(at).await;
+    }
+}

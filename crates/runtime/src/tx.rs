@@ -1,0 +1,372 @@
+//! The transaction handle an agent (or its orchestrator) holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tidegate_core::engine::{Decision, ExecResult, ReadResult, Recorded, SealedView};
+use tidegate_core::{AbortReason, EffectDecl, EffectId, Epoch, HeldAck, Outcome, TxId, TxState};
+use tokio::sync::Notify;
+
+use crate::engine::Tidegate;
+use crate::hooks::{PreCommitHook, Verdict};
+use crate::tool::{Probe, Tool, ToolError};
+use crate::{Error, Result};
+
+/// What the agent is told about a tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ack {
+    /// An eager effect ran; here is the tool's output. Its compensation is registered.
+    Executed {
+        /// Issuance position.
+        effect: EffectId,
+        /// The output.
+        output: Arc<Value>,
+    },
+    /// A bufferable effect was staged; it applies on commit and reads of its scope in this
+    /// transaction see it.
+    Staged {
+        /// Issuance position.
+        effect: EffectId,
+    },
+    /// A gated (irreversible) effect was queued; it fires only on commit.
+    Queued {
+        /// Issuance position.
+        effect: EffectId,
+    },
+    /// The idempotency key had already executed; this is the recorded output.
+    Replayed {
+        /// Issuance position.
+        effect: EffectId,
+        /// The recorded output.
+        output: Arc<Value>,
+    },
+}
+
+impl Ack {
+    /// The output, for executed or replayed effects.
+    pub fn output(&self) -> Option<&Value> {
+        match self {
+            Ack::Executed { output, .. } | Ack::Replayed { output, .. } => Some(output),
+            _ => None,
+        }
+    }
+
+    /// The effect's issuance position.
+    pub fn effect(&self) -> EffectId {
+        match self {
+            Ack::Executed { effect, .. }
+            | Ack::Staged { effect }
+            | Ack::Queued { effect }
+            | Ack::Replayed { effect, .. } => *effect,
+        }
+    }
+}
+
+/// Per-call options of [`Transaction::call_with`].
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// Overrides the tool's idempotency key.
+    pub key: Option<String>,
+    /// Overrides the tool's scope extractor.
+    pub scopes: Option<Vec<String>>,
+}
+
+/// Options of [`Transaction::commit_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CommitOptions {
+    /// Abort with `wait_timeout` if the commit cannot be decided within this time.
+    /// Default: wait as long as earlier transactions hold the scopes (their leases bound it).
+    pub wait_timeout: Option<Duration>,
+}
+
+/// A transaction. Cheap to clone; clones refer to the same transaction.
+#[derive(Clone)]
+pub struct Transaction {
+    engine: Tidegate,
+    id: TxId,
+    epoch: Epoch,
+}
+
+impl std::fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction").field("id", &self.id).field("epoch", &self.epoch).finish()
+    }
+}
+
+impl Transaction {
+    pub(crate) fn new(engine: Tidegate, id: TxId, epoch: Epoch) -> Transaction {
+        Transaction { engine, id, epoch }
+    }
+
+    /// The transaction's id.
+    pub fn id(&self) -> TxId {
+        self.id
+    }
+
+    /// The transaction's epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Tidegate {
+        &self.engine
+    }
+
+    /// The transaction's lifecycle state (`Err(Settled)` once it has finished).
+    pub fn state(&self) -> Result<TxState> {
+        Ok(self.engine.inner.shared.lock().core.state(self.id)?)
+    }
+
+    /// Records a read of `scope` at its committed version; returns the version and, if this
+    /// transaction staged a write to the scope, the staged value.
+    pub fn read(&self, scope: &str) -> Result<ReadResult> {
+        let s = self.engine.parse_scope(scope, "read scope")?;
+        let now = self.engine.inner.clock.now();
+        Ok(self.engine.with_core(|c| c.read(self.id, &s, now))?.0)
+    }
+
+    /// Calls `tool` with `args` through the engine: executes it now (reversible,
+    /// idempotent), stages it (bufferable) or queues it (gated), by its class.
+    ///
+    /// A failing eager call aborts the transaction: the error is [`Error::Aborted`] with
+    /// every effect's settlement.
+    pub async fn call(&self, tool: &Tool, args: Value) -> Result<Ack> {
+        self.call_with(tool, args, CallOptions::default()).await
+    }
+
+    /// [`Transaction::call`] with per-call overrides.
+    pub async fn call_with(&self, tool: &Tool, args: Value, opts: CallOptions) -> Result<Ack> {
+        self.engine.register(tool)?;
+        let texts = match opts.scopes {
+            Some(s) => s,
+            None => tool.scopes(&args),
+        };
+        let mut scopes = Vec::with_capacity(texts.len());
+        for t in &texts {
+            scopes.push(self.engine.parse_scope(t, &format!("scope of tool `{}`", tool.name()))?);
+        }
+        let key = opts.key.or_else(|| tool.key(&args)).map(Arc::from);
+        let args = Arc::new(args);
+        let decl = EffectDecl {
+            tool: tool.name_arc().clone(),
+            class: tool.class(),
+            scopes,
+            key,
+            args: args.clone(),
+            compensable: tool.compensable(),
+        };
+        let now = self.engine.inner.clock.now();
+        let (recorded, lsn) = self.engine.with_core(|c| c.record_effect(self.id, decl, now))?;
+        let id = match recorded {
+            Recorded::Held(effect, HeldAck::Staged) => {
+                self.engine.durable(lsn).await?;
+                return Ok(Ack::Staged { effect });
+            }
+            Recorded::Held(effect, _) => {
+                self.engine.durable(lsn).await?;
+                return Ok(Ack::Queued { effect });
+            }
+            Recorded::Replay(effect, output) => {
+                self.engine.durable(lsn).await?;
+                return Ok(Ack::Replayed { effect, output });
+            }
+            Recorded::Execute(id) => id,
+        };
+        let result = self.engine.execute(tool, args).await;
+        let (exec, lsn) = self.engine.with_core(|c| c.executed(self.id, id, result.clone()))?;
+        // The compensation registration (EffectExecuted) is durable before the agent hears.
+        self.engine.durable(lsn).await?;
+        match exec {
+            ExecResult::Done => match result {
+                Ok(output) => Ok(Ack::Executed { effect: id, output }),
+                // Failed while the transaction was already aborting.
+                Err((message, _)) => Err(self.settled_error(Some(message))),
+            },
+            ExecResult::Aborted(plan) => Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?))),
+            ExecResult::Late(task) => {
+                self.engine.late_compensate(task).await;
+                Err(self.settled_error(None))
+            }
+        }
+    }
+
+    fn settled_error(&self, _msg: Option<String>) -> Error {
+        Error::Engine(tidegate_core::EngineError::Settled { tx: self.id })
+    }
+
+    /// Adds a pre-commit hook for this transaction only (for example a human approval).
+    pub fn add_hook(&self, hook: Arc<dyn PreCommitHook>) {
+        self.engine.inner.tx_hooks.lock().entry(self.id).or_default().push(hook);
+    }
+
+    /// Freezes the footprint. Any later read or effect aborts the transaction as a protocol
+    /// violation.
+    pub fn seal(&self) -> Result<()> {
+        let now = self.engine.inner.clock.now();
+        self.engine.with_core(|c| c.seal(self.id, now))?;
+        Ok(())
+    }
+
+    /// Commits a sealed transaction: runs the pre-commit hooks, waits until no earlier
+    /// transaction may touch its footprint, validates its reads, then releases its held
+    /// effects in issuance order. An abort (stale read, veto, ...) is [`Error::Aborted`].
+    pub async fn commit(&self) -> Result<Outcome> {
+        self.commit_with(CommitOptions::default()).await
+    }
+
+    /// Seals (if still open) and commits.
+    pub async fn seal_and_commit(&self) -> Result<Outcome> {
+        if self.state()? == TxState::Open {
+            self.seal()?;
+        }
+        self.commit().await
+    }
+
+    /// [`Transaction::commit`] with options.
+    pub async fn commit_with(&self, opts: CommitOptions) -> Result<Outcome> {
+        self.engine.with_core(|c| c.request_commit(self.id))?;
+        let result = self.decide(opts).await;
+        self.engine.inner.tx_hooks.lock().remove(&self.id);
+        result
+    }
+
+    async fn decide(&self, opts: CommitOptions) -> Result<Outcome> {
+        if let Some(reason) = self.run_hooks().await? {
+            let plan = self.engine.with_core(|c| c.abort(self.id, reason))?.0;
+            return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
+        }
+        let clock = self.engine.inner.clock.clone();
+        let deadline = opts.wait_timeout.map(|d| clock.now().after(d));
+        let mut notify: Option<Arc<Notify>> = None;
+        loop {
+            let now = clock.now();
+            let id = self.id;
+            let n = &mut notify;
+            let (decision, _) = self.engine.with_core(|c| {
+                let d = c.try_commit(id, now)?;
+                Ok((d, c.next_lease_deadline()))
+            })?;
+            let (decision, next_lease) = decision;
+            match decision {
+                Decision::Commit(plan) => {
+                    self.forget_waiter(&notify);
+                    return self.engine.release(plan).await;
+                }
+                Decision::Abort(plan) => {
+                    self.forget_waiter(&notify);
+                    return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
+                }
+                Decision::Wait => {}
+            }
+            let waiter = n.get_or_insert_with(|| {
+                let w = Arc::new(Notify::new());
+                self.engine.inner.shared.lock().waiters.insert(id, w.clone());
+                w
+            });
+            // A wake issued between `try_commit` and here left a permit in the Notify, so
+            // nothing is lost. Sleep at most until the next lease or our own deadline.
+            let wake_at = match (next_lease, deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match wake_at {
+                Some(t) => {
+                    let sleep = clock.sleep_until(t);
+                    tokio::select! {
+                        _ = waiter.notified() => {}
+                        _ = sleep => {}
+                    }
+                }
+                None => waiter.notified().await,
+            }
+            let now = clock.now();
+            if deadline.is_some_and(|d| now >= d) {
+                // Decide once more: the wake may have come just as the time ran out.
+                let (decision, _) = self.engine.with_core(|c| c.try_commit(id, now))?;
+                match decision {
+                    Decision::Commit(plan) => {
+                        self.forget_waiter(&notify);
+                        return self.engine.release(plan).await;
+                    }
+                    Decision::Abort(plan) => {
+                        self.forget_waiter(&notify);
+                        return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
+                    }
+                    Decision::Wait => {
+                        self.forget_waiter(&notify);
+                        let plan = self.engine.with_core(|c| c.abort(id, AbortReason::WaitTimeout))?.0;
+                        return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
+                    }
+                }
+            }
+            if next_lease.is_some_and(|l| now >= l) {
+                self.engine.reap().await?;
+            }
+        }
+    }
+
+    fn forget_waiter(&self, notify: &Option<Arc<Notify>>) {
+        if notify.is_some() {
+            self.engine.inner.shared.lock().waiters.remove(&self.id);
+        }
+    }
+
+    async fn run_hooks(&self) -> Result<Option<AbortReason>> {
+        let mut hooks = self.engine.inner.hooks.read().clone();
+        if let Some(own) = self.engine.inner.tx_hooks.lock().get(&self.id) {
+            hooks.extend(own.iter().cloned());
+        }
+        if hooks.is_empty() {
+            return Ok(None);
+        }
+        let view: SealedView = self.engine.inner.shared.lock().core.view(self.id)?;
+        for hook in hooks {
+            if let Verdict::Veto(reason) = hook.check(&view).await {
+                return Ok(Some(AbortReason::Vetoed { hook: hook.name().to_owned(), reason }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Aborts the transaction: held effects are dropped, executed ones compensated in reverse
+    /// issuance order. Returns every effect's settlement.
+    pub async fn abort(&self, reason: impl Into<String>) -> Result<Outcome> {
+        let reason = AbortReason::Explicit { reason: reason.into() };
+        let plan = self.engine.with_core(|c| c.abort(self.id, reason))?.0;
+        self.engine.inner.tx_hooks.lock().remove(&self.id);
+        self.engine.run_abort(plan).await
+    }
+}
+
+impl Tidegate {
+    /// Runs an eager call: retries errors the tool marks retryable, and resolves unknown
+    /// outcomes through the tool's probe when it has one.
+    pub(crate) async fn execute(&self, tool: &Tool, args: Arc<Value>) -> Result<Arc<Value>, (String, bool)> {
+        let retry = self.inner.retry;
+        let mut attempt = 1;
+        loop {
+            match tool.invoke(args.clone()).await {
+                Ok(v) => return Ok(Arc::new(v)),
+                Err(ToolError { retryable: true, message, .. }) if attempt < retry.attempts => {
+                    let _ = message;
+                    let at = self.inner.clock.now().after(retry.backoff(attempt));
+                    self.inner.clock.sleep_until(at).await;
+                    attempt += 1;
+                }
+                Err(e) if e.outcome_unknown => {
+                    return match tool.probe_call(args.clone()) {
+                        Some(p) => match p.await {
+                            Probe::Happened(v) => Ok(Arc::new(v)),
+                            Probe::DidNotHappen => Err((format!("{} (probe: did not happen)", e.message), false)),
+                            Probe::Unknown => Err((format!("{} (probe: still unknown)", e.message), true)),
+                        },
+                        None => Err((format!("{} (outcome unknown, no probe)", e.message), true)),
+                    };
+                }
+                Err(e) => return Err((e.message, false)),
+            }
+        }
+    }
+}
