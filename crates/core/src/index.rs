@@ -19,7 +19,7 @@
 //! claim, no write and no child are removed, so the trie's size follows the live claims and
 //! the set of scopes ever written, not the number of transactions.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::ids::{Epoch, Version};
 use crate::scope::Scope;

@@ -4,9 +4,9 @@
 use serde_json::Value;
 use tidegate_core::Outcome;
 
+use crate::Result;
 use crate::tool::Tool;
 use crate::tx::{Ack, Transaction};
-use crate::Result;
 
 impl Transaction {
     /// Blocking [`Transaction::call`].

@@ -1,7 +1,7 @@
 //! The engine handle: the state machine behind a lock, the store, the clock, and the tasks
 //! that execute what the state machine decides.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -154,15 +154,20 @@ impl Builder {
         });
         Ok(Tidegate {
             inner: Arc::new(Inner {
-                shared: Mutex::new(Shared { core: Core::with_scopes(self.cfg, self.scopes.clone()), waiters: HashMap::new() }),
+                shared: Mutex::new(Shared {
+                    core: Core::with_scopes(self.cfg, self.scopes.clone()),
+                    waiters: HashMap::default(),
+                }),
                 scopes: self.scopes,
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                 clock,
                 retry: self.retry,
                 hooks: RwLock::new(Vec::new()),
-                tx_hooks: Mutex::new(HashMap::new()),
-                tools: RwLock::new(HashMap::new()),
+                tx_hooks: Mutex::new(HashMap::default()),
+                tools: RwLock::new(HashMap::default()),
                 poisoned: AtomicBool::new(false),
+                waits: Default::default(),
+                wait_ns: Default::default(),
                 handle,
                 _own: own,
             }),
@@ -195,6 +200,9 @@ pub(crate) struct Inner {
     pub(crate) tx_hooks: Mutex<HashMap<TxId, Vec<Arc<dyn PreCommitHook>>>>,
     pub(crate) tools: RwLock<HashMap<Arc<str>, Tool>>,
     poisoned: AtomicBool,
+    /// Commits that had to wait, and their total wait in clock nanoseconds.
+    pub(crate) waits: std::sync::atomic::AtomicU64,
+    pub(crate) wait_ns: std::sync::atomic::AtomicU64,
     pub(crate) handle: tokio::runtime::Handle,
     _own: Option<OwnedRuntime>,
 }
@@ -309,6 +317,16 @@ impl Tidegate {
         self.inner.shared.lock().core.stats()
     }
 
+    /// `(commits that waited, total wait)`: how often and how long commits waited for
+    /// earlier transactions on their scopes (clock time from the first refusal to the
+    /// decision).
+    pub fn wait_stats(&self) -> (u64, Duration) {
+        (
+            self.inner.waits.load(AtomicOrdering::Relaxed),
+            Duration::from_nanos(self.inner.wait_ns.load(AtomicOrdering::Relaxed)),
+        )
+    }
+
     /// The engine's full integrity check (see [`Core::check_integrity`]).
     pub fn check_integrity(&self) -> std::result::Result<(), String> {
         self.inner.shared.lock().core.check_integrity()
@@ -411,9 +429,9 @@ impl Tidegate {
             return Ok(());
         }
         let store = self.inner.store.clone();
-        tokio::task::spawn_blocking(move || store.wait_durable(lsn))
-            .await
-            .map_err(|e| Error::Store(StoreError::Io { op: "wait for durability", source: std::io::Error::other(e) }))??;
+        tokio::task::spawn_blocking(move || store.wait_durable(lsn)).await.map_err(|e| {
+            Error::Store(StoreError::Io { op: "wait for durability", source: std::io::Error::other(e) })
+        })??;
         Ok(())
     }
 }

@@ -3,9 +3,9 @@
 
 use tidegate_core::{AbortReason, Epoch, GroupId, Outcome, TxId, TxState};
 
+use crate::Result;
 use crate::engine::{Tidegate, TxOptions};
 use crate::tx::Transaction;
-use crate::Result;
 
 /// A speculation group. Later transactions on its scopes wait for it as for one transaction.
 #[derive(Debug, Clone)]
@@ -76,11 +76,12 @@ impl Speculation {
     /// winner has been chosen.
     pub async fn commit(&self) -> Result<Outcome> {
         let winner = self.engine.inner.shared.lock().core.winner(self.group)?;
-        let tx = self.branches.iter().find(|b| b.id() == winner).cloned().ok_or(tidegate_core::EngineError::NotInGroup {
-            tx: winner,
-            group: self.group,
-            branches: self.branches.iter().map(Transaction::id).collect(),
-        })?;
+        let tx =
+            self.branches.iter().find(|b| b.id() == winner).cloned().ok_or(tidegate_core::EngineError::NotInGroup {
+                tx: winner,
+                group: self.group,
+                branches: self.branches.iter().map(Transaction::id).collect(),
+            })?;
         if tx.state()? == TxState::Open {
             tx.seal()?;
         }

@@ -26,7 +26,12 @@ impl Tidegate {
     }
 
     /// [`Tidegate::run`] with an explicit attempt bound (≥ 1).
-    pub async fn run_with_attempts<T, F, Fut>(&self, opts: TxOptions, attempts: u32, mut body: F) -> Result<(T, Outcome)>
+    pub async fn run_with_attempts<T, F, Fut>(
+        &self,
+        opts: TxOptions,
+        attempts: u32,
+        mut body: F,
+    ) -> Result<(T, Outcome)>
     where
         F: FnMut(Transaction) -> Fut,
         Fut: Future<Output = Result<T>>,

@@ -1,8 +1,8 @@
 //! Executing settlements: releasing held effects at commit and compensating at abort, each
 //! with bounded retry and backoff from the engine's clock.
 
-use tidegate_core::engine::{AbortPlan, CompensationTask, ReleasePlan, Settlement};
 use tidegate_core::Outcome;
+use tidegate_core::engine::{AbortPlan, CompensationTask, ReleasePlan, Settlement};
 
 use crate::engine::Tidegate;
 use crate::tool::{Compensation, ToolError};

@@ -240,6 +240,7 @@ impl Transaction {
         let clock = self.engine.inner.clock.clone();
         let deadline = opts.wait_timeout.map(|d| clock.now().after(d));
         let mut notify: Option<Arc<Notify>> = None;
+        let started = clock.now();
         loop {
             let now = clock.now();
             let id = self.id;
@@ -251,11 +252,11 @@ impl Transaction {
             let (decision, next_lease) = decision;
             match decision {
                 Decision::Commit(plan) => {
-                    self.forget_waiter(&notify);
+                    self.forget_waiter(&notify, started);
                     return self.engine.release(plan).await;
                 }
                 Decision::Abort(plan) => {
-                    self.forget_waiter(&notify);
+                    self.forget_waiter(&notify, started);
                     return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
                 }
                 Decision::Wait => {}
@@ -287,15 +288,15 @@ impl Transaction {
                 let (decision, _) = self.engine.with_core(|c| c.try_commit(id, now))?;
                 match decision {
                     Decision::Commit(plan) => {
-                        self.forget_waiter(&notify);
+                        self.forget_waiter(&notify, started);
                         return self.engine.release(plan).await;
                     }
                     Decision::Abort(plan) => {
-                        self.forget_waiter(&notify);
+                        self.forget_waiter(&notify, started);
                         return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
                     }
                     Decision::Wait => {
-                        self.forget_waiter(&notify);
+                        self.forget_waiter(&notify, started);
                         let plan = self.engine.with_core(|c| c.abort(id, AbortReason::WaitTimeout))?.0;
                         return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
                     }
@@ -307,9 +308,15 @@ impl Transaction {
         }
     }
 
-    fn forget_waiter(&self, notify: &Option<Arc<Notify>>) {
+    fn forget_waiter(&self, notify: &Option<Arc<Notify>>, since: tidegate_core::Timestamp) {
         if notify.is_some() {
             self.engine.inner.shared.lock().waiters.remove(&self.id);
+            let waited = self.engine.inner.clock.now().since(since);
+            let inner = &self.engine.inner;
+            inner.waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            inner
+                .wait_ns
+                .fetch_add(u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX), std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -296,7 +296,9 @@ async fn hooks_run_on_the_sealed_footprint_and_a_veto_aborts() {
     big.call(&pay, json!({"id": "P2", "amount": 600})).await.unwrap();
     big.seal().unwrap();
     let out = aborted(big.commit().await.unwrap_err());
-    assert!(matches!(out.reason, Some(AbortReason::Vetoed { ref hook, ref reason }) if hook == "limit" && reason.contains("600")));
+    assert!(
+        matches!(out.reason, Some(AbortReason::Vetoed { ref hook, ref reason }) if hook == "limit" && reason.contains("600"))
+    );
     assert_eq!(w.count("pay", "fire"), 1);
 }
 

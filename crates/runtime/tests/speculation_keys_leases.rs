@@ -188,7 +188,9 @@ fn plain_threads_share_one_engine() {
             std::thread::spawn(move || {
                 for i in 0..50 {
                     let id = format!("T{t}-{}", i % 3);
-                    let tx = tg.begin_with(TxOptions::agent(format!("t{t}")).may_touch([format!("retail:order:{id}")])).unwrap();
+                    let tx = tg
+                        .begin_with(TxOptions::agent(format!("t{t}")).may_touch([format!("retail:order:{id}")]))
+                        .unwrap();
                     tx.read(&format!("retail:order:{id}")).unwrap();
                     tx.call_blocking(&send, json!({"id": id})).unwrap();
                     tx.seal().unwrap();

@@ -22,7 +22,9 @@ mod integrity;
 mod ops;
 mod settle;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -232,14 +234,14 @@ impl Core {
             next_epoch: 1,
             next_group: 1,
             stamp: 0,
-            txs: HashMap::new(),
+            txs: HashMap::default(),
             undeclared: BTreeMap::new(),
             leases: BTreeSet::new(),
             waiting: BTreeSet::new(),
             index: ScopeIndex::default(),
-            keys: HashMap::new(),
-            groups: HashMap::new(),
-            late: HashMap::new(),
+            keys: HashMap::default(),
+            groups: HashMap::default(),
+            late: HashMap::default(),
             events: Vec::new(),
             actions: Vec::new(),
             committed: 0,

@@ -74,12 +74,25 @@ impl World {
         self.tool_with(name, class, prefix, true, None)
     }
 
-    pub fn tool_with(&self, name: &str, class: EffectClass, prefix: &str, compensable: bool, residue: Option<&str>) -> Tool {
+    pub fn tool_with(
+        &self,
+        name: &str,
+        class: EffectClass,
+        prefix: &str,
+        compensable: bool,
+        residue: Option<&str>,
+    ) -> Tool {
         let prefix = prefix.to_owned();
         let (w1, w2) = (self.clone(), self.clone());
         let (n1, n2) = (name.to_owned(), name.to_owned());
         let residue = residue.map(str::to_owned);
-        let what = if class.executes_eagerly() { "exec" } else if class == EffectClass::Bufferable { "apply" } else { "fire" };
+        let what = if class.executes_eagerly() {
+            "exec"
+        } else if class == EffectClass::Bufferable {
+            "apply"
+        } else {
+            "fire"
+        };
         let b = Tool::builder(name, class)
             .scope(move |a: &Value| format!("{prefix}:{}", a["id"].as_str().unwrap_or("none")))
             .call(move |a| {
