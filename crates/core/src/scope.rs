@@ -9,6 +9,9 @@
 //! | `Posix` | `/`       | absolute; `\` becomes `/`; duplicate separators, `.` and a trailing `/` are dropped; `..` removes the previous segment (never above the root) |
 //! | `Colon` | `:`       | empty segments (duplicate or trailing `:`) are dropped                |
 //!
+//! In both styles whitespace around each segment is trimmed, so a canonical text always
+//! parses back to itself.
+//!
 //! Each type is case-sensitive or case-insensitive (insensitive paths are lowercased). A segment
 //! that is exactly `*` is a declared wildcard: it matches any one segment.
 //!
@@ -143,7 +146,7 @@ impl ScopeRegistry {
                 if !path.starts_with('/') {
                     return Err(ScopeError::NotAbsolute { scope: text.to_owned() });
                 }
-                for seg in path.split('/') {
+                for seg in path.split('/').map(str::trim) {
                     match seg {
                         "" | "." => {}
                         ".." => {
