@@ -74,6 +74,10 @@ pub enum Event {
         args: Arc<Value>,
         /// Whether a compensation handler exists.
         compensable: bool,
+        /// Whether the key came from the adapter (engine-wide) rather than being derived
+        /// (local to the transaction).
+        #[serde(default)]
+        adapter_key: bool,
     },
     /// An eager effect executed; registers its compensation.
     EffectExecuted {
@@ -112,6 +116,15 @@ pub enum Event {
         /// Why, for aborts.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<AbortReason>,
+    },
+    /// A held effect is about to be released: written (durably) before its tool is called,
+    /// so that recovery can tell "never attempted" (release it) from "outcome unknown"
+    /// (never fire it again).
+    ReleaseStarted {
+        /// Transaction.
+        tx: TxId,
+        /// Issuance position.
+        effect: EffectId,
     },
     /// A held effect was released at commit (or its release failed).
     Released {
@@ -161,6 +174,7 @@ impl Event {
             | Event::EffectFailed { tx, .. }
             | Event::Sealed { tx }
             | Event::Decided { tx, .. }
+            | Event::ReleaseStarted { tx, .. }
             | Event::Released { tx, .. }
             | Event::Compensated { tx, .. }
             | Event::Settled { tx, .. } => *tx,

@@ -1,5 +1,7 @@
 //! The state machine refuses bad input with precise errors and stays consistent.
 
+#![allow(clippy::unwrap_used)] // tests unwrap by design
+
 use std::sync::Arc;
 
 use serde_json::json;

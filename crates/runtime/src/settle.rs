@@ -14,6 +14,8 @@ impl Tidegate {
     pub(crate) async fn release(&self, plan: ReleasePlan) -> Result<Outcome> {
         let tx = plan.tx;
         for r in plan.releases {
+            let (_, lsn) = self.with_core(|c| c.release_started(tx, r.effect))?;
+            self.durable(lsn).await?;
             let result = match self.tool(&r.tool) {
                 Ok(tool) => {
                     let mut attempt = 1;

@@ -13,7 +13,9 @@ impl Core {
         let mut undeclared: BTreeMap<Epoch, u32> = BTreeMap::new();
         for (id, t) in &self.txs {
             if t.blocks_all {
-                if t.state != TxState::Open {
+                // An undeclared transaction blocks every scope while open, and keeps doing so
+                // while an abort decided before it sealed runs its compensations.
+                if !matches!(t.state, TxState::Open | TxState::Aborting) {
                     return Err(format!("{id} blocks all scopes but is {}", t.state));
                 }
                 *undeclared.entry(t.epoch).or_insert(0) += 1;

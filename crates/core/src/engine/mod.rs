@@ -20,6 +20,7 @@
 mod group;
 mod integrity;
 mod ops;
+mod recover;
 mod settle;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,6 +41,7 @@ use crate::scope::{Scope, ScopeRegistry};
 
 pub use group::GroupStart;
 pub use ops::{BeginRequest, Begun, EffectView, ReadResult, Recorded, SealedView};
+pub use recover::{InDoubt, RecoverError, Recovery};
 pub use settle::{AbortPlan, CompensationTask, Decision, ExecResult, ReleasePlan, ReleaseTask, Settlement};
 
 /// How commits are ordered among transactions on overlapping scopes.

@@ -291,6 +291,7 @@ impl Core {
             key: key.clone(),
             args: decl.args.clone(),
             compensable: decl.compensable,
+            adapter_key: global_key,
         });
         let t = self.txs.get_mut(&tx).expect("checked by check_touch");
         let recorded = match &status {

@@ -247,6 +247,23 @@ impl Core {
         !t.claims.iter().any(|s| self.index.blocked_before(s, t.epoch))
     }
 
+    /// Records that the release of a held effect is about to be attempted. Call it, and wait
+    /// for its durability, before calling the tool.
+    pub fn release_started(&mut self, tx: TxId, effect: EffectId) -> Result<(), EngineError> {
+        let t = self.tx(tx)?;
+        if t.state != TxState::Committing
+            || !t.effects.get(effect.0 as usize).is_some_and(|e| matches!(e.status, EffStatus::Held(_)))
+        {
+            return Err(EngineError::InvalidArgument {
+                field: "effect",
+                value: format!("{tx}{effect}"),
+                expected: "a held effect of a committing transaction",
+            });
+        }
+        self.events.push(Event::ReleaseStarted { tx, effect });
+        Ok(())
+    }
+
     /// Reports the release of one held effect at commit.
     pub fn release_done(
         &mut self,
@@ -525,7 +542,7 @@ impl Core {
     }
 
     /// Releases everything a finished transaction held and wakes those it blocked.
-    fn finish(&mut self, tx: TxId, t: Tx, outcome: &Outcome) {
+    pub(super) fn finish(&mut self, tx: TxId, t: Tx, outcome: &Outcome) {
         for s in &t.claims {
             self.index.unclaim(s, t.epoch);
         }
