@@ -21,17 +21,23 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn sleep_until(&self, deadline: Timestamp) -> BoxFuture<'static, ()>;
 }
 
-/// Tokio's clock. Under `tokio::time::pause()` (or `#[tokio::test(start_paused = true)]`) it is
-/// virtual time that jumps forward whenever every task is idle, so tests and simulations run
-/// leases, backoffs and think times in no wall time at all.
+/// Tokio's clock, anchored to wall-clock time when created: `now` is the Unix time at
+/// creation plus tokio's monotonic elapsed time, so timestamps written to a durable ledger
+/// (lease deadlines) stay meaningful after a restart. Under `tokio::time::pause()` (or
+/// `#[tokio::test(start_paused = true)]`) the elapsed part is virtual time that jumps forward
+/// whenever every task is idle, so tests run leases, backoffs and think times in no wall time.
 #[derive(Debug, Clone)]
 pub struct TokioClock {
     origin: tokio::time::Instant,
+    base: u64,
 }
 
 impl Default for TokioClock {
     fn default() -> Self {
-        TokioClock { origin: tokio::time::Instant::now() }
+        let base = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        TokioClock { origin: tokio::time::Instant::now(), base }
     }
 }
 
@@ -44,11 +50,11 @@ impl TokioClock {
 
 impl Clock for TokioClock {
     fn now(&self) -> Timestamp {
-        Timestamp(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        Timestamp(self.base.saturating_add(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)))
     }
 
     fn sleep_until(&self, deadline: Timestamp) -> BoxFuture<'static, ()> {
-        let at = self.origin + Duration::from_nanos(deadline.0);
+        let at = self.origin + Duration::from_nanos(deadline.0.saturating_sub(self.base));
         Box::pin(tokio::time::sleep_until(at))
     }
 }

@@ -152,14 +152,26 @@ impl Builder {
             let _guard = handle.enter();
             Arc::new(TokioClock::new())
         });
+        let store: Arc<dyn LedgerStore> = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        // Rebuild the projections from whatever the ledger already holds.
+        let (core, recovery) = if store.last_lsn() == 0 {
+            (Core::with_scopes(self.cfg, self.scopes.clone()), None)
+        } else {
+            let mut events = Vec::new();
+            store.scan(1, &mut |_, e| {
+                events.push(e.clone());
+                true
+            })?;
+            let (core, rec) = Core::recover(self.cfg, self.scopes.clone(), events, clock.now())
+                .map_err(|e| Error::Store(StoreError::Corrupt { lsn: e.index + 1, detail: e.to_string() }))?;
+            (core, Some(rec))
+        };
         Ok(Tidegate {
             inner: Arc::new(Inner {
-                shared: Mutex::new(Shared {
-                    core: Core::with_scopes(self.cfg, self.scopes.clone()),
-                    waiters: HashMap::default(),
-                }),
+                shared: Mutex::new(Shared { core, waiters: HashMap::default() }),
+                recovery: Mutex::new(recovery),
                 scopes: self.scopes,
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                store,
                 clock,
                 retry: self.retry,
                 hooks: RwLock::new(Vec::new()),
@@ -192,6 +204,8 @@ pub(crate) struct Shared {
 
 pub(crate) struct Inner {
     pub(crate) shared: Mutex<Shared>,
+    /// Work the last process left unfinished, until [`Tidegate::recover`] finishes it.
+    pub(crate) recovery: Mutex<Option<tidegate_core::engine::Recovery>>,
     pub(crate) scopes: ScopeRegistry,
     pub(crate) store: Arc<dyn LedgerStore>,
     pub(crate) clock: Arc<dyn Clock>,

@@ -35,6 +35,7 @@ mod engine;
 mod error;
 mod group;
 pub mod hooks;
+mod recover;
 mod run;
 mod settle;
 mod tool;
@@ -45,6 +46,7 @@ pub use engine::{Builder, RetryPolicy, Tidegate, TxOptions};
 pub use error::{Error, Result};
 pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
+pub use recover::RecoveryReport;
 pub use run::DEFAULT_ATTEMPTS;
 pub use tidegate_core::{
     AbortReason, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, Ordering, Outcome,

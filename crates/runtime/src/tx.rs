@@ -261,13 +261,20 @@ impl Transaction {
                 }
                 Decision::Wait => {}
             }
-            let waiter = n.get_or_insert_with(|| {
-                let w = Arc::new(Notify::new());
-                self.engine.inner.shared.lock().waiters.insert(id, w.clone());
-                w
-            });
-            // A wake issued between `try_commit` and here left a permit in the Notify, so
-            // nothing is lost. Sleep at most until the next lease or our own deadline.
+            let waiter = match n {
+                Some(w) => w.clone(),
+                None => {
+                    // First refusal: register the waiter, then decide once more before
+                    // sleeping. A wake issued between the refusal and the registration found
+                    // no waiter; the second decision sees its effect instead.
+                    let w = Arc::new(Notify::new());
+                    self.engine.inner.shared.lock().waiters.insert(id, w.clone());
+                    *n = Some(w);
+                    continue;
+                }
+            };
+            // The waiter was registered before this decision, so a wake issued since left a
+            // permit in the Notify. Sleep at most until the next lease or our own deadline.
             let wake_at = match (next_lease, deadline) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

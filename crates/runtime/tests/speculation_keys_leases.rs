@@ -259,3 +259,38 @@ async fn contended_agents_on_one_order_never_lose_an_update() {
     let _ = (Tag::Clean, Disposition::Applied);
     tg.check_integrity().unwrap();
 }
+
+// Regression: renewals used the engine's lease instead of the transaction's own override,
+// so a transaction begun with a one-hour lease was reaped after 30 s of idleness.
+#[tokio::test(start_paused = true)]
+async fn a_lease_override_is_kept_when_the_lease_renews() {
+    let tg = Tidegate::builder().lease(Duration::from_secs(30)).build().unwrap();
+    let tx = tg.begin_with(TxOptions::agent("reviewer").lease(Duration::from_secs(3600))).unwrap();
+    tokio::time::sleep(Duration::from_secs(3500)).await;
+    tx.read("retail:order:W1").unwrap();
+    tokio::time::sleep(Duration::from_secs(200)).await;
+    assert_eq!(tg.reap().await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(tg.reap().await.unwrap(), 1);
+}
+
+// Regression: a committer registered its waiter after the lock that parked it was released,
+// so a wake in between was lost and the commit slept forever.
+#[test]
+fn a_wake_between_parking_and_waiting_is_not_lost() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let tg = Tidegate::in_memory().unwrap();
+        for i in 0..3_000 {
+            let a = tg.begin_with(TxOptions::agent("a").may_touch(["retail:order:W1"])).unwrap();
+            let b = tg.begin_with(TxOptions::agent("b").may_touch(["retail:order:W1"])).unwrap();
+            a.seal().unwrap();
+            b.seal().unwrap();
+            let later = tokio::spawn(async move { b.commit().await });
+            let earlier = tokio::spawn(async move { a.commit().await });
+            earlier.await.unwrap().unwrap();
+            let done = tokio::time::timeout(Duration::from_secs(5), later).await;
+            assert!(done.is_ok(), "iteration {i}: the later commit never woke up");
+        }
+    });
+}

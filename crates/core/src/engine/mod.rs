@@ -154,6 +154,8 @@ struct Tx {
     /// Counted in `undeclared` (open, no may-touch): blocks every scope.
     blocks_all: bool,
     lease_until: Timestamp,
+    /// The lease length, renewed on each read and effect.
+    lease: Duration,
     in_flight: u32,
     reason: Option<AbortReason>,
     began: Timestamp,

@@ -134,7 +134,8 @@ impl Core {
     ) -> Begun {
         let tx = TxId(self.next_tx);
         self.next_tx += 1;
-        let lease_until = now.after(req.lease.unwrap_or(self.cfg.lease));
+        let lease = req.lease.unwrap_or(self.cfg.lease);
+        let lease_until = now.after(lease);
         let mut claims = SmallVec::new();
         let blocks_all = req.may_touch.is_none();
         if let Some(scopes) = &req.may_touch {
@@ -169,6 +170,7 @@ impl Core {
                 claims,
                 blocks_all,
                 lease_until,
+                lease,
                 in_flight: 0,
                 reason: None,
                 began: now,
@@ -180,9 +182,9 @@ impl Core {
     /// Checks that `tx` is open and `scope` inside its may-touch set; on a violation the
     /// transaction is aborted (the abort is queued as [`super::Action::RunAbort`]).
     fn check_touch(&mut self, tx: TxId, scope: &Scope, what: &str, now: Timestamp) -> Result<(), EngineError> {
-        let lease = self.cfg.lease;
         let missing = self.missing(tx);
         let t = self.txs.get_mut(&tx).ok_or(missing)?;
+        let lease = t.lease;
         match t.state {
             TxState::Open => {}
             TxState::Sealed | TxState::Waiting => {

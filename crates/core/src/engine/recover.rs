@@ -174,6 +174,7 @@ impl Core {
                         effects: Vec::new(),
                         claims,
                         lease_until: *lease_until,
+                        lease: self.cfg.lease,
                         in_flight: 0,
                         reason: None,
                         began: Timestamp(0),

@@ -1,0 +1,93 @@
+//! Finishing what a previous process left unfinished, once its tools are registered again.
+
+use tidegate_core::engine::{ExecResult, Recovery};
+use tidegate_core::{Action, EffectId, TxId};
+
+use crate::engine::Tidegate;
+use crate::tool::Probe;
+use crate::{Error, Result};
+
+/// What [`Tidegate::recover`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Events replayed when the engine was built.
+    pub events: u64,
+    /// Transactions unfinished after replay.
+    pub unfinished: usize,
+    /// In-doubt eager calls the probe confirmed as done.
+    pub probed_happened: Vec<(TxId, EffectId)>,
+    /// In-doubt eager calls the probe confirmed as not done.
+    pub probed_not_happened: Vec<(TxId, EffectId)>,
+    /// In-doubt calls left `unresolved` (no probe, or it did not know): listed for an operator.
+    pub unresolved: Vec<(TxId, EffectId)>,
+    /// Commits finished (their never-attempted held effects released).
+    pub commits_resumed: Vec<TxId>,
+    /// Aborts finished (their remaining compensations run).
+    pub aborts_resumed: Vec<TxId>,
+    /// Transactions aborted because their lease ended while the process was down.
+    pub expired: Vec<TxId>,
+}
+
+impl Tidegate {
+    /// Finishes the work the previous process left: resolves in-doubt calls through their
+    /// tools' probes (never re-executing them), completes interrupted commits and aborts, and
+    /// aborts transactions whose lease ended meanwhile. Register every tool first; an effect
+    /// of an unregistered tool is an [`Error::UnknownTool`]. Idempotent: a second call does
+    /// nothing.
+    pub async fn recover(&self) -> Result<RecoveryReport> {
+        let Some(rec) = self.inner.recovery.lock().take() else { return Ok(RecoveryReport::default()) };
+        let Recovery { events, unfinished, in_doubt, committing, aborting, expired } = rec;
+        let mut report = RecoveryReport { events, unfinished, expired, ..RecoveryReport::default() };
+        for d in in_doubt {
+            let tool = self.tool(&d.tool)?;
+            let result = match tool.probe_call(d.args.clone()) {
+                Some(p) => match p.await {
+                    Probe::Happened(v) => {
+                        report.probed_happened.push((d.tx, d.effect));
+                        Ok(std::sync::Arc::new(v))
+                    }
+                    Probe::DidNotHappen => {
+                        report.probed_not_happened.push((d.tx, d.effect));
+                        Err(("did not happen (probe after restart)".to_owned(), false))
+                    }
+                    Probe::Unknown => {
+                        report.unresolved.push((d.tx, d.effect));
+                        Err(("outcome unknown after restart (probe did not know)".to_owned(), true))
+                    }
+                },
+                None => {
+                    report.unresolved.push((d.tx, d.effect));
+                    Err(("outcome unknown after restart and the tool has no probe".to_owned(), true))
+                }
+            };
+            let (exec, lsn) = self.with_core(|c| c.executed(d.tx, d.effect, result))?;
+            self.durable(lsn).await?;
+            if let ExecResult::Aborted(plan) = exec {
+                self.run_abort(plan).await?;
+            }
+        }
+        for tx in committing {
+            let (plan, _) = self.with_core(|c| c.resume_commit(tx))?;
+            for r in &plan.releases {
+                self.tool(&r.tool)?;
+            }
+            match self.release(plan).await {
+                Ok(_) | Err(Error::Aborted(_)) => report.commits_resumed.push(tx),
+                Err(e) => return Err(e),
+            }
+        }
+        for tx in aborting {
+            let (plan, _) = self.with_core(|c| c.resume_abort(tx))?;
+            self.run_abort(plan).await?;
+            report.aborts_resumed.push(tx);
+        }
+        // Lease expiries decided during replay are queued as actions; run them now.
+        let actions: Vec<Action> = self.inner.shared.lock().core.take_actions().collect();
+        for a in actions {
+            if let Action::RunAbort(plan) = a {
+                self.run_abort(plan).await?;
+            }
+        }
+        Ok(report)
+    }
+}
