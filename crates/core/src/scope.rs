@@ -210,6 +210,11 @@ impl Scope {
         &self.text
     }
 
+    /// The canonical text as a shared string (no copy).
+    pub fn as_arc(&self) -> Arc<str> {
+        self.text.clone()
+    }
+
     /// The scope type, e.g. `fs`.
     pub fn kind(&self) -> &str {
         &self.text[..self.kind_len as usize - 1]

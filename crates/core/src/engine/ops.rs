@@ -227,7 +227,7 @@ impl Core {
             .map(|e| e.args.clone());
         if !t.reads.iter().any(|(s, v)| s == scope && *v == version) {
             t.reads.push((scope.clone(), version));
-            self.events.push(Event::Read { tx, scope: scope.as_str().into(), version });
+            self.events.push(Event::Read { tx, scope: scope.as_arc(), version });
         }
         Ok(ReadResult { version, staged })
     }
@@ -289,7 +289,7 @@ impl Core {
             effect: id,
             tool: decl.tool.clone(),
             class: decl.class,
-            scopes: decl.scopes.iter().map(|s| Arc::from(s.as_str())).collect(),
+            scopes: decl.scopes.iter().map(Scope::as_arc).collect(),
             key: key.clone(),
             args: decl.args.clone(),
             compensable: decl.compensable,
