@@ -1,87 +1,138 @@
-//! The ledger storage contract ([`LedgerStore`]) and the in-memory store.
+//! The ledger storage contract ([`LedgerStore`]) and its backends.
 //!
 //! The engine appends every fact it decides to one ledger; every other piece of state is a
 //! projection rebuilt from it. This crate owns the contract between the runtime and a
-//! backend, and the in-memory backend used by tests, benchmarks and embedding without
-//! durability. It must not know about tools, clocks or the async runtime.
+//! backend, and the backends:
+//!
+//! * [`MemoryStore`]: in memory, for tests, benchmarks and embedding without durability;
+//! * [`SqliteStore`]: the embedded default (SQLite in WAL mode with group commit) in a data
+//!   directory;
+//! * [`FaultyStore`]: a wrapper that simulates group commit over any store and "crashes" at
+//!   the N-th append or sync, for crash tests.
+//!
+//! [`fsync_per_s`] measures the disk's physical sync rate, the ceiling a durable store is
+//! compared against. With the `conformance` feature, [`conformance`] is the suite every
+//! backend must pass. This crate must not know about tools, clocks or the async runtime.
+//! The ledger's schema and record format are specified in `docs/ledger.md`.
 
 #![deny(missing_docs)]
 
+mod bench;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod error;
+mod faulty;
 mod memory;
+mod sqlite;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pub use bench::fsync_per_s;
+pub use error::{Result, StoreError};
+pub use faulty::{FaultOptions, FaultyStore};
 pub use memory::MemoryStore;
+pub use sqlite::{CutRow, OpenReport, Options, SqliteStore, StoreStats, Verify};
 
 use tidegate_core::Event;
 
 /// A position in the ledger. The first event has LSN 1; 0 means "nothing".
 pub type Lsn = u64;
 
-/// Why a storage operation failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// An I/O failure; the operation may succeed if retried.
-    #[error("ledger I/O failed during {op}: {source}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The ledger is corrupt at the given position.
-    #[error("ledger is corrupt at LSN {lsn}: {detail}")]
-    Corrupt {
-        /// Where.
-        lsn: Lsn,
-        /// What is wrong.
-        detail: String,
-    },
-    /// The store was closed.
-    #[error("ledger store is closed")]
-    Closed,
-}
-
-impl StoreError {
-    /// Whether retrying the same operation may succeed.
-    pub fn retryable(&self) -> bool {
-        matches!(self, StoreError::Io { .. })
-    }
-}
-
 /// The storage contract.
 ///
 /// ```text
 ///   runtime (holding the engine lock)          backend
 ///   ── append([e1, e2]) ──────────────────────► ordered, atomic: both or neither; LSNs n+1, n+2
-///   ◄─ Ok(n+2) ───────────────────────────────
+///   ◄─ Ok(n+2) ───────────────────────────────  (queued for the next group commit, no I/O yet)
 ///   (lock released)
 ///   ── is_durable(n+2)? / wait_durable(n+2) ──► resolves once e1, e2 (and all before) survive a crash
+///                                               one sync covers every batch queued before it
 /// ```
 ///
 /// * `append` MUST be atomic per call (all events of the batch or none become visible and,
 ///   later, durable) and MUST preserve call order: the runtime calls it while holding the
-///   engine lock, so ledger order equals decision order. It SHOULD NOT block on I/O; a
-///   durable backend enqueues the batch for its group commit and returns the LSN.
+///   engine lock, so ledger order equals decision order. LSNs are consecutive, the first
+///   event of a ledger has LSN 1, and a batch's events get consecutive LSNs. It SHOULD NOT
+///   block on I/O; a durable backend enqueues the batch for its group commit and returns the
+///   LSN. An empty batch appends nothing and returns the current last LSN.
 /// * `wait_durable(lsn)` MUST NOT resolve before every event up to `lsn` is durable. Several
 ///   waiters share one sync (group commit). Nothing is acknowledged to an agent before its
-///   events are durable.
-/// * A failed `append` leaves nothing of the batch behind; the caller may retry it.
+///   events are durable. `lsn == 0` resolves at once; an `lsn` beyond [`Self::last_lsn`]
+///   fails with [`StoreError::BeyondEnd`] instead of blocking forever.
+/// * Durability is a prefix: if `lsn` is durable, so is every smaller LSN, and it stays so.
+/// * A failed `append` leaves nothing of the batch behind. If the error is
+///   [`StoreError::retryable`] the caller may retry it.
+/// * If a write fails after `append` returned (the disk is full, the process "crashes"), the
+///   store stops: every later call fails with [`StoreError::Failed`], every waiter is woken
+///   with it, events that were not durable are dropped (reopen shows none of them), and no
+///   durable event is lost. Nothing that was not written is ever reported durable.
 /// * `scan` returns events in LSN order, including ones not yet durable.
+/// * A durable backend, reopened after `wait_durable(n)` returned, shows at least the events
+///   `1..=n`, unchanged, with the same LSNs; reopened after a clean close, it shows every
+///   event appended.
 pub trait LedgerStore: Send + Sync + std::fmt::Debug {
     /// Appends a batch atomically, in order. Returns the LSN of its last event (the current
     /// last LSN if the batch is empty).
     fn append(&self, events: &mut dyn Iterator<Item = Event>) -> Result<Lsn, StoreError>;
 
-    /// Whether every event up to `lsn` is durable. Cheap; lets callers skip waiting.
+    /// Whether every event up to `lsn` is durable. Cheap (an atomic load); lets callers skip
+    /// waiting.
     fn is_durable(&self, lsn: Lsn) -> bool;
 
     /// Blocks the calling thread until every event up to `lsn` is durable.
     fn wait_durable(&self, lsn: Lsn) -> Result<(), StoreError>;
 
+    /// The async form of [`Self::wait_durable`]: `Ready` once every event up to `lsn` is
+    /// durable (or the store failed); otherwise registers `cx`'s waker, which the backend
+    /// wakes when the LSN becomes durable or the store fails, and returns `Pending`.
+    ///
+    /// Backends with a background writer SHOULD override this. The default blocks the
+    /// polling thread in [`Self::wait_durable`], which is correct but ties up an executor
+    /// thread. [`durable`] turns it into a future.
+    fn poll_durable(&self, lsn: Lsn, cx: &mut Context<'_>) -> Poll<Result<(), StoreError>> {
+        let _ = cx;
+        if self.is_durable(lsn) {
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Ready(self.wait_durable(lsn))
+    }
+
     /// The last LSN appended.
     fn last_lsn(&self) -> Lsn;
 
-    /// Visits events with LSN ≥ `from`, in order, until `visit` returns `false`.
+    /// Visits events with LSN ≥ `from`, in order, until `visit` returns `false`. `from == 0`
+    /// is read as 1.
     fn scan(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(), StoreError>;
+}
+
+/// A future resolving once every event up to an LSN is durable: the async counterpart of
+/// [`LedgerStore::wait_durable`], built on [`LedgerStore::poll_durable`]. It needs no
+/// particular executor and no blocking thread (for backends that override `poll_durable`).
+///
+/// ```
+/// # use tidegate_storage::{durable, LedgerStore, MemoryStore};
+/// # async fn f(store: &dyn LedgerStore) -> Result<(), tidegate_storage::StoreError> {
+/// durable(store, store.last_lsn()).await?;
+/// # Ok(()) }
+/// ```
+pub fn durable<S: LedgerStore + ?Sized>(store: &S, lsn: Lsn) -> Durable<'_, S> {
+    Durable { store, lsn }
+}
+
+/// The future returned by [`durable`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Durable<'a, S: ?Sized> {
+    store: &'a S,
+    lsn: Lsn,
+}
+
+impl<S: LedgerStore + ?Sized> Future for Durable<'_, S> {
+    type Output = Result<(), StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.store.poll_durable(self.lsn, cx)
+    }
 }

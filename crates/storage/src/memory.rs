@@ -1,5 +1,8 @@
 //! The in-memory ledger: ordered, atomic per batch, never durable across processes.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
 use parking_lot::Mutex;
 use tidegate_core::Event;
 
@@ -11,13 +14,14 @@ use crate::{LedgerStore, Lsn, StoreError};
 #[derive(Debug)]
 pub struct MemoryStore {
     events: Mutex<Vec<Event>>,
-    last: Mutex<Lsn>,
+    /// The last LSN; written only under `events`' lock, read without it.
+    last: AtomicU64,
     retain: bool,
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        MemoryStore { events: Mutex::new(Vec::new()), last: Mutex::new(0), retain: true }
+        MemoryStore { events: Mutex::new(Vec::new()), last: AtomicU64::new(0), retain: true }
     }
 }
 
@@ -25,6 +29,13 @@ impl MemoryStore {
     /// An empty store that keeps every event.
     pub fn new() -> MemoryStore {
         MemoryStore::default()
+    }
+
+    /// A store holding `events` at LSNs `1..=events.len()`, as if they had been appended
+    /// (e.g. the durable events of a [`crate::FaultyStore`] after a simulated crash).
+    pub fn from_events(events: Vec<Event>) -> MemoryStore {
+        let last = events.len() as Lsn;
+        MemoryStore { events: Mutex::new(events), last: AtomicU64::new(last), retain: true }
     }
 
     /// Whether appended events are kept (default `true`).
@@ -41,33 +52,42 @@ impl MemoryStore {
 
 impl LedgerStore for MemoryStore {
     fn append(&self, events: &mut dyn Iterator<Item = Event>) -> Result<Lsn, StoreError> {
-        let mut last = self.last.lock();
-        if self.retain {
-            let mut all = self.events.lock();
+        let mut all = self.events.lock();
+        let added = if self.retain {
             let before = all.len();
             all.extend(events);
-            *last += (all.len() - before) as Lsn;
+            all.len() - before
         } else {
-            *last += events.count() as Lsn;
+            events.count()
+        };
+        let last = self.last.load(Ordering::Relaxed) + added as Lsn;
+        self.last.store(last, Ordering::Release);
+        Ok(last)
+    }
+
+    fn is_durable(&self, lsn: Lsn) -> bool {
+        lsn <= self.last.load(Ordering::Acquire)
+    }
+
+    fn wait_durable(&self, lsn: Lsn) -> Result<(), StoreError> {
+        let last = self.last.load(Ordering::Acquire);
+        if lsn > last {
+            return Err(StoreError::BeyondEnd { lsn, last });
         }
-        Ok(*last)
-    }
-
-    fn is_durable(&self, _lsn: Lsn) -> bool {
-        true
-    }
-
-    fn wait_durable(&self, _lsn: Lsn) -> Result<(), StoreError> {
         Ok(())
     }
 
+    fn poll_durable(&self, lsn: Lsn, _cx: &mut Context<'_>) -> Poll<Result<(), StoreError>> {
+        Poll::Ready(self.wait_durable(lsn))
+    }
+
     fn last_lsn(&self) -> Lsn {
-        *self.last.lock()
+        self.last.load(Ordering::Acquire)
     }
 
     fn scan(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(), StoreError> {
         let all = self.events.lock();
-        let start = from.max(1) as usize - 1;
+        let start = usize::try_from(from.max(1) - 1).unwrap_or(usize::MAX);
         for (i, e) in all.iter().enumerate().skip(start) {
             if !visit(i as Lsn + 1, e) {
                 break;

@@ -1,0 +1,186 @@
+//! Storage errors: what went wrong, where (path, LSN, value), and whether to retry.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::Lsn;
+
+/// [`std::result::Result`] with [`StoreError`] as the default error.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Why a storage operation failed.
+///
+/// [`StoreError::retryable`] tells a transient failure (retrying the same operation may
+/// succeed) from a terminal one (the store or the data directory needs attention first).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// An I/O failure not tied to one file; the operation may succeed if retried.
+    #[error("ledger I/O failed during {op}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An I/O failure on a named file or directory.
+    #[error("ledger I/O failed during {op} on {}: {source}", path.display())]
+    File {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ledger is corrupt at the given position.
+    #[error("ledger is corrupt at LSN {lsn}: {detail}")]
+    Corrupt {
+        /// Where.
+        lsn: Lsn,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The store was closed.
+    #[error("ledger store is closed")]
+    Closed,
+    /// Another process (or another open store in this process) holds the data directory.
+    #[error(
+        "data directory {} is held by another process{} (lock file {}); stop it or choose another directory",
+        dir.display(),
+        holder.as_deref().map(|h| format!(" ({h})")).unwrap_or_default(),
+        lock_file.display()
+    )]
+    Locked {
+        /// The data directory.
+        dir: PathBuf,
+        /// The lock file.
+        lock_file: PathBuf,
+        /// What the holder wrote into the lock file (its process id), if readable.
+        holder: Option<String>,
+    },
+    /// The ledger was written by a newer build in a format this build cannot read.
+    #[error(
+        "ledger {} has {key} {found}, newer than {supported}, the newest this build reads; \
+         open it with a newer tidegate",
+        path.display()
+    )]
+    NewerFormat {
+        /// The ledger file.
+        path: PathBuf,
+        /// Which version: `format_version` (events) or `schema_version` (tables).
+        key: &'static str,
+        /// The version found in the ledger.
+        found: u64,
+        /// The newest version this build reads.
+        supported: u64,
+    },
+    /// The file is not a Tidegate ledger (or its `meta` table is malformed).
+    #[error("{} is not a tidegate ledger: {detail}", path.display())]
+    NotALedger {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The embedded database reported an error.
+    #[error("ledger database {} failed during {op}: {source}", path.display())]
+    Database {
+        /// What was being done.
+        op: &'static str,
+        /// The database file.
+        path: PathBuf,
+        /// Whether the database said the condition is transient (busy, locked).
+        retryable: bool,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// An event could not be encoded as JSON; nothing of its batch was appended.
+    #[error("event {index} of the batch could not be encoded as JSON: {detail}")]
+    Encode {
+        /// The event's 0-based position in its batch.
+        index: usize,
+        /// Why.
+        detail: String,
+    },
+    /// An argument is out of range.
+    #[error("invalid `{field}` = {value}: expected {expected}")]
+    InvalidArgument {
+        /// The argument.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// A durability wait named an LSN that was never assigned.
+    #[error("LSN {lsn} was never assigned (the last LSN is {last})")]
+    BeyondEnd {
+        /// The LSN waited for.
+        lsn: Lsn,
+        /// The last LSN assigned when the wait started.
+        last: Lsn,
+    },
+    /// A fault injected on purpose ([`crate::FaultyStore`], or the crash options of
+    /// [`crate::SqliteStore::open_with`]): the store "crashed" here.
+    #[error("injected crash at {what} #{n}")]
+    InjectedCrash {
+        /// `"append"`, `"sync"` or `"crash_now"`.
+        what: &'static str,
+        /// Which append or sync (1-based).
+        n: u64,
+    },
+    /// The store stopped after an earlier failure (a failed write or an injected crash) and
+    /// refuses every operation: events not yet durable were dropped, nothing durable was
+    /// lost. Reopen the data directory to go on.
+    #[error("ledger store stopped after an earlier failure; reopen it: {cause}")]
+    Failed {
+        /// The failure that stopped the store.
+        #[source]
+        cause: Arc<StoreError>,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same operation may succeed.
+    pub fn retryable(&self) -> bool {
+        match self {
+            StoreError::Io { .. } | StoreError::File { .. } => true,
+            StoreError::Database { retryable, .. } => *retryable,
+            StoreError::Corrupt { .. }
+            | StoreError::Closed
+            | StoreError::Locked { .. }
+            | StoreError::NewerFormat { .. }
+            | StoreError::NotALedger { .. }
+            | StoreError::Encode { .. }
+            | StoreError::InvalidArgument { .. }
+            | StoreError::BeyondEnd { .. }
+            | StoreError::InjectedCrash { .. }
+            | StoreError::Failed { .. } => false,
+        }
+    }
+
+    /// Whether this error is, or was caused by, an injected crash.
+    pub fn is_injected_crash(&self) -> bool {
+        match self {
+            StoreError::InjectedCrash { .. } => true,
+            StoreError::Failed { cause } => cause.is_injected_crash(),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn database(op: &'static str, path: &std::path::Path, e: rusqlite::Error) -> StoreError {
+        let retryable = matches!(
+            e.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        );
+        StoreError::Database { op, path: path.to_owned(), retryable, source: Box::new(e) }
+    }
+
+    pub(crate) fn file(op: &'static str, path: &std::path::Path, source: std::io::Error) -> StoreError {
+        StoreError::File { op, path: path.to_owned(), source }
+    }
+}

@@ -1,0 +1,485 @@
+//! The embedded store's own behaviour: the data directory, versions, torn tails, group
+//! commit, write failures and injected crashes.
+
+#![allow(clippy::unwrap_used)] // tests unwrap by design
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use serde_json::Value;
+use tidegate_core::{EffectId, Event, TxId};
+use tidegate_storage::conformance::{collect, event};
+use tidegate_storage::{LedgerStore, Lsn, Options, SqliteStore, StoreError, Verify, durable, fsync_per_s};
+
+fn append(store: &dyn LedgerStore, events: Vec<Event>) -> Result<Lsn, StoreError> {
+    store.append(&mut events.into_iter())
+}
+
+fn events(tx: u64, n: u64) -> Vec<Event> {
+    (0..n).map(|i| event(tx, i)).collect()
+}
+
+/// Options for deterministic crash tests: syncs happen only when someone waits.
+fn on_demand() -> Options {
+    Options { idle_flush_ms: None, ..Options::default() }
+}
+
+fn db(dir: &Path) -> Connection {
+    Connection::open(dir.join("ledger.db")).unwrap()
+}
+
+fn all(store: &dyn LedgerStore) -> Vec<Event> {
+    collect(store, 1).unwrap().into_iter().map(|(_, e)| e).collect()
+}
+
+#[test]
+fn open_creates_the_directory_in_wal_mode_and_reports_a_new_ledger() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a/b/data");
+    let store = SqliteStore::open(&dir).unwrap();
+    let report = store.open_report().clone();
+    assert!(report.created);
+    assert_eq!((report.last_lsn, report.rows_verified, report.format_version), (0, 0, 1));
+    assert!(report.cut_rows.is_empty());
+    assert_eq!(report.path, dir.join("ledger.db"));
+    assert!(report.to_string().starts_with("created ledger"), "{report}");
+    append(&store, events(1, 3)).unwrap();
+    store.close().unwrap();
+
+    let conn = db(&dir);
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    assert_eq!(mode, "wal");
+    drop(conn);
+    let store = SqliteStore::open(&dir).unwrap();
+    assert!(!store.open_report().created);
+    assert_eq!(store.open_report().rows_verified, 3);
+    assert_eq!(store.verify().unwrap(), 3);
+}
+
+#[test]
+fn schema_and_record_format_match_the_ledger_doc() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    let executed = Event::EffectExecuted { tx: TxId(7), effect: EffectId(2), output: Arc::new(Value::from("ok")) };
+    append(&store, vec![event(7, 1), executed.clone()]).unwrap();
+    store.close().unwrap();
+
+    let conn = db(root.path());
+    let meta: Vec<(String, String)> = conn
+        .prepare("SELECT key, value FROM meta ORDER BY key")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(meta[0], ("format_version".into(), "1".into()));
+    assert_eq!(meta[1], ("schema_version".into(), "1".into()));
+    assert!(meta[2].0 == "written_by" && meta[2].1.starts_with("tidegate-storage "));
+    let rows: Vec<(i64, i64, String, String)> = conn
+        .prepare("SELECT lsn, tx, kind, body FROM events ORDER BY lsn")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!((rows[0].0, rows[0].1, rows[0].2.as_str()), (1, 7, "read"));
+    assert_eq!((rows[1].0, rows[1].1, rows[1].2.as_str()), (2, 7, "effect_executed"));
+    assert_eq!(rows[1].3, serde_json::to_string(&executed).unwrap());
+    assert_eq!(rows[1].3, r#"{"event":"effect_executed","tx":7,"effect":2,"output":"ok"}"#);
+}
+
+#[test]
+fn a_second_open_of_the_same_directory_is_refused_as_held_by_another_process() {
+    let root = tempfile::tempdir().unwrap();
+    let first = SqliteStore::open(root.path()).unwrap();
+    let err = SqliteStore::open(root.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("held by another process"), "{msg}");
+    assert!(msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+    assert!(msg.contains(&root.path().display().to_string()), "{msg}");
+    assert!(!err.retryable());
+    drop(first);
+    SqliteStore::open(root.path()).unwrap();
+}
+
+/// Not a test on its own: the child process of
+/// `a_directory_held_by_a_child_process_is_refused_until_it_dies`.
+#[test]
+fn lock_holder_child() {
+    let Ok(dir) = std::env::var("TIDEGATE_LOCK_HOLDER_DIR") else { return };
+    let store = SqliteStore::open(dir).unwrap();
+    append(&store, events(1, 1)).unwrap();
+    store.sync().unwrap();
+    println!("LOCKED");
+    // Hold the lock until the parent kills this process.
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn a_directory_held_by_a_child_process_is_refused_until_it_dies() {
+    let root = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "lock_holder_child", "--nocapture", "--test-threads=1"])
+        .env("TIDEGATE_LOCK_HOLDER_DIR", root.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.contains("LOCKED"))), "the child never took the lock");
+    let err = SqliteStore::open(root.path()).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("held by another process") && msg.contains(&format!("pid {}", child.id())), "{msg}");
+    // SIGKILL: the kernel drops the lock with the process; no stale lock file blocks.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    assert_eq!(store.last_lsn(), 1, "the child's synced event survived its SIGKILL");
+}
+
+#[test]
+fn a_ledger_from_a_newer_version_is_refused_naming_both_versions_and_left_untouched() {
+    let root = tempfile::tempdir().unwrap();
+    SqliteStore::open(root.path()).unwrap().close().unwrap();
+    for (key, other) in [("format_version", "schema_version"), ("schema_version", "format_version")] {
+        db(root.path()).execute("UPDATE meta SET value = '99' WHERE key = ?1", [key]).unwrap();
+        db(root.path()).execute("UPDATE meta SET value = '1' WHERE key = ?1", [other]).unwrap();
+        let err = SqliteStore::open(root.path()).unwrap_err();
+        match &err {
+            StoreError::NewerFormat { key: k, found: 99, supported: 1, .. } => assert_eq!(*k, key),
+            other => panic!("expected NewerFormat, got {other:?}"),
+        }
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("{key} 99")) && msg.contains("newer than 1"), "{msg}");
+        let still: String =
+            db(root.path()).query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).unwrap();
+        assert_eq!(still, "99", "a refused ledger is not rewritten");
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_ledger_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("ledger.db"), vec![0xAB; 8192]).unwrap();
+    let err = SqliteStore::open(root.path()).unwrap_err();
+    assert!(matches!(err, StoreError::NotALedger { .. }), "{err:?}");
+
+    let other = tempfile::tempdir().unwrap();
+    db(other.path()).execute_batch("CREATE TABLE customers (id INTEGER)").unwrap();
+    let err = SqliteStore::open(other.path()).unwrap_err();
+    assert!(err.to_string().contains("customers"), "{err}");
+}
+
+#[test]
+fn a_corrupt_tail_is_cut_at_the_last_complete_record_and_reported() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 4)).unwrap();
+    append(&store, events(2, 4)).unwrap();
+    append(&store, events(3, 2)).unwrap();
+    store.close().unwrap();
+    // A torn write: the last two rows hold garbage.
+    db(root.path()).execute("UPDATE events SET body = '{\"event\":\"rea' WHERE lsn >= 9", []).unwrap();
+
+    let store = SqliteStore::open(root.path()).unwrap();
+    let report = store.open_report().clone();
+    assert_eq!(report.last_lsn, 8);
+    assert_eq!(report.cut_rows.iter().map(|c| c.lsn).collect::<Vec<_>>(), vec![9, 10]);
+    assert!(report.cut_rows[0].reason.contains("does not decode"), "{}", report.cut_rows[0].reason);
+    let shown = report.to_string();
+    assert!(shown.contains("cut a corrupt tail of 2 rows (LSN 9..=10"), "{shown}");
+    assert_eq!(store.last_lsn(), 8);
+    assert_eq!(all(&store), [events(1, 4), events(2, 4)].concat());
+    // The ledger goes on from the cut; the cut rows are kept for an operator.
+    assert_eq!(append(&store, events(4, 1)).unwrap(), 9);
+    store.close().unwrap();
+    let kept: i64 = db(root.path()).query_row("SELECT count(*) FROM cut_rows", [], |r| r.get(0)).unwrap();
+    assert_eq!(kept, 2);
+    let store = SqliteStore::open(root.path()).unwrap();
+    assert!(store.open_report().cut_rows.is_empty());
+    assert_eq!(store.verify().unwrap(), 9);
+}
+
+#[test]
+fn a_row_whose_columns_disagree_with_its_body_counts_as_corrupt() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 3)).unwrap();
+    store.close().unwrap();
+    db(root.path()).execute("UPDATE events SET kind = 'sealed' WHERE lsn = 3", []).unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    assert_eq!(store.open_report().cut_rows.len(), 1);
+    assert!(store.open_report().cut_rows[0].reason.contains("kind column"));
+}
+
+#[test]
+fn corruption_in_the_middle_is_an_error_naming_the_lsn() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 10)).unwrap();
+    store.close().unwrap();
+    db(root.path()).execute("UPDATE events SET body = 'garbage' WHERE lsn = 4", []).unwrap();
+    let err = SqliteStore::open(root.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { lsn: 4, .. }), "{err:?}");
+    assert!(err.to_string().contains("LSN 4") && err.to_string().contains("not a torn tail"), "{err}");
+    assert_eq!(db(root.path()).query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0)).unwrap(), 10);
+
+    // With only the tail verified the store opens, and the scan that reaches LSN 4 fails.
+    let store = SqliteStore::open_with(root.path(), Options { verify: Verify::Tail { rows: 3 }, ..Options::default() })
+        .unwrap();
+    assert_eq!(store.open_report().rows_verified, 3);
+    let err = collect(&store, 1).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { lsn: 4, .. }), "{err:?}");
+    assert_eq!(collect(&store, 5).unwrap().len(), 6);
+    assert!(matches!(store.verify(), Err(StoreError::Corrupt { lsn: 4, .. })));
+    drop(store);
+
+    // A missing row is corruption too.
+    db(root.path())
+        .execute("UPDATE events SET body = (SELECT body FROM events WHERE lsn = 3) WHERE lsn = 4", [])
+        .unwrap();
+    db(root.path()).execute("DELETE FROM events WHERE lsn = 6", []).unwrap();
+    let err = SqliteStore::open(root.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { lsn: 6, .. }), "{err:?}");
+}
+
+#[test]
+fn a_tail_longer_than_max_tail_cut_is_refused_not_cut() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 10)).unwrap();
+    store.close().unwrap();
+    db(root.path()).execute("UPDATE events SET body = 'x' WHERE lsn >= 5", []).unwrap();
+    let err = SqliteStore::open_with(root.path(), Options { max_tail_cut: 3, ..Options::default() }).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { lsn: 5, .. }), "{err:?}");
+    assert!(err.to_string().contains("max_tail_cut"), "{err}");
+    assert_eq!(db(root.path()).query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0)).unwrap(), 10);
+}
+
+#[test]
+fn concurrent_appenders_share_syncs() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..32 {
+            let store = &store;
+            s.spawn(move || {
+                for _ in 0..20 {
+                    let lsn = append(store, events(t, 3)).unwrap();
+                    store.wait_durable(lsn).unwrap();
+                }
+            });
+        }
+    });
+    let stats = store.stats();
+    assert_eq!((stats.appends, stats.last_lsn, stats.durable_lsn), (640, 1920, 1920));
+    eprintln!("640 durable appends took {} syncs", stats.syncs);
+    assert!(stats.syncs < stats.appends, "{stats:?}");
+}
+
+#[test]
+fn a_single_client_pays_one_sync_per_wait_however_many_appends_precede_it() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_with(root.path(), on_demand()).unwrap();
+    for tx in 0..10 {
+        for n in 0..5 {
+            append(&store, vec![event(tx, n)]).unwrap();
+        }
+        store.wait_durable(store.last_lsn()).unwrap();
+    }
+    assert_eq!(store.stats().syncs, 10);
+}
+
+#[test]
+fn events_nobody_waits_for_become_durable_after_the_idle_flush() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_with(root.path(), Options { idle_flush_ms: Some(20), ..Options::default() }).unwrap();
+    let lsn = append(&store, events(1, 2)).unwrap();
+    let start = Instant::now();
+    while !store.is_durable(lsn) {
+        assert!(start.elapsed() < Duration::from_secs(5), "never flushed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn an_async_waiter_is_woken_by_the_writer() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_with(root.path(), on_demand()).unwrap();
+    let lsn = append(&store, events(1, 2)).unwrap();
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut fut = std::pin::pin!(durable(&store, lsn));
+    // The first poll registers demand; the writer commits; a later poll sees it.
+    let start = Instant::now();
+    while fut.as_mut().poll(&mut cx).is_pending() {
+        assert!(start.elapsed() < Duration::from_secs(5), "never became durable");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(store.is_durable(lsn));
+    assert_eq!(store.stats().syncs, 1);
+}
+
+#[test]
+fn a_crash_at_a_sync_drops_the_unsynced_batches() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_with(root.path(), Options { crash_after_syncs: Some(2), ..on_demand() }).unwrap();
+    let a = append(&store, events(1, 3)).unwrap();
+    store.wait_durable(a).unwrap();
+    let b = append(&store, events(2, 2)).unwrap();
+    store.wait_durable(b).unwrap();
+    let c = append(&store, events(3, 4)).unwrap();
+    let err = store.wait_durable(c).unwrap_err();
+    assert!(err.is_injected_crash() && !err.retryable(), "{err:?}");
+    assert!(err.to_string().contains("injected crash at sync #3"), "{err}");
+    assert!(!store.is_durable(c));
+    assert!(store.append(&mut events(4, 1).into_iter()).unwrap_err().is_injected_crash());
+    assert!(collect(&store, 1).is_err());
+    assert!(store.stats().failed);
+    assert!(store.close().unwrap_err().is_injected_crash());
+
+    let store = SqliteStore::open(root.path()).unwrap();
+    assert_eq!(all(&store), [events(1, 3), events(2, 2)].concat());
+    assert_eq!(store.verify().unwrap(), 5);
+}
+
+#[test]
+fn a_crash_at_an_append_fails_it_and_everything_after() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_with(root.path(), Options { crash_after_appends: Some(3), ..on_demand() }).unwrap();
+    for tx in 0..3 {
+        let l = append(&store, events(tx, 2)).unwrap();
+        store.wait_durable(l).unwrap();
+    }
+    assert_eq!(append(&store, vec![]).unwrap(), 6, "an empty batch is not an append");
+    let err = append(&store, events(9, 1)).unwrap_err();
+    assert!(err.to_string().contains("injected crash at append #4"), "{err}");
+    assert!(store.wait_durable(6).is_ok(), "what was durable stays durable");
+    drop(store);
+    let store = SqliteStore::open(root.path()).unwrap();
+    assert_eq!(store.last_lsn(), 6);
+}
+
+#[test]
+fn crash_now_drops_queued_batches_and_wakes_waiters_with_an_error() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_with(root.path(), on_demand()).unwrap();
+    let a = append(&store, events(1, 2)).unwrap();
+    store.wait_durable(a).unwrap();
+    append(&store, events(2, 2)).unwrap();
+    store.crash_now();
+    assert!(store.wait_durable(4).unwrap_err().is_injected_crash());
+    drop(store);
+    let store = SqliteStore::open(root.path()).unwrap();
+    assert_eq!(all(&store), events(1, 2));
+}
+
+/// Regression guard for the crash-test contract: at every crash point, with concurrent
+/// appenders, every acknowledged batch survives whole, every surviving batch is whole, and
+/// the survivors are a prefix of the ledger.
+#[test]
+fn acknowledged_batches_survive_a_crash_at_every_sync_and_only_whole_batches_do() {
+    for crash_at in 0..12u64 {
+        let root = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_with(
+            root.path(),
+            Options { crash_after_syncs: Some(crash_at), idle_flush_ms: Some(1), ..Options::default() },
+        )
+        .unwrap();
+        // (thread, batch) -> (last LSN, events, acknowledged)
+        let outcomes: Vec<(Lsn, Vec<Event>, bool)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let store = &store;
+                    s.spawn(move || {
+                        let mut mine = Vec::new();
+                        for b in 0..20u64 {
+                            let batch = events(t * 100 + b, 1 + (b + t) % 3);
+                            let Ok(lsn) = append(store, batch.clone()) else { break };
+                            let acked = if b % 2 == 0 { store.wait_durable(lsn).is_ok() } else { false };
+                            mine.push((lsn, batch, acked));
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        drop(store);
+        let store = SqliteStore::open(root.path()).unwrap();
+        let survived = collect(&store, 1).unwrap();
+        let last = store.last_lsn();
+        for (lsn, batch, acked) in &outcomes {
+            let first = lsn - batch.len() as Lsn + 1;
+            if *lsn <= last {
+                let stored: Vec<Event> =
+                    survived[first as usize - 1..*lsn as usize].iter().map(|(_, e)| e.clone()).collect();
+                assert_eq!(&stored, batch, "crash at sync {crash_at}: batch ending at {lsn} is whole");
+            } else {
+                assert!(!acked, "crash at sync {crash_at}: acknowledged batch ending at {lsn} was lost");
+                assert!(first > last, "crash at sync {crash_at}: batch {first}..={lsn} survived in part");
+            }
+        }
+        assert_eq!(store.verify().unwrap(), last);
+    }
+}
+
+#[test]
+fn a_failed_write_stops_the_store_and_loses_nothing_acknowledged() {
+    let root = tempfile::tempdir().unwrap();
+    let opts = Options { max_ledger_bytes: Some(256 * 1024), ..on_demand() };
+    let store = SqliteStore::open_with(root.path(), opts).unwrap();
+    let a = append(&store, events(1, 10)).unwrap();
+    store.wait_durable(a).unwrap();
+    // Far more than the size limit: the commit fails as on a full disk.
+    let big =
+        Event::EffectExecuted { tx: TxId(2), effect: EffectId(0), output: Arc::new(Value::from("y".repeat(1 << 20))) };
+    let b = append(&store, vec![big]).unwrap();
+    let err = store.wait_durable(b).unwrap_err();
+    assert!(matches!(&err, StoreError::Failed { cause } if matches!(**cause, StoreError::Database { .. })), "{err:?}");
+    assert!(err.to_string().contains("full"), "{err}");
+    assert!(!err.retryable());
+    assert!(append(&store, events(3, 1)).is_err());
+    drop(store);
+    let store = SqliteStore::open(root.path()).unwrap();
+    assert_eq!(all(&store), events(1, 10));
+}
+
+#[test]
+fn scan_inside_a_scan_visitor_does_not_deadlock() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    let l = append(&store, events(1, 5)).unwrap();
+    store.wait_durable(l).unwrap();
+    let mut inner_total = 0;
+    store
+        .scan(1, &mut |_, _| {
+            inner_total += collect(&store, 1).unwrap().len();
+            true
+        })
+        .unwrap();
+    assert_eq!(inner_total, 25);
+}
+
+#[test]
+fn options_read_from_json_with_defaults_and_refuse_unknown_fields() {
+    let opts: Options = serde_json::from_str(r#"{"idle_flush_ms": null, "verify": {"tail": {"rows": 5}}}"#).unwrap();
+    assert_eq!(opts, Options { idle_flush_ms: None, verify: Verify::Tail { rows: 5 }, ..Options::default() });
+    assert!(serde_json::from_str::<Options>(r#"{"crash_after_sync": 1}"#).is_err());
+}
+
+#[test]
+fn fsync_per_s_measures_a_positive_rate_and_cleans_up() {
+    let root = tempfile::tempdir().unwrap();
+    let rate = fsync_per_s(root.path(), Duration::from_millis(200)).unwrap();
+    assert!(rate > 0.0 && rate.is_finite(), "{rate}");
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    assert!(matches!(fsync_per_s(root.path(), Duration::ZERO), Err(StoreError::InvalidArgument { .. })));
+}
