@@ -116,15 +116,45 @@ fn print_outcome(o: &Outcome) {
     }
 }
 
-pub fn run() -> anyhow::Result<()> {
+pub fn run(dir: Option<crate::data_dir::DataDir>) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(story())
+    rt.block_on(story(dir))
 }
 
-async fn story() -> anyhow::Result<()> {
-    let tg = Tidegate::in_memory()?;
+async fn story(dir: Option<crate::data_dir::DataDir>) -> anyhow::Result<()> {
+    let store = match &dir {
+        Some(d) => Some(d.open()?),
+        None => None,
+    };
+    let tg = match &store {
+        Some(s) => Tidegate::builder().store(s.clone()).build()?,
+        None => Tidegate::in_memory()?,
+    };
     let world = Providers::default();
     let [flight, hotel, car, email, rebook] = world.tools()?;
+    for t in [&flight, &hotel, &car, &email, &rebook] {
+        tg.register(t)?;
+    }
+    let recovered = tg.recover().await?;
+    match (&store, &dir) {
+        (Some(s), Some(d)) => println!(
+            "Ledger: {} ({} events from earlier runs replayed; {})\n",
+            d.path()?.display(),
+            recovered.events,
+            s.open_report()
+        ),
+        _ => println!("Ledger: in memory (--memory)\n"),
+    }
+    if recovered.unfinished > 0 {
+        println!(
+            "Recovered an interrupted earlier run: {} unfinished transaction(s); in-doubt calls left unresolved for an operator: {:?}; commits resumed: {:?}; aborts resumed: {:?}; expired: {:?}\n",
+            recovered.unfinished,
+            recovered.unresolved,
+            recovered.commits_resumed,
+            recovered.aborts_resumed,
+            recovered.expired
+        );
+    }
 
     println!("Tidegate demo: a holiday-booking agent (flight, hotel, car, confirmation email)\n");
     println!("1. Everything succeeds: the email is held until the whole booking commits.");

@@ -2,7 +2,9 @@
 
 mod bench;
 mod check;
+mod data_dir;
 mod demo;
+mod ledger;
 
 use clap::{Parser, Subcommand};
 
@@ -17,7 +19,18 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the travel-booking story: a commit, an abort, and two agents racing.
-    Demo,
+    Demo {
+        #[command(flatten)]
+        dir: data_dir::DataDir,
+        /// Keep the ledger in memory instead of the embedded store.
+        #[arg(long, conflicts_with = "data_dir")]
+        memory: bool,
+    },
+    /// Inspect, verify, export or summarise the embedded ledger.
+    Ledger {
+        #[command(subcommand)]
+        cmd: ledger::Cmd,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -30,7 +43,8 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo => demo::run(),
+        Command::Demo { dir, memory } => demo::run(if memory { None } else { Some(dir) }),
+        Command::Ledger { cmd } => ledger::run(cmd),
         Command::Bench { which } => bench::run(which),
         Command::Check(args) => return check::run(args),
     };

@@ -176,10 +176,10 @@ fn blocked_rec(node: &Node, segs: &[&str], e: u64) -> bool {
     if *first == "*" {
         return node.children.values().any(|c| blocked_rec(c, rest, e));
     }
-    if let Some(c) = node.children.get(*first) {
-        if blocked_rec(c, rest, e) {
-            return true;
-        }
+    if let Some(c) = node.children.get(*first)
+        && blocked_rec(c, rest, e)
+    {
+        return true;
     }
     node.children.get("*").is_some_and(|c| blocked_rec(c, rest, e))
 }

@@ -141,27 +141,27 @@ pub(crate) fn push_line(builder: &mut TraceBuilder, line_no: u64, raw: &[u8]) ->
         return Ok(());
     }
     // serde would also accept a JSON array as a struct (positionally); a record is an object.
-    if let Some(pos) = line.iter().position(|b| !b.is_ascii_whitespace()) {
-        if line[pos] != b'{' {
-            let found = String::from_utf8_lossy(&line[pos..line.len().min(pos + 20)]).into_owned();
-            return Err(Error::Field {
-                line: line_no,
-                column: pos + 1,
-                field: "(record)".to_owned(),
-                message: format!("expected a JSON object, found `{found}`"),
-            });
-        }
+    if let Some(pos) = line.iter().position(|b| !b.is_ascii_whitespace())
+        && line[pos] != b'{'
+    {
+        let found = String::from_utf8_lossy(&line[pos..line.len().min(pos + 20)]).into_owned();
+        return Err(Error::Field {
+            line: line_no,
+            column: pos + 1,
+            field: "(record)".to_owned(),
+            message: format!("expected a JSON object, found `{found}`"),
+        });
     }
     let rec = RecordLine::parse(line).map_err(|e| json_error(line_no, line, &e))?;
-    if let Some(v) = rec.schema_version {
-        if v.major != SchemaVersion::CURRENT.major {
-            return Err(Error::UnsupportedVersion {
-                line: line_no,
-                column: find_key(line, "schema_version").map_or(0, |c| c + 1),
-                found: v.to_string(),
-                supported: SchemaVersion::CURRENT.major,
-            });
-        }
+    if let Some(v) = rec.schema_version
+        && v.major != SchemaVersion::CURRENT.major
+    {
+        return Err(Error::UnsupportedVersion {
+            line: line_no,
+            column: find_key(line, "schema_version").map_or(0, |c| c + 1),
+            found: v.to_string(),
+            supported: SchemaVersion::CURRENT.major,
+        });
     }
     builder.push(line_no, &rec);
     Ok(())

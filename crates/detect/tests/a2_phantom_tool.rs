@@ -33,10 +33,10 @@ fn brute(records: &[Value]) -> Vec<Key> {
             match at_commit.iter().find(|(n, _)| n == name) {
                 None => out.push((i as u64 + 1, name.clone(), "removed".to_owned())),
                 Some((_, sig_commit)) => {
-                    if let (Some(a), Some(b)) = (sig_read, sig_commit) {
-                        if a != b {
-                            out.push((i as u64 + 1, name.clone(), format!("{a}->{b}")));
-                        }
+                    if let (Some(a), Some(b)) = (sig_read, sig_commit)
+                        && a != b
+                    {
+                        out.push((i as u64 + 1, name.clone(), format!("{a}->{b}")));
                     }
                 }
             }

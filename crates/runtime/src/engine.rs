@@ -442,10 +442,8 @@ impl Tidegate {
         if lsn == 0 || self.inner.store.is_durable(lsn) {
             return Ok(());
         }
-        let store = self.inner.store.clone();
-        tokio::task::spawn_blocking(move || store.wait_durable(lsn)).await.map_err(|e| {
-            Error::Store(StoreError::Io { op: "wait for durability", source: std::io::Error::other(e) })
-        })??;
+        // Resolved by the store's group-commit writer; no thread is parked per waiter.
+        tidegate_storage::durable(&*self.inner.store, lsn).await?;
         Ok(())
     }
 }

@@ -43,10 +43,10 @@ impl Core {
                     return Err(format!("{id} claims {s} but the index does not hold the claim"));
                 }
             }
-            if let Some(g) = t.group {
-                if !self.groups.get(&g).is_some_and(|g| g.branches.contains(id)) {
-                    return Err(format!("{id} names group {g} which does not list it"));
-                }
+            if let Some(g) = t.group
+                && !self.groups.get(&g).is_some_and(|g| g.branches.contains(id))
+            {
+                return Err(format!("{id} names group {g} which does not list it"));
             }
         }
         if undeclared != self.undeclared {

@@ -195,12 +195,12 @@ impl Core {
                 return Err(EngineError::WrongState { tx, op: "touch", state, hint: "" });
             }
         }
-        if let Some(mt) = &t.may_touch {
-            if !mt.iter().any(|m| m.covers(scope)) {
-                let declared: Vec<&str> = mt.iter().map(Scope::as_str).collect();
-                let what = format!("{what} `{scope}` outside the declared may-touch set {declared:?}");
-                return Err(self.violation(tx, what));
-            }
+        if let Some(mt) = &t.may_touch
+            && !mt.iter().any(|m| m.covers(scope))
+        {
+            let declared: Vec<&str> = mt.iter().map(Scope::as_str).collect();
+            let what = format!("{what} `{scope}` outside the declared may-touch set {declared:?}");
+            return Err(self.violation(tx, what));
         }
         t.lease_until = now.after(lease);
         Ok(())

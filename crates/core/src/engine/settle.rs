@@ -158,10 +158,10 @@ impl Core {
     pub fn request_commit(&mut self, tx: TxId) -> Result<(), EngineError> {
         let groups = &self.groups;
         let t = self.txs.get(&tx).ok_or_else(|| self.missing(tx))?;
-        if let Some(g) = t.group {
-            if groups.get(&g).and_then(|g| g.winner) != Some(tx) {
-                return Err(EngineError::BranchOfGroup { tx, group: g });
-            }
+        if let Some(g) = t.group
+            && groups.get(&g).and_then(|g| g.winner) != Some(tx)
+        {
+            return Err(EngineError::BranchOfGroup { tx, group: g });
         }
         match t.state {
             TxState::Sealed => {}
@@ -312,16 +312,16 @@ impl Core {
             .filter(|(_, e)| e.status == EffStatus::Released)
             .map(|(i, _)| EffectId(i as u32))
             .collect();
-        if let Some(f) = failed {
-            if released.is_empty() {
-                let (tool, message) = match &t.effects[f].status {
-                    EffStatus::ReleaseFailed(m) => (t.effects[f].tool.to_string(), m.clone()),
-                    _ => unreachable!("position matched ReleaseFailed"),
-                };
-                let t = self.txs.get_mut(&tx).expect("present");
-                t.state = TxState::Waiting; // so that abort() accepts it
-                return Ok(Settlement::Abort(self.abort(tx, AbortReason::ReleaseFailed { tool, message })?));
-            }
+        if let Some(f) = failed
+            && released.is_empty()
+        {
+            let (tool, message) = match &t.effects[f].status {
+                EffStatus::ReleaseFailed(m) => (t.effects[f].tool.to_string(), m.clone()),
+                _ => unreachable!("position matched ReleaseFailed"),
+            };
+            let t = self.txs.get_mut(&tx).expect("present");
+            t.state = TxState::Waiting; // so that abort() accepts it
+            return Ok(Settlement::Abort(self.abort(tx, AbortReason::ReleaseFailed { tool, message })?));
         }
         let t = self.txs.remove(&tx).expect("present");
         let mut partial = None;
