@@ -138,6 +138,9 @@ pub enum Event {
         /// Error text on failure.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
+        /// Whether a failed release may nevertheless have taken effect.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        unknown: bool,
     },
     /// A compensation ran (or failed).
     Compensated {

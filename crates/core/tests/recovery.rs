@@ -103,7 +103,7 @@ fn workload(seed: u64) -> (Core, Vec<Event>) {
                             for r in plan.releases {
                                 c.release_started(tx, r.effect).unwrap();
                                 let res = if rng.gen_bool(0.1) {
-                                    Err("bounce".to_owned())
+                                    Err(("bounce".to_owned(), false))
                                 } else {
                                     Ok(Arc::new(json!(null)))
                                 };

@@ -23,17 +23,19 @@ impl Tidegate {
                         match tool.invoke(r.args.clone()).await {
                             Ok(v) => break Ok(std::sync::Arc::new(v)),
                             // An unknown outcome is never retried: firing twice is worse.
-                            Err(e) if e.outcome_unknown => break Err(format!("{} (outcome unknown)", e.message)),
+                            Err(e) if e.outcome_unknown => {
+                                break Err((format!("{} (outcome unknown)", e.message), true));
+                            }
                             Err(e) if attempt < self.inner.retry.attempts => {
                                 let _ = e;
                                 self.backoff(attempt).await;
                                 attempt += 1;
                             }
-                            Err(e) => break Err(format!("{} (after {attempt} attempts)", e.message)),
+                            Err(e) => break Err((format!("{} (after {attempt} attempts)", e.message), false)),
                         }
                     }
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err((e.to_string(), false)),
             };
             let failed = result.is_err();
             let (_, lsn) = self.with_core(|c| c.release_done(tx, r.effect, result))?;

@@ -172,7 +172,12 @@ impl Transaction {
                 self.engine.durable(lsn).await?;
                 return Ok(Ack::Replayed { effect, output });
             }
-            Recorded::Execute(id) => id,
+            Recorded::Execute(id) => {
+                // The pending record is durable before the call, so that after a crash the
+                // ledger knows the call may have happened (and never repeats it blindly).
+                self.engine.durable(lsn).await?;
+                id
+            }
         };
         let result = self.engine.execute(tool, args).await;
         let (exec, lsn) = self.engine.with_core(|c| c.executed(self.id, id, result.clone()))?;

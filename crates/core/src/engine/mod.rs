@@ -116,8 +116,8 @@ enum EffStatus {
     Held(HeldAck),
     /// Held and released at commit.
     Released,
-    /// Held; its release failed.
-    ReleaseFailed(String),
+    /// Held; its release failed (`unknown`: it may nevertheless have taken effect).
+    ReleaseFailed { error: String, unknown: bool },
     /// The key had executed before; its outcome was returned.
     Replayed,
     /// Compensated on abort (`residue` for reversible-with-cost).
@@ -342,6 +342,7 @@ fn disposition_for_discard(status: &EffStatus) -> (Disposition, Tag) {
         EffStatus::CompensationFailed(_) => (Disposition::CompensationFailed, Tag::Unresolved),
         EffStatus::Executed => (Disposition::NotCompensable, Tag::Unresolved),
         EffStatus::Released => (Disposition::Fired, Tag::Leaked),
-        EffStatus::ReleaseFailed(_) => (Disposition::ReleaseFailed, Tag::Clean),
+        EffStatus::ReleaseFailed { unknown: false, .. } => (Disposition::ReleaseFailed, Tag::Clean),
+        EffStatus::ReleaseFailed { unknown: true, .. } => (Disposition::Unknown, Tag::Unresolved),
     }
 }

@@ -285,9 +285,12 @@ impl Core {
                 let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
                 let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| format!("no effect {effect} in {tx}"))?;
                 // Until a Released record says otherwise, the outcome is unknown.
-                e.status = EffStatus::ReleaseFailed("outcome unknown: the process stopped during the release".into());
+                e.status = EffStatus::ReleaseFailed {
+                    error: "outcome unknown: the process stopped during the release".into(),
+                    unknown: true,
+                };
             }
-            Event::Released { tx, effect, output, error } => {
+            Event::Released { tx, effect, output, error, unknown } => {
                 let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
                 let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| format!("no effect {effect} in {tx}"))?;
                 match error {
@@ -295,7 +298,7 @@ impl Core {
                         e.status = EffStatus::Released;
                         e.output = output.clone();
                     }
-                    Some(m) => e.status = EffStatus::ReleaseFailed(m.clone()),
+                    Some(m) => e.status = EffStatus::ReleaseFailed { error: m.clone(), unknown: *unknown },
                 }
             }
             Event::Compensated { tx, effect, residue, error } => {
@@ -357,7 +360,7 @@ impl Core {
         if t.state != TxState::Committing {
             return Err(crate::EngineError::WrongState { tx, op: "resume the commit of", state: t.state, hint: "" });
         }
-        if t.effects.iter().any(|e| matches!(e.status, EffStatus::ReleaseFailed(_))) {
+        if t.effects.iter().any(|e| matches!(e.status, EffStatus::ReleaseFailed { .. })) {
             // A release failed or is in doubt: nothing after it may fire.
             return Ok(super::ReleasePlan { tx, releases: Vec::new() });
         }

@@ -269,7 +269,7 @@ impl Core {
         &mut self,
         tx: TxId,
         effect: EffectId,
-        result: Result<Arc<Value>, String>,
+        result: Result<Arc<Value>, (String, bool)>,
     ) -> Result<(), EngineError> {
         let t = self.tx_mut(tx)?;
         if t.state != TxState::Committing {
@@ -287,11 +287,11 @@ impl Core {
             Ok(output) => {
                 e.status = EffStatus::Released;
                 e.output = Some(output.clone());
-                self.events.push(Event::Released { tx, effect, output: Some(output), error: None });
+                self.events.push(Event::Released { tx, effect, output: Some(output), error: None, unknown: false });
             }
-            Err(error) => {
-                e.status = EffStatus::ReleaseFailed(error.clone());
-                self.events.push(Event::Released { tx, effect, output: None, error: Some(error) });
+            Err((error, unknown)) => {
+                e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
+                self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
             }
         }
         Ok(())
@@ -304,7 +304,7 @@ impl Core {
             let state = t.state;
             return Err(EngineError::WrongState { tx, op: "finish the commit of", state, hint: "" });
         }
-        let failed = t.effects.iter().position(|e| matches!(e.status, EffStatus::ReleaseFailed(_)));
+        let failed = t.effects.iter().position(|e| matches!(e.status, EffStatus::ReleaseFailed { .. }));
         let released: Vec<EffectId> = t
             .effects
             .iter()
@@ -312,13 +312,13 @@ impl Core {
             .filter(|(_, e)| e.status == EffStatus::Released)
             .map(|(i, _)| EffectId(i as u32))
             .collect();
+        // A first release known not to have happened leaves nothing externalised: abort. One
+        // whose outcome is unknown may have left: the commit stands, partially.
         if let Some(f) = failed
             && released.is_empty()
+            && let EffStatus::ReleaseFailed { error, unknown: false } = &t.effects[f].status
         {
-            let (tool, message) = match &t.effects[f].status {
-                EffStatus::ReleaseFailed(m) => (t.effects[f].tool.to_string(), m.clone()),
-                _ => unreachable!("position matched ReleaseFailed"),
-            };
+            let (tool, message) = (t.effects[f].tool.to_string(), error.clone());
             let t = self.txs.get_mut(&tx).expect("present");
             t.state = TxState::Waiting; // so that abort() accepts it
             return Ok(Settlement::Abort(self.abort(tx, AbortReason::ReleaseFailed { tool, message })?));
@@ -327,7 +327,7 @@ impl Core {
         let mut partial = None;
         if let Some(f) = failed {
             let error = match &t.effects[f].status {
-                EffStatus::ReleaseFailed(m) => m.clone(),
+                EffStatus::ReleaseFailed { error, .. } => error.clone(),
                 _ => String::new(),
             };
             let not_attempted = t
@@ -349,7 +349,12 @@ impl Core {
                         (Disposition::Applied, Tag::Clean, None)
                     }
                     EffStatus::Released => (Disposition::Fired, Tag::Clean, None),
-                    EffStatus::ReleaseFailed(m) => (Disposition::ReleaseFailed, Tag::PartialCommit, Some(m.clone())),
+                    EffStatus::ReleaseFailed { error, unknown: false } => {
+                        (Disposition::ReleaseFailed, Tag::PartialCommit, Some(error.clone()))
+                    }
+                    EffStatus::ReleaseFailed { error, unknown: true } => {
+                        (Disposition::Unknown, Tag::Unresolved, Some(error.clone()))
+                    }
                     EffStatus::Held(_) => (Disposition::NotReleased, Tag::PartialCommit, None),
                     EffStatus::Replayed => (Disposition::Replayed, Tag::Clean, None),
                     _ => (Disposition::Accepted, Tag::Clean, None),
