@@ -23,12 +23,110 @@ pub enum Which {
         #[arg(long, default_value_t = 1_000_000)]
         history: u64,
     },
+    /// Durable transactions on the embedded ledger against the disk's own fsync rate.
+    Durable {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Where to put the ledger (default: a new directory under the system temp dir,
+        /// removed afterwards).
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+    },
 }
 
 pub fn run(which: Which) -> anyhow::Result<()> {
     match which {
         Which::Micro { json, history } => micro(json, history),
+        Which::Durable { json, data_dir, seconds } => durable(json, data_dir, seconds),
     }
+}
+
+async fn durable_clients(tg: &Tidegate, gated: &Tool, clients: u64, secs: f64) -> anyhow::Result<(f64, Vec<f64>)> {
+    let deadline = Instant::now() + std::time::Duration::from_secs_f64(secs);
+    let mut handles = Vec::new();
+    for c in 0..clients {
+        let (tg, gated) = (tg.clone(), gated.clone());
+        handles.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let scope = format!("bench:mail:{}", 50_000 + c);
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let tx = tg.begin_with(TxOptions::agent(format!("c{c}")).may_touch([scope.clone()]))?;
+                tx.read(&scope)?;
+                tx.call(&gated, json!(50_000 + c)).await?;
+                tx.seal()?;
+                tx.commit().await?;
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            anyhow::Ok(lat)
+        }));
+    }
+    let start = Instant::now();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await??);
+    }
+    let elapsed = start.elapsed().as_secs_f64().max(secs);
+    Ok((all.len() as f64 / elapsed, all))
+}
+
+fn durable(as_json: bool, data_dir: Option<std::path::PathBuf>, secs: f64) -> anyhow::Result<()> {
+    let (dir, temporary) = match data_dir {
+        Some(d) => (d, false),
+        None => (std::env::temp_dir().join(format!("tidegate-bench-{}", std::process::id())), true),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let fsync = tidegate_storage::fsync_per_s(&dir, std::time::Duration::from_secs_f64(secs))?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (_, gated) = tools()?;
+    let result = rt.block_on(async {
+        let mut out = Vec::new();
+        for clients in [1u64, 64] {
+            let sub = dir.join(format!("ledger-{clients}"));
+            let _ = std::fs::remove_dir_all(&sub);
+            let store = Arc::new(tidegate_storage::SqliteStore::open(&sub)?);
+            let tg = Tidegate::builder().store(store).build()?;
+            let (tps, mut lat) = durable_clients(&tg, &gated, clients, secs).await?;
+            lat.sort_by(f64::total_cmp);
+            let p99 = lat.get(((lat.len() as f64) * 0.99) as usize).copied().unwrap_or(0.0);
+            out.push((tps, p99));
+        }
+        anyhow::Ok(out)
+    });
+    if temporary {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let r = result?;
+    let out = json!({
+        "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "fsync_per_s": fsync.round(),
+        "durable_tx_per_s_1": r[0].0.round(),
+        "durable_tx_per_s_64": r[1].0.round(),
+        "p99_commit_ms_64": (r[1].1 * 100.0).round() / 100.0,
+        "ratio_1_to_fsync": (r[0].0 / fsync * 100.0).round() / 100.0,
+        "ratio_64_to_fsync": (r[1].0 / fsync * 100.0).round() / 100.0,
+        "transaction": "begin, read, one gated effect, seal, commit (SQLite WAL, synchronous=FULL)",
+    });
+    if as_json {
+        println!("{out}");
+    } else {
+        println!("tidegate bench durable ({} build)", out["profile"].as_str().unwrap_or("?"));
+        for k in [
+            "fsync_per_s",
+            "durable_tx_per_s_1",
+            "durable_tx_per_s_64",
+            "p99_commit_ms_64",
+            "ratio_1_to_fsync",
+            "ratio_64_to_fsync",
+        ] {
+            println!("  {k:<22} {:>12}", out[k]);
+        }
+    }
+    Ok(())
 }
 
 async fn noop(_args: Arc<Value>) -> Result<Value, tidegate_runtime::ToolError> {

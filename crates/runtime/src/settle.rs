@@ -38,9 +38,10 @@ impl Tidegate {
                 Err(e) => Err((e.to_string(), false)),
             };
             let failed = result.is_err();
-            let (_, lsn) = self.with_core(|c| c.release_done(tx, r.effect, result))?;
-            // Each release is durable before the next fires.
-            self.durable(lsn).await?;
+            // Not waited on here: a crash before this record is durable leaves a started,
+            // unrecorded release, which recovery treats as unknown and never fires again; the
+            // next release's start (or the settlement) makes it durable.
+            self.with_core(|c| c.release_done(tx, r.effect, result))?;
             if failed {
                 break;
             }

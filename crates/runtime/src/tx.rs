@@ -160,14 +160,10 @@ impl Transaction {
         let now = self.engine.inner.clock.now();
         let (recorded, lsn) = self.engine.with_core(|c| c.record_effect(self.id, decl, now))?;
         let id = match recorded {
-            Recorded::Held(effect, HeldAck::Staged) => {
-                self.engine.durable(lsn).await?;
-                return Ok(Ack::Staged { effect });
-            }
-            Recorded::Held(effect, _) => {
-                self.engine.durable(lsn).await?;
-                return Ok(Ack::Queued { effect });
-            }
+            // A held effect needs no sync before its acknowledgement: until the commit decision
+            // is durable, a crash only means the transaction never commits.
+            Recorded::Held(effect, HeldAck::Staged) => return Ok(Ack::Staged { effect }),
+            Recorded::Held(effect, _) => return Ok(Ack::Queued { effect }),
             Recorded::Replay(effect, output) => {
                 self.engine.durable(lsn).await?;
                 return Ok(Ack::Replayed { effect, output });

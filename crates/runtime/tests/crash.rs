@@ -133,9 +133,10 @@ fn classify(events: &[Event], world: &World, class: EffectClass, id: &str, windo
     let mut effect = None;
     for e in events {
         if let Event::EffectRecorded { tx, effect: eid, args, .. } = e
-            && args["id"].as_str() == Some(id) {
-                effect = Some((*tx, *eid));
-            }
+            && args["id"].as_str() == Some(id)
+        {
+            effect = Some((*tx, *eid));
+        }
     }
     let called = world.hits().iter().any(|h| h.args == arg && h.what != "compensate");
     let Some((tx, eid)) = effect else {
