@@ -147,7 +147,7 @@ async fn story(dir: Option<crate::data_dir::DataDir>) -> anyhow::Result<()> {
     }
     if recovered.unfinished > 0 {
         println!(
-            "Recovered an interrupted earlier run: {} unfinished transaction(s); in-doubt calls left unresolved for an operator: {:?}; commits resumed: {:?}; aborts resumed: {:?}; expired: {:?}\n",
+            "Recovered an interrupted earlier run: {} unfinished transaction(s); orphans aborted: {:?}; in-doubt calls left unresolved for an operator: {:?}; commits resumed: {:?}; aborts resumed: {:?}; expired: {:?}\n",
             recovered.unfinished,
             recovered.unresolved,
             recovered.commits_resumed,

@@ -26,6 +26,9 @@ pub struct RecoveryReport {
     pub aborts_resumed: Vec<TxId>,
     /// Transactions aborted because their lease ended while the process was down.
     pub expired: Vec<TxId>,
+    /// Open transactions of the previous process aborted as orphans (see
+    /// [`Tidegate::recover`]), or left open by [`Tidegate::recover_keeping_open`].
+    pub orphans: Vec<TxId>,
 }
 
 impl Tidegate {
@@ -34,10 +37,24 @@ impl Tidegate {
     /// aborts transactions whose lease ended meanwhile. Register every tool first; an effect
     /// of an unregistered tool is an [`Error::UnknownTool`]. Idempotent: a second call does
     /// nothing.
+    ///
+    /// Transactions the previous process left open are aborted as orphans: in an embedded
+    /// engine their agents died with the process. A server whose agents reconnect uses
+    /// [`Tidegate::recover_keeping_open`] and lets their leases decide.
     pub async fn recover(&self) -> Result<RecoveryReport> {
+        self.recover_with(true).await
+    }
+
+    /// [`Tidegate::recover`], leaving transactions whose leases still run open.
+    pub async fn recover_keeping_open(&self) -> Result<RecoveryReport> {
+        self.recover_with(false).await
+    }
+
+    async fn recover_with(&self, abort_open: bool) -> Result<RecoveryReport> {
         let Some(rec) = self.inner.recovery.lock().take() else { return Ok(RecoveryReport::default()) };
-        let Recovery { events, unfinished, in_doubt, committing, aborting, expired } = rec;
-        let mut report = RecoveryReport { events, unfinished, expired, ..RecoveryReport::default() };
+        let Recovery { events, unfinished, in_doubt, committing, aborting, expired, open } = rec;
+        let mut report =
+            RecoveryReport { events, unfinished, expired, orphans: open.clone(), ..RecoveryReport::default() };
         for d in in_doubt {
             let tool = self.tool(&d.tool)?;
             let result = match tool.probe_call(d.args.clone()) {
@@ -80,6 +97,15 @@ impl Tidegate {
             let (plan, _) = self.with_core(|c| c.resume_abort(tx))?;
             self.run_abort(plan).await?;
             report.aborts_resumed.push(tx);
+        }
+        if abort_open {
+            for tx in open {
+                let reason = tidegate_core::AbortReason::Explicit { reason: "orphaned: its process stopped".into() };
+                // In-doubt resolution above may already have aborted it.
+                if let Ok((plan, _)) = self.with_core(|c| c.abort(tx, reason)) {
+                    self.run_abort(plan).await?;
+                }
+            }
         }
         // Lease expiries decided during replay are queued as actions; run them now.
         let actions: Vec<Action> = self.inner.shared.lock().core.take_actions().collect();

@@ -54,6 +54,9 @@ pub struct Recovery {
     /// Open transactions whose leases ended while the process was down (aborted; their
     /// plans are queued as actions).
     pub expired: Vec<TxId>,
+    /// Open or sealed transactions whose leases still run (their agents may come back
+    /// through a server; an embedded engine's agents died with the process).
+    pub open: Vec<TxId>,
 }
 
 /// A ledger that cannot be replayed.
@@ -119,6 +122,13 @@ impl Core {
                 _ => None,
             })
             .collect();
+        rec.open = core
+            .txs
+            .iter()
+            .filter(|(_, t)| matches!(t.state, TxState::Open | TxState::Sealed))
+            .map(|(id, _)| *id)
+            .collect();
+        rec.open.sort_unstable();
         rec.unfinished = core.txs.len();
         Ok((core, rec))
     }
