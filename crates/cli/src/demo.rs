@@ -149,6 +149,7 @@ async fn story(dir: Option<crate::data_dir::DataDir>) -> anyhow::Result<()> {
         println!(
             "Recovered an interrupted earlier run: {} unfinished transaction(s); orphans aborted: {:?}; in-doubt calls left unresolved for an operator: {:?}; commits resumed: {:?}; aborts resumed: {:?}; expired: {:?}\n",
             recovered.unfinished,
+            recovered.orphans,
             recovered.unresolved,
             recovered.commits_resumed,
             recovered.aborts_resumed,
