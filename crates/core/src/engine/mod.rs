@@ -124,6 +124,8 @@ enum EffStatus {
     Compensated { residue: Option<String> },
     /// Compensation failed after retries.
     CompensationFailed(String),
+    /// Returned after its transaction aborted; its late compensation is running.
+    Compensating,
 }
 
 #[derive(Debug)]
@@ -336,7 +338,9 @@ fn disposition_for_discard(status: &EffStatus) -> (Disposition, Tag) {
         EffStatus::Held(_) => (Disposition::Discarded, Tag::Clean),
         EffStatus::Replayed => (Disposition::Replayed, Tag::Clean),
         EffStatus::Failed { unknown: false } => (Disposition::Discarded, Tag::Clean),
-        EffStatus::Failed { unknown: true } | EffStatus::InFlight => (Disposition::Unknown, Tag::Unresolved),
+        EffStatus::Failed { unknown: true } | EffStatus::InFlight | EffStatus::Compensating => {
+            (Disposition::Unknown, Tag::Unresolved)
+        }
         EffStatus::Compensated { residue: None } => (Disposition::Compensated, Tag::Clean),
         EffStatus::Compensated { residue: Some(_) } => (Disposition::Compensated, Tag::Unresolved),
         EffStatus::CompensationFailed(_) => (Disposition::CompensationFailed, Tag::Unresolved),

@@ -128,8 +128,11 @@ impl Core {
                 e.status = EffStatus::Executed;
                 e.output = Some(output.clone());
                 self.events.push(Event::EffectExecuted { tx, effect, output });
-                if t.state == TxState::Aborting {
-                    // Aborted while the call ran: compensate it now.
+                if t.state == TxState::Aborting && e.compensable {
+                    // Aborted while the call ran: compensate it now. Until that compensation
+                    // is reported the effect's fate is open, so a settlement meanwhile tags
+                    // it unresolved and keeps its key from being replayed.
+                    e.status = EffStatus::Compensating;
                     let task = CompensationTask {
                         tx,
                         effect,
@@ -448,10 +451,32 @@ impl Core {
 
     /// Records the compensation of an effect that completed after its transaction settled.
     pub fn late_compensated(&mut self, tx: TxId, effect: EffectId, result: Result<Option<String>, String>) {
+        if let Some(e) = self.txs.get_mut(&tx).and_then(|t| t.effects.get_mut(effect.0 as usize))
+            && e.status == EffStatus::Compensating
+        {
+            // Still aborting: record it as any other compensation.
+            e.status = EffStatus::Executed;
+            if self.compensated(tx, effect, result).is_err() {
+                debug_assert!(false, "late compensation of {tx}{effect} refused");
+            }
+            return;
+        }
+        let clean = matches!(result, Ok(None));
         let (residue, error) = match result {
             Ok(r) => (r, None),
             Err(e) => (None, Some(e)),
         };
+        // Settled meanwhile (tagged unresolved, key held): a clean undo frees the key.
+        if clean {
+            let key = self
+                .keys
+                .iter()
+                .find(|(_, k)| k.tx == tx && k.effect == effect && matches!(k.state, KeyState::Unresolved))
+                .map(|(key, _)| key.clone());
+            if let Some(key) = key {
+                self.keys.remove(&key);
+            }
+        }
         self.events.push(Event::Compensated { tx, effect, residue, error });
     }
 
@@ -475,6 +500,9 @@ impl Core {
                     EffStatus::Executed if !e.compensable => Some("no compensation handler; the effect stands".into()),
                     EffStatus::Executed => Some("compensation never reported".into()),
                     EffStatus::InFlight => Some("call still running at abort; compensated when it returns".into()),
+                    EffStatus::Compensating => {
+                        Some("returned during the abort; its compensation was still running".into())
+                    }
                     EffStatus::Failed { unknown: true } => Some("call outcome unknown".into()),
                     _ => None,
                 };
