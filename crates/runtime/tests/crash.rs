@@ -242,11 +242,10 @@ fn audit(world: &World, class: EffectClass, acked: &[String], ledger: &[Event]) 
         if class.executes_eagerly() && committed == Some(false) && forward.get(id).copied().unwrap_or(0) == 1 {
             // Every held compensation was still there to run: an executed effect of an
             // aborted transaction was compensated (the probe tells recovery it happened).
-            assert_eq!(
-                undone.get(id).copied().unwrap_or(0),
-                1,
-                "{class}: executed {id} of aborted {tx} not compensated"
-            );
+            // Compensation is at-least-once: a crash after an undo but before its record is
+            // durable runs it again on recovery (docs/engine.md: handlers must be idempotent).
+            let n = undone.get(id).copied().unwrap_or(0);
+            assert!(n >= 1, "{class}: executed {id} of aborted {tx} not compensated");
         }
     }
 }
@@ -267,4 +266,30 @@ async fn every_crash_window_of_every_effect_class_loses_nothing_and_duplicates_n
         }
         println!("{class}: {runs} seeded crashes; per effect, windows W1..W4 hit {:?}", windows.0);
     }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_adapter_key_that_executed_replays_after_a_restart() {
+    let dir = std::env::temp_dir().join(format!("tidegate-idem-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let world = World::new();
+    let charge = world.tool("charge", EffectClass::Idempotent, "retail:payment");
+    let opts = || tidegate_runtime::CallOptions { key: Some("charge-order-42".into()), scopes: None };
+    {
+        let store = Arc::new(tidegate_storage::SqliteStore::open(&dir).unwrap());
+        let tg = Tidegate::builder().store(store).build().unwrap();
+        let tx = tg.begin("a").unwrap();
+        tx.call_with(&charge, json!({"id": "P42"}), opts()).await.unwrap();
+        tx.seal().unwrap();
+        tx.commit().await.unwrap();
+    }
+    let store = Arc::new(tidegate_storage::SqliteStore::open(&dir).unwrap());
+    let tg = Tidegate::builder().store(store).build().unwrap();
+    tg.register(&charge).unwrap();
+    tg.recover().await.unwrap();
+    let tx = tg.begin("a-again").unwrap();
+    let ack = tx.call_with(&charge, json!({"id": "P42"}), opts()).await.unwrap();
+    assert!(matches!(ack, tidegate_runtime::Ack::Replayed { .. }), "{ack:?}");
+    assert_eq!(world.count("charge", "exec"), 1, "the provider was charged once across the restart");
+    let _ = std::fs::remove_dir_all(&dir);
 }
