@@ -1412,6 +1412,9 @@ struct LEff {
     scopes: Vec<String>,
     args: ArgsView,
     executed: Option<Value>,
+    /// The call returned after its transaction's abort was decided (compensated late, out of
+    /// the abort's reverse order).
+    returned_after_abort: bool,
     failed: Option<bool>,
     release_started: bool,
     released: Option<bool>,
@@ -1497,6 +1500,7 @@ fn parse_ledger(events: &[Event]) -> Result<BTreeMap<TxId, LTx>, String> {
                         scopes: scopes.iter().map(|s| s.to_string()).collect(),
                         args: ArgsView::of(args),
                         executed: None,
+                        returned_after_abort: false,
                         failed: None,
                         release_started: false,
                         released: None,
@@ -1506,7 +1510,10 @@ fn parse_ledger(events: &[Event]) -> Result<BTreeMap<TxId, LTx>, String> {
                 }
             }
             Event::EffectExecuted { effect, output, .. } => {
-                effect_mut(&mut txs, id, effect.0)?.executed = Some((**output).clone());
+                let aborted = txs.get(&id).is_some_and(|t| t.decisions.iter().any(|d| !d.0));
+                let e = effect_mut(&mut txs, id, effect.0)?;
+                e.executed = Some((**output).clone());
+                e.returned_after_abort = aborted;
             }
             Event::EffectFailed { effect, unknown, .. } => {
                 effect_mut(&mut txs, id, effect.0)?.failed = Some(*unknown);
@@ -2041,12 +2048,13 @@ fn check(h: &History) -> Result<Coverage, String> {
         } else {
             check_reason(*id, t, rec, &h.groups)?;
             cov.add(format!("aborted:{}", t.reason().map_or("none", AbortReason::kind)), 1);
-            // Compensations run last-issued first.
+            // Compensations run last-issued first (calls that returned after the abort was
+            // decided are compensated when they return, outside that order).
             let order: Vec<usize> = t
                 .effects
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| disp[*i].0 == Disposition::Compensated)
+                .filter(|(i, e)| disp[*i].0 == Disposition::Compensated && !e.returned_after_abort)
                 .filter_map(|(_, e)| position(e.args.uid, &[HitKind::Compensate]))
                 .collect();
             if order.windows(2).any(|w| w[0] < w[1]) {
