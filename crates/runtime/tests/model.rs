@@ -2161,14 +2161,11 @@ fn check(h: &History) -> Result<Coverage, String> {
     for (a, &(ha, sa, ida)) in releases.iter().enumerate() {
         for &(hb, sb, idb) in &releases[a + 1..] {
             if sb < sa && ha.scopes.iter().any(|x| hb.scopes.iter().any(|y| reference::overlaps(x, y))) {
-                if h.ordering == Ordering::EpochOrder {
-                    return Err(format!(
-                        "#{} of {ida} (stamp {sa}) reached the world before #{} of {idb} (stamp {sb}) on overlapping \
-                         scopes: releases out of commit order",
-                        ha.uid, hb.uid
-                    ));
-                }
-                cov.add("release_inversions:first_committer_wins", 1);
+                return Err(format!(
+                    "#{} of {ida} (stamp {sa}) reached the world before #{} of {idb} (stamp {sb}) on overlapping \
+                     scopes: releases out of commit order ({:?})",
+                    ha.uid, hb.uid, h.ordering
+                ));
             }
         }
     }
@@ -2287,12 +2284,11 @@ fn random_schedules_match_the_serial_reference_model() {
     }
 }
 
-/// Under first-committer-wins a commit never waits, so a later commit's held effect can reach
-/// the world while an earlier overlapping commit is still releasing its own: the world applies
-/// the two writes in the opposite of their commit order. The random schedules count these
-/// (`release_inversions:first_committer_wins`) instead of failing on them.
+/// Regression: under first-committer-wins a commit never waited, so a later commit's held
+/// effect could reach the world while an earlier overlapping commit was still releasing its
+/// own, and the world applied the two writes against their commit order. A decided commit now
+/// waits for overlapping commits that are still releasing.
 #[tokio::test(start_paused = true)]
-#[ignore = "engine gap: first-committer-wins does not order the releases of overlapping commits"]
 async fn first_committer_wins_releases_overlapping_commits_in_commit_order() {
     let tg = Tidegate::builder().ordering(Ordering::FirstCommitterWins).build().unwrap();
     let world = World::default();

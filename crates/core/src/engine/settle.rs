@@ -242,7 +242,14 @@ impl Core {
     /// scope of the sealed footprint.
     fn admissible(&self, t: &Tx) -> bool {
         if self.cfg.ordering == Ordering::FirstCommitterWins {
-            return true;
+            // Never wait for unfinished work, only for commits already decided and still
+            // releasing on an overlapping scope, so that the world sees overlapping commits'
+            // effects in commit order.
+            return !self.txs.values().any(|o| {
+                o.state == TxState::Committing
+                    && !std::ptr::eq(o, t)
+                    && o.claims.iter().any(|a| t.claims.iter().any(|b| a.overlaps(b)))
+            });
         }
         if self.undeclared.first_key_value().is_some_and(|(e, _)| *e < t.epoch) {
             return false;
@@ -626,7 +633,9 @@ impl Core {
             return;
         }
         let mut woken = Vec::new();
-        for &(e, w) in self.waiting.range((Epoch(epoch.0 + 1), TxId(0))..) {
+        // Under first-committer-wins a waiter may be older than the commit it waited for.
+        let from = if self.cfg.ordering == Ordering::FirstCommitterWins { Epoch(0) } else { Epoch(epoch.0 + 1) };
+        for &(e, w) in self.waiting.range((from, TxId(0))..) {
             let Some(t) = self.txs.get(&w) else { continue };
             let stale = t.reads.iter().any(|(s, v)| self.index.version(s) > *v);
             if stale || self.admissible(t) {
