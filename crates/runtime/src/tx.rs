@@ -242,37 +242,40 @@ impl Transaction {
         let deadline = opts.wait_timeout.map(|d| clock.now().after(d));
         let mut notify: Option<Arc<Notify>> = None;
         let started = clock.now();
+        let id = self.id;
         loop {
             let now = clock.now();
-            let id = self.id;
-            let n = &mut notify;
+            // Past the deadline, decide once more (the wake may have come just as the time ran
+            // out) and abort if the answer is still "wait".
+            let timed_out = deadline.is_some_and(|d| now >= d);
             let (decision, _) = self.engine.with_core(|c| {
                 let d = c.try_commit(id, now)?;
                 Ok((d, c.next_lease_deadline()))
             })?;
             let (decision, next_lease) = decision;
-            match decision {
+            let plan = match decision {
                 Decision::Commit(plan) => {
                     self.forget_waiter(&notify, started);
                     return self.engine.release(plan).await;
                 }
-                Decision::Abort(plan) => {
-                    self.forget_waiter(&notify, started);
-                    return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
+                Decision::Abort(plan) => Some(plan),
+                Decision::Wait if timed_out => {
+                    Some(self.engine.with_core(|c| c.abort(id, AbortReason::WaitTimeout))?.0)
                 }
-                Decision::Wait => {}
+                Decision::Wait => None,
+            };
+            if let Some(plan) = plan {
+                self.forget_waiter(&notify, started);
+                return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
             }
-            let waiter = match n {
-                Some(w) => w.clone(),
-                None => {
-                    // First refusal: register the waiter, then decide once more before
-                    // sleeping. A wake issued between the refusal and the registration found
-                    // no waiter; the second decision sees its effect instead.
-                    let w = Arc::new(Notify::new());
-                    self.engine.inner.shared.lock().waiters.insert(id, w.clone());
-                    *n = Some(w);
-                    continue;
-                }
+            let Some(waiter) = notify.clone() else {
+                // First refusal: register the waiter, then decide once more before sleeping.
+                // A wake issued between the refusal and the registration found no waiter; the
+                // second decision sees its effect instead.
+                let w = Arc::new(Notify::new());
+                self.engine.inner.shared.lock().waiters.insert(id, w.clone());
+                notify = Some(w);
+                continue;
             };
             // The waiter was registered before this decision, so a wake issued since left a
             // permit in the Notify. Sleep at most until the next lease or our own deadline.
@@ -290,27 +293,7 @@ impl Transaction {
                 }
                 None => waiter.notified().await,
             }
-            let now = clock.now();
-            if deadline.is_some_and(|d| now >= d) {
-                // Decide once more: the wake may have come just as the time ran out.
-                let (decision, _) = self.engine.with_core(|c| c.try_commit(id, now))?;
-                match decision {
-                    Decision::Commit(plan) => {
-                        self.forget_waiter(&notify, started);
-                        return self.engine.release(plan).await;
-                    }
-                    Decision::Abort(plan) => {
-                        self.forget_waiter(&notify, started);
-                        return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
-                    }
-                    Decision::Wait => {
-                        self.forget_waiter(&notify, started);
-                        let plan = self.engine.with_core(|c| c.abort(id, AbortReason::WaitTimeout))?.0;
-                        return Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?)));
-                    }
-                }
-            }
-            if next_lease.is_some_and(|l| now >= l) {
+            if next_lease.is_some_and(|l| clock.now() >= l) {
                 self.engine.reap().await?;
             }
         }

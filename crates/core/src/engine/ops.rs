@@ -374,6 +374,16 @@ impl Core {
                 .collect();
             return Err(EngineError::InFlight { tx, effects });
         }
+        let epoch = self.freeze_footprint(tx);
+        self.events.push(Event::Sealed { tx });
+        self.wake_after(epoch);
+        Ok(())
+    }
+
+    /// Marks `tx` sealed and narrows what it claims to exactly its footprint (from its
+    /// may-touch set, or from "everything" if it declared none). Returns its epoch.
+    pub(super) fn freeze_footprint(&mut self, tx: TxId) -> Epoch {
+        let t = self.txs.get_mut(&tx).expect("caller checked the transaction exists");
         t.state = TxState::Sealed;
         let epoch = t.epoch;
         let mut footprint: SmallVec<[Scope; 4]> = SmallVec::new();
@@ -392,9 +402,7 @@ impl Core {
         if std::mem::take(&mut t.blocks_all) {
             self.remove_undeclared(epoch);
         }
-        self.events.push(Event::Sealed { tx });
-        self.wake_after(epoch);
-        Ok(())
+        epoch
     }
 
     pub(super) fn remove_undeclared(&mut self, epoch: Epoch) {

@@ -251,25 +251,10 @@ impl Core {
                 e.status = EffStatus::Failed { unknown: *unknown };
             }
             Event::Sealed { tx } => {
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
-                t.state = TxState::Sealed;
-                let epoch = t.epoch;
-                let mut footprint: SmallVec<[Scope; 4]> = SmallVec::new();
-                for s in t.reads.iter().map(|(s, _)| s).chain(t.effects.iter().flat_map(|e| e.scopes.iter())) {
-                    if !footprint.contains(s) {
-                        footprint.push(s.clone());
-                    }
+                if !self.txs.contains_key(tx) {
+                    return Err(missing(*tx));
                 }
-                for s in &footprint {
-                    self.index.claim(s, epoch);
-                }
-                let old = std::mem::replace(&mut t.claims, footprint);
-                for s in &old {
-                    self.index.unclaim(s, epoch);
-                }
-                if std::mem::take(&mut t.blocks_all) {
-                    self.remove_undeclared(epoch);
-                }
+                self.freeze_footprint(*tx);
             }
             Event::Decided { tx, commit: true, stamp, .. } => {
                 let stamp = stamp.ok_or_else(|| format!("commit of {tx} without a stamp"))?;
