@@ -28,7 +28,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use serde_json::Value;
 use tidegate_core::{EffectId, Event, TxId, Version};
 
-use crate::{LedgerStore, Lsn, StoreError};
+use crate::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
 
 /// How the suite gets stores from a backend.
 pub trait Backend {
@@ -85,7 +85,7 @@ type Case<B> = (&'static str, fn(&mut B));
 
 /// Runs every case against `backend`, printing each case's name to stderr as it starts.
 pub fn run_all<B: Backend>(mut backend: B) {
-    let cases: [Case<B>; 11] = [
+    let cases: [Case<B>; 13] = [
         ("lsns_start_at_one_and_are_consecutive", lsns_start_at_one_and_are_consecutive),
         ("empty_batch_appends_nothing", empty_batch_appends_nothing),
         ("concurrent_batches_are_atomic_and_in_call_order", concurrent_batches_are_atomic_and_in_call_order),
@@ -97,6 +97,8 @@ pub fn run_all<B: Backend>(mut backend: B) {
         ("awkward_text_round_trips", awkward_text_round_trips),
         ("reopen_sees_exactly_the_durable_events", reopen_sees_exactly_the_durable_events),
         ("reopen_after_clean_close_keeps_every_event", reopen_after_clean_close_keeps_every_event),
+        ("checkpoints_keep_the_latest_and_survive_reopen", checkpoints_keep_the_latest_and_survive_reopen),
+        ("a_stored_checkpoint_makes_its_events_durable", a_stored_checkpoint_makes_its_events_durable),
     ];
     for (name, case) in cases {
         eprintln!("conformance: {name}");
@@ -424,4 +426,46 @@ pub fn reopen_after_clean_close_keeps_every_event<B: Backend>(backend: &mut B) {
     };
     assert_eq!(ok(CASE, "scan", collect(&store, 1)), numbered(&a, 1), "{CASE}: scan after reopen");
     assert!(store.is_durable(7), "{CASE}: durable after reopen");
+}
+
+/// A store keeps the latest checkpoint (opaque bytes and their LSN), refuses one beyond its
+/// last LSN, and a durable backend still has it, byte for byte, after reopening.
+pub fn checkpoints_keep_the_latest_and_survive_reopen<B: Backend>(backend: &mut B) {
+    const CASE: &str = "checkpoints_keep_the_latest_and_survive_reopen";
+    let store = backend.create();
+    assert_eq!(ok(CASE, "checkpoint", store.checkpoint()), None, "{CASE}: a new store has no checkpoint");
+    let a: Vec<Event> = (0..10).map(|n| event(4, n)).collect();
+    append(CASE, &store, a.clone());
+    ok(CASE, "put_checkpoint(5)", store.put_checkpoint(5, b"first"));
+    let got = ok(CASE, "checkpoint", store.checkpoint());
+    assert_eq!(got, Some(StoredCheckpoint { lsn: 5, bytes: b"first".to_vec() }), "{CASE}: after the first put");
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    ok(CASE, "put_checkpoint(10)", store.put_checkpoint(10, &big));
+    let got = ok(CASE, "checkpoint", store.checkpoint()).map(|c| (c.lsn, c.bytes == big));
+    assert_eq!(got, Some((10, true)), "{CASE}: the latest put replaces the earlier one");
+    match store.put_checkpoint(11, b"beyond") {
+        Err(StoreError::BeyondEnd { lsn: 11, last: 10 }) => {}
+        other => panic!("{CASE}: a checkpoint beyond the last LSN must fail with BeyondEnd, got {other:?}"),
+    }
+    let Some(store) = backend.reopen(store) else {
+        eprintln!("conformance: {CASE} reopen skipped (volatile backend)");
+        return;
+    };
+    let got = ok(CASE, "checkpoint", store.checkpoint()).map(|c| (c.lsn, c.bytes == big));
+    assert_eq!(got, Some((10, true)), "{CASE}: the checkpoint after reopen");
+    assert_eq!(ok(CASE, "scan", collect(&store, 1)), numbered(&a, 1), "{CASE}: events after reopen");
+}
+
+/// Storing a checkpoint at LSN `l` makes the events `1..=l` durable: a checkpoint never
+/// survives without the events it summarises.
+pub fn a_stored_checkpoint_makes_its_events_durable<B: Backend>(backend: &mut B) {
+    const CASE: &str = "a_stored_checkpoint_makes_its_events_durable";
+    let store = backend.create();
+    let a: Vec<Event> = (0..6).map(|n| event(5, n)).collect();
+    let l = append(CASE, &store, a.clone());
+    ok(CASE, "put_checkpoint", store.put_checkpoint(l, b"state"));
+    assert!(store.is_durable(l), "{CASE}: events up to the checkpoint are durable once it is stored");
+    let Some(store) = backend.reopen(store) else { return };
+    assert_eq!(ok(CASE, "scan", collect(&store, 1)), numbered(&a, 1), "{CASE}: events after reopen");
+    assert_eq!(ok(CASE, "checkpoint", store.checkpoint()).map(|c| c.lsn), Some(l), "{CASE}: checkpoint after reopen");
 }

@@ -133,6 +133,12 @@ pub enum StoreError {
         /// Which append or sync (1-based).
         n: u64,
     },
+    /// The backend does not implement this operation (for example checkpoints).
+    #[error("this ledger backend does not support {op}")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+    },
     /// The store stopped after an earlier failure (a failed write or an injected crash) and
     /// refuses every operation: events not yet durable were dropped, nothing durable was
     /// lost. Reopen the data directory to go on.
@@ -159,6 +165,7 @@ impl StoreError {
             | StoreError::InvalidArgument { .. }
             | StoreError::BeyondEnd { .. }
             | StoreError::InjectedCrash { .. }
+            | StoreError::Unsupported { .. }
             | StoreError::Failed { .. } => false,
         }
     }

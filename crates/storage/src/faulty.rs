@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use parking_lot::Mutex;
 use tidegate_core::Event;
 
-use crate::{LedgerStore, Lsn, StoreError};
+use crate::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
 
 /// Where a [`FaultyStore`] crashes. `None` never crashes there.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -15,6 +15,8 @@ pub struct FaultOptions {
     /// Let this many non-empty appends succeed; the next one crashes the store (and fails).
     pub crash_after_appends: Option<u64>,
     /// Let this many syncs succeed; the next one crashes the store before writing anything.
+    /// Storing a checkpoint is a sync too (it syncs what is pending, then the checkpoint),
+    /// so a crash can be placed just before, at, or just after a checkpoint write.
     pub crash_after_syncs: Option<u64>,
 }
 
@@ -128,8 +130,14 @@ impl<S: LedgerStore> FaultyStore<S> {
     }
 
     fn sync_locked(&self, st: &mut State) -> Result<(), StoreError> {
+        self.sync_with(st, None)
+    }
+
+    /// One sync: everything pending, then the checkpoint if one is given (both or, on an
+    /// injected crash, neither).
+    fn sync_with(&self, st: &mut State, checkpoint: Option<(Lsn, &[u8])>) -> Result<(), StoreError> {
         Self::failed(st)?;
-        if st.pending.is_empty() {
+        if st.pending.is_empty() && checkpoint.is_none() {
             return Ok(());
         }
         if self.opts.crash_after_syncs.is_some_and(|n| st.syncs >= n) {
@@ -137,7 +145,13 @@ impl<S: LedgerStore> FaultyStore<S> {
             return Err(Self::fail(st, StoreError::InjectedCrash { what: "sync", n }));
         }
         let pending = std::mem::take(&mut st.pending);
-        let written = self.inner.append(&mut pending.into_iter()).and_then(|l| self.inner.wait_durable(l).map(|()| l));
+        let written =
+            self.inner.append(&mut pending.into_iter()).and_then(|l| self.inner.wait_durable(l).map(|()| l)).and_then(
+                |l| match checkpoint {
+                    Some((lsn, bytes)) => self.inner.put_checkpoint(lsn, bytes).map(|()| l),
+                    None => Ok(l),
+                },
+            );
         match written {
             Ok(l) => {
                 debug_assert_eq!(l, self.last.load(Ordering::Relaxed), "inner store's LSNs diverged");
@@ -224,5 +238,23 @@ impl<S: LedgerStore> LedgerStore for FaultyStore<S> {
             }
         }
         Ok(())
+    }
+
+    /// One sync of everything pending plus the checkpoint, counted (and crashable) like any
+    /// other sync.
+    fn put_checkpoint(&self, lsn: Lsn, bytes: &[u8]) -> Result<(), StoreError> {
+        let mut st = self.state.lock();
+        Self::failed(&st)?;
+        let last = self.last.load(Ordering::Relaxed);
+        if lsn > last {
+            return Err(StoreError::BeyondEnd { lsn, last });
+        }
+        self.sync_with(&mut st, Some((lsn, bytes)))
+    }
+
+    /// The inner store's: only synced checkpoints exist.
+    fn checkpoint(&self) -> Result<Option<StoredCheckpoint>, StoreError> {
+        Self::failed(&self.state.lock())?;
+        self.inner.checkpoint()
     }
 }

@@ -72,6 +72,17 @@ pub type Lsn = u64;
 /// * A durable backend, reopened after `wait_durable(n)` returned, shows at least the events
 ///   `1..=n`, unchanged, with the same LSNs; reopened after a clean close, it shows every
 ///   event appended.
+/// * Checkpoints ([`Self::put_checkpoint`], [`Self::checkpoint`]): the backend keeps the
+///   latest one, opaque bytes tagged with the LSN they summarise. A stored checkpoint at LSN
+///   `l` is never durable without the events `1..=l` (it rides the same sync or a later
+///   one); replacing it is atomic (after a crash, the old or the new one, never a mix and
+///   never none once one was stored). Backends without checkpoints keep the defaults:
+///   nothing is stored and every reopen replays the whole ledger.
+///
+/// ```text
+///   events  1 ─────────────── l ───────── n        reopen = load checkpoint(l)
+///   checkpoint(l) ───────────┘                              + replay scan(l + 1 ..= n)
+/// ```
 pub trait LedgerStore: Send + Sync + std::fmt::Debug {
     /// Appends a batch atomically, in order. Returns the LSN of its last event (the current
     /// last LSN if the batch is empty).
@@ -105,6 +116,35 @@ pub trait LedgerStore: Send + Sync + std::fmt::Debug {
     /// Visits events with LSN ≥ `from`, in order, until `visit` returns `false`. `from == 0`
     /// is read as 1.
     fn scan(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(), StoreError>;
+
+    /// Stores `bytes` as the latest checkpoint, a summary of the events `1..=lsn`, replacing
+    /// the previous one. Blocks until the checkpoint is durable; when it returns, the events
+    /// `1..=lsn` are durable too. `lsn` beyond [`Self::last_lsn`] fails with
+    /// [`StoreError::BeyondEnd`]. A failure while writing stops the store like any failed
+    /// write. Idempotent: storing the same checkpoint twice is harmless.
+    ///
+    /// The default refuses with [`StoreError::Unsupported`] (a backend without checkpoints).
+    fn put_checkpoint(&self, lsn: Lsn, bytes: &[u8]) -> Result<(), StoreError> {
+        let _ = (lsn, bytes);
+        Err(StoreError::Unsupported { op: "put_checkpoint" })
+    }
+
+    /// The latest durable checkpoint, if any: its LSN is at most [`Self::last_lsn`] unless
+    /// the ledger was cut below it from outside (callers check, and replay in full then).
+    /// The default has none.
+    fn checkpoint(&self) -> Result<Option<StoredCheckpoint>, StoreError> {
+        Ok(None)
+    }
+}
+
+/// A checkpoint as a store keeps it: opaque bytes (the engine's format, versioned by the
+/// engine) summarising the events `1..=lsn`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCheckpoint {
+    /// The last event the checkpoint covers.
+    pub lsn: Lsn,
+    /// The encoded checkpoint.
+    pub bytes: Vec<u8>,
 }
 
 /// A future resolving once every event up to an LSN is durable: the async counterpart of

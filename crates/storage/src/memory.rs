@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use parking_lot::Mutex;
 use tidegate_core::Event;
 
-use crate::{LedgerStore, Lsn, StoreError};
+use crate::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
 
 /// A ledger held in memory. Every append is immediately "durable" (there is nothing to
 /// survive). `retain_events(false)` keeps only the LSN counter, for benchmarks of the engine
@@ -17,11 +17,17 @@ pub struct MemoryStore {
     /// The last LSN; written only under `events`' lock, read without it.
     last: AtomicU64,
     retain: bool,
+    checkpoint: Mutex<Option<StoredCheckpoint>>,
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        MemoryStore { events: Mutex::new(Vec::new()), last: AtomicU64::new(0), retain: true }
+        MemoryStore {
+            events: Mutex::new(Vec::new()),
+            last: AtomicU64::new(0),
+            retain: true,
+            checkpoint: Mutex::new(None),
+        }
     }
 }
 
@@ -35,7 +41,19 @@ impl MemoryStore {
     /// (e.g. the durable events of a [`crate::FaultyStore`] after a simulated crash).
     pub fn from_events(events: Vec<Event>) -> MemoryStore {
         let last = events.len() as Lsn;
-        MemoryStore { events: Mutex::new(events), last: AtomicU64::new(last), retain: true }
+        MemoryStore {
+            events: Mutex::new(events),
+            last: AtomicU64::new(last),
+            retain: true,
+            checkpoint: Mutex::new(None),
+        }
+    }
+
+    /// The same store holding `checkpoint` as its latest checkpoint (e.g. the one a
+    /// [`crate::FaultyStore`] had synced before a simulated crash).
+    pub fn with_checkpoint(self, checkpoint: Option<StoredCheckpoint>) -> MemoryStore {
+        *self.checkpoint.lock() = checkpoint;
+        self
     }
 
     /// Whether appended events are kept (default `true`).
@@ -94,5 +112,18 @@ impl LedgerStore for MemoryStore {
             }
         }
         Ok(())
+    }
+
+    fn put_checkpoint(&self, lsn: Lsn, bytes: &[u8]) -> Result<(), StoreError> {
+        let last = self.last.load(Ordering::Acquire);
+        if lsn > last {
+            return Err(StoreError::BeyondEnd { lsn, last });
+        }
+        *self.checkpoint.lock() = Some(StoredCheckpoint { lsn, bytes: bytes.to_vec() });
+        Ok(())
+    }
+
+    fn checkpoint(&self) -> Result<Option<StoredCheckpoint>, StoreError> {
+        Ok(self.checkpoint.lock().clone())
     }
 }

@@ -15,11 +15,11 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use tidegate_core::Event;
 
-use crate::{LedgerStore, Lsn, StoreError};
+use crate::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
 use writer::{Batch, Row, Shared};
 
 /// The version of the table layout (`meta`, `events`, `cut_rows`), stored in
@@ -39,6 +39,11 @@ pub enum Verify {
         /// How many rows at the end to decode.
         rows: u64,
     },
+    /// Only the rows after the stored checkpoint (all rows if there is none), which are the
+    /// rows a reopening engine replays; LSN continuity is checked for them, and the ledger's
+    /// first LSN is checked to be 1. Open then reads nothing before the checkpoint, so its
+    /// cost follows the tail, not the history. `verify()` still checks everything.
+    SinceCheckpoint,
 }
 
 /// How a [`SqliteStore`] is opened. Every field has a default ([`Options::default`]).
@@ -526,5 +531,50 @@ impl LedgerStore for SqliteStore {
             }
             return Ok(());
         }
+    }
+
+    /// Hands the checkpoint to the writer, which writes it in its next commit (started at
+    /// once), after every batch queued so far; waits for that commit.
+    fn put_checkpoint(&self, lsn: Lsn, bytes: &[u8]) -> Result<(), StoreError> {
+        if i64::try_from(lsn).is_err() {
+            return Err(StoreError::InvalidArgument {
+                field: "checkpoint lsn",
+                value: lsn.to_string(),
+                expected: "an LSN that fits in a signed 64-bit integer",
+            });
+        }
+        let mut st = self.shared.state.lock();
+        st.failure()?;
+        let last = self.shared.last.load(Ordering::Relaxed);
+        if lsn > last {
+            return Err(StoreError::BeyondEnd { lsn, last });
+        }
+        st.checkpoint_requested += 1;
+        let seq = st.checkpoint_requested;
+        st.checkpoint = Some((seq, lsn, Arc::from(bytes)));
+        self.shared.work.notify_one();
+        while st.checkpoint_written < seq {
+            st.failure()?;
+            self.shared.checkpointed.wait(&mut st);
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&self) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.shared.state.lock().failure()?;
+        self.with_reader(|conn| {
+            let path = &self.shared.path;
+            let row: Option<(i64, Vec<u8>)> = conn
+                .query_row("SELECT lsn, body FROM checkpoint WHERE id = 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+                .map_err(|e| StoreError::database("read the checkpoint", path, e))?;
+            match row {
+                None => Ok(None),
+                Some((lsn, bytes)) => match u64::try_from(lsn) {
+                    Ok(lsn) => Ok(Some(StoredCheckpoint { lsn, bytes })),
+                    Err(_) => Err(StoreError::Corrupt { lsn: 0, detail: format!("checkpoint row has LSN {lsn}") }),
+                },
+            }
+        })
     }
 }

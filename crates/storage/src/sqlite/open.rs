@@ -164,6 +164,12 @@ pub(super) fn prepare(conn: &mut Connection, path: &Path) -> Result<(bool, u32),
              body,
              reason TEXT NOT NULL,
              cut_by TEXT NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS checkpoint (
+             id         INTEGER PRIMARY KEY CHECK (id = 1),
+             lsn        INTEGER NOT NULL,
+             body       BLOB NOT NULL,
+             written_by TEXT NOT NULL
          );",
     )
     .map_err(|e| StoreError::database("create the schema", path, e))?;
@@ -214,10 +220,26 @@ pub(super) fn verify_and_cut(
     opts: &Options,
 ) -> Result<(u64, Lsn, Vec<CutRow>), StoreError> {
     let db = |op| move |e| StoreError::database(op, path, e);
+    let checkpoint: Option<i64> = conn
+        .query_row("SELECT lsn FROM checkpoint WHERE id = 1", [], |r| r.get(0))
+        .optional()
+        .map_err(db("read the checkpoint's LSN"))?;
+    // With `SinceCheckpoint`, only the rows after the checkpoint are counted and decoded:
+    // min and max come from the rowid b-tree's ends, so the rows before it are not read.
+    let since = match opts.verify {
+        Verify::SinceCheckpoint => checkpoint.unwrap_or(0).max(0),
+        _ => 0,
+    };
     let (count, min, max): (i64, Option<i64>, Option<i64>) = conn
-        .query_row("SELECT count(*), min(lsn), max(lsn) FROM events", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .query_row(
+            "SELECT (SELECT count(*) FROM events WHERE lsn > ?1), (SELECT min(lsn) FROM events), \
+             (SELECT max(lsn) FROM events)",
+            [since],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
         .map_err(db("count the events"))?;
-    let (count, max) = (count.max(0) as u64, max.unwrap_or(0));
+    let since = since.min(max.unwrap_or(0));
+    let (count, max) = ((count.max(0) + since) as u64, max.unwrap_or(0));
     if min.is_some_and(|m| m != 1) || max < 0 || max as u64 != count {
         // LSNs must be exactly 1..=max; name the first one that is missing.
         let mut missing = 1i64;
@@ -238,6 +260,7 @@ pub(super) fn verify_and_cut(
     let from = match opts.verify {
         Verify::Full => 1,
         Verify::Tail { rows } => max.saturating_sub(i64::try_from(rows).unwrap_or(i64::MAX)).saturating_add(1).max(1),
+        Verify::SinceCheckpoint => since + 1,
     };
     let mut bad: Vec<CutRow> = Vec::new();
     let mut checked = 0u64;
@@ -299,6 +322,8 @@ pub(super) fn verify_and_cut(
             .map_err(db("cut the corrupt tail"))?;
         }
         tx.execute("DELETE FROM events WHERE lsn > ?1", [last as i64]).map_err(db("cut the corrupt tail"))?;
+        // A checkpoint of events that were cut summarises a ledger that no longer exists.
+        tx.execute("DELETE FROM checkpoint WHERE lsn > ?1", [last as i64]).map_err(db("cut the corrupt tail"))?;
         tx.commit().map_err(db("cut the corrupt tail"))?;
     }
     Ok((checked, last, bad))

@@ -115,6 +115,12 @@ pub(super) struct State {
     /// Waiters by the LSN they wait for (blocking waiters park behind a thread-unparking
     /// waker), so a commit wakes exactly the waiters it satisfies.
     pub(super) wakers: BTreeMap<Lsn, Vec<Waker>>,
+    /// A checkpoint to write with the next commit (a newer one replaces an older one not
+    /// yet written), and the sequence number of the request.
+    pub(super) checkpoint: Option<(u64, Lsn, Arc<[u8]>)>,
+    /// Requests made so far, and the newest one written.
+    pub(super) checkpoint_requested: u64,
+    pub(super) checkpoint_written: u64,
 }
 
 impl State {
@@ -132,6 +138,8 @@ pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     /// The writer waits here for work.
     pub(super) work: Condvar,
+    /// `put_checkpoint` waits here for its checkpoint to be written (or the store to fail).
+    pub(super) checkpointed: Condvar,
     /// Every event up to here is durable; read without the lock by `is_durable`.
     pub(super) durable: AtomicU64,
     /// The last LSN assigned.
@@ -145,6 +153,7 @@ impl Shared {
         Shared {
             state: Mutex::new(State { durable: last, ..State::default() }),
             work: Condvar::new(),
+            checkpointed: Condvar::new(),
             durable: AtomicU64::new(last),
             last: AtomicU64::new(last),
             path,
@@ -163,9 +172,11 @@ impl Shared {
         st.inflight = Vec::new();
         st.queued_rows = 0;
         st.oldest = None;
+        st.checkpoint = None;
         let wakers = std::mem::take(&mut st.wakers);
         drop(st);
         self.work.notify_all();
+        self.checkpointed.notify_all();
         wakers.into_values().flatten().for_each(Waker::wake);
         StoreError::Failed { cause }
     }
@@ -196,7 +207,7 @@ struct ExitGuard<'a>(&'a Shared);
 impl Drop for ExitGuard<'_> {
     fn drop(&mut self) {
         let st = self.0.state.lock();
-        if st.failed.is_none() && !(st.closing && st.queue.is_empty()) {
+        if st.failed.is_none() && !(st.closing && st.queue.is_empty() && st.checkpoint.is_none()) {
             let e =
                 StoreError::Io { op: "run the ledger writer", source: std::io::Error::other("writer thread exited") };
             self.0.fail(st, e);
@@ -214,7 +225,7 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
             if st.failed.is_some() {
                 return;
             }
-            if st.queue.is_empty() {
+            if st.queue.is_empty() && st.checkpoint.is_none() {
                 if st.closing {
                     return;
                 }
@@ -226,6 +237,7 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
                 _ => None,
             };
             if st.closing
+                || st.checkpoint.is_some()
                 || st.wanted > st.durable
                 || st.queued_rows >= cfg.max_batch_rows
                 || due_at.is_some_and(|t| t <= Instant::now())
@@ -240,6 +252,7 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
             }
         }
         let batches = std::mem::take(&mut st.queue);
+        let checkpoint = st.checkpoint.take();
         st.queued_rows = 0;
         st.oldest = None;
         if cfg.crash_after_syncs.is_some_and(|n| st.syncs >= n) {
@@ -250,7 +263,7 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
         st.inflight.clone_from(&batches);
         drop(st);
 
-        let written = commit(&mut conn, &batches);
+        let written = commit(&mut conn, &batches, checkpoint.as_ref().map(|(_, l, b)| (*l, &**b)));
 
         let mut st = shared.state.lock();
         if st.failed.is_some() {
@@ -265,6 +278,10 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
                 shared.durable.store(durable, Ordering::Release);
                 st.inflight.clear();
                 st.syncs += 1;
+                if let Some((seq, _, _)) = checkpoint {
+                    st.checkpoint_written = st.checkpoint_written.max(seq);
+                    shared.checkpointed.notify_all();
+                }
                 let later = st.wakers.split_off(&(durable + 1));
                 let ready = std::mem::replace(&mut st.wakers, later);
                 drop(st);
@@ -279,8 +296,10 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
     }
 }
 
-/// Writes `batches` in one transaction and commits it (durably: `synchronous=FULL`).
-fn commit(conn: &mut Connection, batches: &[Arc<Batch>]) -> rusqlite::Result<()> {
+/// Writes `batches`, then the checkpoint if one is due, in one transaction and commits it
+/// (durably: `synchronous=FULL`). The checkpoint's LSN is at most the last LSN appended when
+/// it was requested, so its events are already durable or in this very transaction.
+fn commit(conn: &mut Connection, batches: &[Arc<Batch>], checkpoint: Option<(Lsn, &[u8])>) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     {
         let mut insert = tx.prepare_cached("INSERT INTO events (lsn, tx, kind, body) VALUES (?1, ?2, ?3, ?4)")?;
@@ -291,6 +310,13 @@ fn commit(conn: &mut Connection, batches: &[Arc<Batch>]) -> rusqlite::Result<()>
                 insert.execute(params![lsn, row.tx, row.kind(), row.body])?;
             }
         }
+    }
+    if let Some((lsn, body)) = checkpoint {
+        let by = concat!("tidegate-storage ", env!("CARGO_PKG_VERSION"));
+        tx.execute(
+            "INSERT OR REPLACE INTO checkpoint (id, lsn, body, written_by) VALUES (1, ?1, ?2, ?3)",
+            params![lsn as i64, body, by],
+        )?;
     }
     tx.commit()
 }
