@@ -1,0 +1,95 @@
+//! Engine errors as the Python exceptions of `tidegate.errors`.
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyModule};
+use tidegate_runtime::{EngineError, Error};
+
+use crate::convert::to_py;
+
+static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+fn module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    ERRORS.get_or_try_init(py, || Ok(py.import("tidegate.errors")?.unbind())).map(|m| m.bind(py))
+}
+
+/// The Python class name and machine kind of an engine error.
+fn classify(err: &Error) -> (&'static str, String) {
+    match err {
+        Error::Aborted(o) => {
+            let kind = o.reason.as_ref().map_or("aborted", |r| r.kind());
+            let class = match kind {
+                "stale_read" => "StaleRead",
+                "vetoed" => "Vetoed",
+                "protocol_violation" => "ProtocolViolation",
+                "tool_failed" => "ToolFailed",
+                "release_failed" => "ReleaseFailed",
+                "lost_branch" => "LostBranch",
+                "lease_expired" => "LeaseExpired",
+                "wait_timeout" => "WaitTimeout",
+                _ => "Aborted",
+            };
+            (class, kind.to_owned())
+        }
+        Error::Engine(e) => match e {
+            EngineError::Scope { .. } => ("InvalidScope", "invalid_scope".into()),
+            EngineError::ProtocolViolation { .. } => ("ProtocolViolation", "protocol_violation".into()),
+            EngineError::KeyInUse { .. } => ("KeyInUse", "key_in_use".into()),
+            EngineError::KeyUnresolved { .. } => ("KeyUnresolved", "key_unresolved".into()),
+            EngineError::InvalidArgument { .. } => ("InvalidArgument", "invalid_argument".into()),
+            EngineError::InFlight { .. } => ("WrongState", "in_flight".into()),
+            EngineError::UnknownGroup { .. }
+            | EngineError::NotInGroup { .. }
+            | EngineError::BranchOfGroup { .. }
+            | EngineError::NoWinner { .. } => ("SpeculationError", "speculation".into()),
+            EngineError::Settled { .. } => ("WrongState", "settled".into()),
+            EngineError::UnknownTx { .. } => ("WrongState", "unknown_tx".into()),
+            EngineError::WrongState { .. } => ("WrongState", "wrong_state".into()),
+            _ => ("TidegateError", "engine".into()),
+        },
+        Error::Store(_) => ("StoreError", "store".into()),
+        Error::InvalidArgument { .. } => ("InvalidArgument", "invalid_argument".into()),
+        Error::UnknownTool { .. } => ("UnknownTool", "unknown_tool".into()),
+        _ => ("TidegateError", "engine".into()),
+    }
+}
+
+/// Builds the Python exception for `err`, chaining `cause` (the exception a tool raised).
+pub(crate) fn to_pyerr(py: Python<'_>, err: &Error, cause: Option<Py<PyAny>>) -> PyErr {
+    match build(py, err, cause) {
+        Ok(e) => e,
+        Err(e) => e,
+    }
+}
+
+fn build(py: Python<'_>, err: &Error, cause: Option<Py<PyAny>>) -> PyResult<PyErr> {
+    let (class, kind) = classify(err);
+    let m = module(py)?;
+    let cls = m.getattr(class)?;
+    let kw = PyDict::new(py);
+    kw.set_item("kind", kind)?;
+    kw.set_item("retryable", err.retryable())?;
+    if let Some(o) = err.outcome() {
+        let v = serde_json::to_value(o).unwrap_or_default();
+        kw.set_item("outcome", to_py(py, &v)?)?;
+    }
+    let exc = cls.call((err.to_string(),), Some(&kw))?;
+    if let Some(c) = cause {
+        exc.setattr("__cause__", c)?;
+    }
+    Ok(PyErr::from_value(exc))
+}
+
+/// An `InvalidArgument` exception naming the argument, the value and what was expected.
+pub(crate) fn invalid(py: Python<'_>, field: &str, value: &str, expected: &str) -> PyErr {
+    let msg = format!("invalid `{field}` = {value}: expected {expected}");
+    let made = (|| -> PyResult<PyErr> {
+        let cls = module(py)?.getattr("InvalidArgument")?;
+        let kw = PyDict::new(py);
+        kw.set_item("kind", "invalid_argument")?;
+        kw.set_item("retryable", false)?;
+        kw.set_item("argument", field)?;
+        Ok(PyErr::from_value(cls.call((msg.clone(),), Some(&kw))?))
+    })();
+    made.unwrap_or_else(|e| e)
+}

@@ -1,0 +1,156 @@
+"""Exceptions raised by Tidegate. They mirror the Rust engine's error kinds.
+
+Every exception derives from :class:`TidegateError` and carries:
+
+* ``kind``: the engine's machine name (``"stale_read"``, ``"vetoed"``, ``"invalid_argument"``...);
+* ``retryable``: whether running the same work again (in a new transaction, for aborts) may
+  succeed;
+* ``outcome``: for aborts, the :class:`~tidegate.Outcome` with every effect's settlement tag.
+
+Aborts derive from :class:`Aborted`. Bad input derives from :class:`InvalidArgument`, which is
+also a :class:`ValueError` and names the argument.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+__all__ = [
+    "TidegateError",
+    "Aborted",
+    "StaleRead",
+    "Vetoed",
+    "ProtocolViolation",
+    "ToolFailed",
+    "ReleaseFailed",
+    "LostBranch",
+    "LeaseExpired",
+    "WaitTimeout",
+    "InvalidArgument",
+    "InvalidScope",
+    "WrongState",
+    "KeyInUse",
+    "KeyUnresolved",
+    "SpeculationError",
+    "StoreError",
+    "UnknownTool",
+    "TransientError",
+    "OutcomeUnknown",
+]
+
+
+class TidegateError(Exception):
+    """Base class of every error the engine reports."""
+
+    kind: str
+    retryable: bool
+    outcome: Optional["Any"]
+    argument: Optional[str]
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = "engine",
+        retryable: bool = False,
+        outcome: Optional[dict] = None,
+        argument: Optional[str] = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retryable = retryable
+        self.argument = argument
+        if outcome is not None:
+            from .core import Outcome
+
+            self.outcome = Outcome._from_dict(outcome)
+        else:
+            self.outcome = None
+
+    @property
+    def reason(self) -> Optional[dict]:
+        """The abort reason as the engine records it (``{"kind": ..., ...}``), for aborts."""
+        return self.outcome.reason if self.outcome is not None else None
+
+
+class Aborted(TidegateError):
+    """The transaction aborted. ``outcome`` holds every effect's settlement: held effects were
+    discarded, executed ones compensated in reverse issuance order."""
+
+
+class StaleRead(Aborted):
+    """A scope the transaction read was overwritten by a commit before it could commit.
+    Retryable: run the work again in a new transaction (``Tidegate.run`` does it for you)."""
+
+
+class Vetoed(Aborted):
+    """A pre-commit hook (a validator, a human approval) vetoed the commit. If the hook raised,
+    its exception is this one's ``__cause__``."""
+
+
+class ProtocolViolation(Aborted):
+    """The transaction broke the protocol (an effect outside its ``may_touch`` set, an effect
+    after sealing); it has been aborted."""
+
+
+class ToolFailed(Aborted):
+    """A tool call failed, so the transaction aborted. The tool's exception is ``__cause__``."""
+
+
+class ReleaseFailed(Aborted):
+    """A held effect could not be released at commit before anything had been released."""
+
+
+class LostBranch(Aborted):
+    """Another branch of the speculation group won."""
+
+
+class LeaseExpired(Aborted):
+    """The transaction's lease expired while it was open. Retryable."""
+
+
+class WaitTimeout(Aborted):
+    """The commit could not be decided within ``wait_timeout``. Retryable."""
+
+
+class InvalidArgument(TidegateError, ValueError):
+    """A malformed argument; ``argument`` names it. Nothing was registered or recorded."""
+
+
+class InvalidScope(InvalidArgument):
+    """A scope could not be canonicalised (unknown type, empty, control characters)."""
+
+
+class WrongState(TidegateError):
+    """The operation is not allowed in the transaction's state (e.g. it has already settled)."""
+
+
+class KeyInUse(TidegateError):
+    """Another unfinished transaction holds the idempotency key. Retryable after it settles."""
+
+
+class KeyUnresolved(TidegateError):
+    """The key's earlier execution has an unknown outcome; an operator must resolve it."""
+
+
+class SpeculationError(TidegateError):
+    """Misuse of a speculation group (no winner chosen, a transaction not in the group)."""
+
+
+class StoreError(TidegateError):
+    """The ledger store failed (or the engine was closed)."""
+
+
+class UnknownTool(TidegateError):
+    """A tool named in the ledger is not registered with this engine (register it before
+    ``recover()``)."""
+
+
+class TransientError(Exception):
+    """Raise from a tool to say the call did NOT take effect and may be retried (a refused
+    connection, a 503 before processing). The engine retries it with backoff."""
+
+
+class OutcomeUnknown(Exception):
+    """Raise from a tool to say the call MAY have taken effect (a timeout after sending). The
+    engine asks the tool's probe; without one the effect is tagged ``unresolved``."""
