@@ -125,12 +125,12 @@ pub(crate) async fn invoke(
             })),
         };
     }
-    let context = Python::attach(|py| aio.context.clone_ref(py));
+    let (context, event_loop) = Python::attach(|py| (aio.context.clone_ref(py), aio.event_loop.clone_ref(py)));
     let joined = tokio::task::spawn_blocking(move || {
         Python::attach(|py| {
             let run = || -> PyResult<Py<PyAny>> {
                 let (a, k) = build(py)?;
-                Ok(bridge(py)?.getattr("call_in")?.call1((context.bind(py), f.as_ref(), a, k))?.unbind())
+                Ok(bridge(py)?.getattr("call_in")?.call1((context.bind(py), event_loop.bind(py), f.as_ref(), a, k))?.unbind())
             };
             run().map_err(|e| exception_object(py, e))
         })

@@ -38,11 +38,14 @@ def _start(loop: asyncio.AbstractEventLoop, ctx: contextvars.Context, fn: Callab
     task.add_done_callback(_cb)
 
 
-def call_in(ctx: contextvars.Context, fn: Callable[..., Any], args: tuple, kwargs: Any) -> Any:
-    """Calls a plain function in a copy of the caller's context (from a worker thread)."""
-    result = ctx.copy().run(fn, *args, **(kwargs or {}))
+def call_in(ctx: contextvars.Context, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
+            args: tuple, kwargs: Any) -> Any:
+    """Calls a plain function in a copy of the caller's context (from a worker thread). If it
+    returns a coroutine, the coroutine runs on the caller's loop and this thread waits."""
+    c = ctx.copy()
+    result = c.run(fn, *args, **(kwargs or {}))
     if asyncio.iscoroutine(result):
-        return run_blocking(lambda: result, (), None)
+        return c.run(asyncio.run_coroutine_threadsafe, result, loop).result()
     return result
 
 

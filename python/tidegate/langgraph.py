@@ -1,0 +1,522 @@
+"""A drop-in for LangGraph's ``ToolNode`` that runs each assistant turn as one transaction.
+
+Replace ``from langgraph.prebuilt import ToolNode`` with ``from tidegate.langgraph import
+ToolNode``. The node takes the same arguments, plus:
+
+* ``engine``: the :class:`tidegate.Tidegate` to use (default: :func:`tidegate.default_engine`);
+* ``effects``: ``{tool_name: declaration}`` where a declaration is an effect class string
+  (``"gated"``), a dict / :func:`effect` with ``effect``, ``scope``, ``compensate``, ``key``,
+  ``probe``. Tools declared with ``@tidegate.tool`` need no entry;
+* ``approve``: a human approval before the turn commits, through LangGraph's ``interrupt()``:
+  ``True`` (every turn with effects), a collection of tool names (turns calling one of them),
+  or your own hook ``fn(view) -> bool | str`` (it may call ``interrupt()`` itself).
+
+Semantics of one turn (the tool calls of the last AI message):
+
+* one transaction; the tool calls are issued to the engine in the order the model issued
+  them, and their side effects reach the outside world in that order: eager tools (declared
+  reversible/idempotent, and undeclared tools) execute one after another in issuance order;
+  gated and bufferable tools are held and fire only when the turn commits, in issuance order.
+  The stock node runs calls concurrently and externalises them in completion order;
+* returned ``ToolMessage``\\ s keep issuance order; held calls report their result after the
+  commit;
+* a failing tool aborts the turn: what ran is compensated in reverse order, held calls never
+  fire, and every ``ToolMessage`` reports the failure (status ``"error"``);
+* an approval rejected through ``interrupt()`` aborts the turn: nothing held fires and eager
+  effects are compensated. (LangGraph re-runs an interrupted node from its start when the
+  graph resumes, so the first pass's transaction is aborted when ``interrupt()`` suspends it;
+  the resumed pass runs the turn again.)
+* idempotency keys are ``"{thread_id}:{tool_call_id}"``: a graph resumed from a checkpoint
+  after a crash gets the recorded output of a call that already committed instead of
+  firing it again.
+* undeclared tools run eagerly in issuance order; on abort they cannot be undone and are
+  tagged ``unresolved``, with a one-time warning naming them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Union
+
+from langchain_core.messages import ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import get_config_list
+from langchain_core.tools import BaseTool
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt import ToolNode as _StockToolNode
+from langgraph.prebuilt.tool_node import ToolRuntime
+from langgraph.runtime import Runtime
+from langgraph.types import interrupt
+
+from .core import EFFECTS, Held, Tidegate, Tool, default_engine
+from .errors import InvalidArgument, TidegateError, ToolFailed, Vetoed
+
+__all__ = ["ToolNode", "Declaration", "effect"]
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """How a LangGraph tool's calls settle. ``scope``, ``key`` and ``probe`` are called with
+    the tool call's arguments by name; ``compensate(result, **args)`` gets the tool's output
+    (the ``ToolMessage`` content)."""
+
+    effect: str
+    scope: Union[None, str, Sequence[str], Callable[..., Any]] = None
+    compensate: Optional[Callable[..., Any]] = None
+    key: Optional[Callable[..., str]] = None
+    probe: Optional[Callable[..., Any]] = None
+
+
+def effect(
+    effect: str,
+    *,
+    scope: Union[None, str, Sequence[str], Callable[..., Any]] = None,
+    compensate: Optional[Callable[..., Any]] = None,
+    key: Optional[Callable[..., str]] = None,
+    probe: Optional[Callable[..., Any]] = None,
+) -> Declaration:
+    """A declaration for ``ToolNode(effects={name: effect(...)})``."""
+    return _declaration("effect", {"effect": effect, "scope": scope, "compensate": compensate, "key": key, "probe": probe})
+
+
+def _declaration(name: str, d: Any) -> Declaration:
+    if isinstance(d, Declaration):
+        return d
+    if isinstance(d, str):
+        d = {"effect": d}
+    if not isinstance(d, Mapping):
+        raise InvalidArgument(
+            f"invalid `effects[{name!r}]` = {d!r}: expected an effect class string, a dict or tidegate.langgraph.effect(...)",
+            kind="invalid_argument",
+            argument="effects",
+        )
+    unknown = set(d) - {"effect", "scope", "compensate", "key", "probe"}
+    if unknown:
+        raise InvalidArgument(
+            f"invalid `effects[{name!r}]`: unknown fields {sorted(unknown)}; expected effect, scope, compensate, key, probe",
+            kind="invalid_argument",
+            argument="effects",
+        )
+    eff = d.get("effect")
+    if eff not in EFFECTS:
+        raise InvalidArgument(
+            f"invalid `effects[{name!r}].effect` = {eff!r}: expected one of {', '.join(map(repr, EFFECTS))}",
+            kind="invalid_argument",
+            argument="effects",
+        )
+    scope = d.get("scope")
+    if scope is not None and not (isinstance(scope, (str, list, tuple)) or callable(scope)):
+        raise InvalidArgument(
+            f"invalid `effects[{name!r}].scope` = {scope!r}: expected a str, a list of str or a function",
+            kind="invalid_argument",
+            argument="effects",
+        )
+    for f in ("compensate", "key", "probe"):
+        v = d.get(f)
+        if v is not None and not callable(v):
+            raise InvalidArgument(
+                f"invalid `effects[{name!r}].{f}` = {v!r}: expected a callable or None",
+                kind="invalid_argument",
+                argument="effects",
+            )
+    return Declaration(eff, scope, d.get("compensate"), d.get("key"), d.get("probe"))
+
+
+class _Turn:
+    """Per-turn state the adapters read (through a context variable)."""
+
+    def __init__(self, input_type: str, runtimes: Dict[str, Any], aio: bool) -> None:
+        self.input_type = input_type
+        self.runtimes = runtimes
+        self.aio = aio
+        self.live: Dict[str, Any] = {}
+
+
+_turn: "contextvars.ContextVar[Optional[_Turn]]" = contextvars.ContextVar("tidegate_lg_turn", default=None)
+
+_warned: set = set()
+
+
+def _content(msg: Any) -> Dict[str, Any]:
+    if isinstance(msg, ToolMessage):
+        content = msg.content if isinstance(msg.content, str) else str(msg.content)
+        return {"content": content, "status": msg.status}
+    return {"content": str(msg), "status": "success"}
+
+
+class _ToolError(Exception):
+    """A tool reported an error (a ToolMessage with status "error")."""
+
+
+class ToolNode(_StockToolNode):
+    """LangGraph's ``ToolNode`` with each turn's tool calls under one Tidegate transaction.
+    See the module documentation for the semantics."""
+
+    def __init__(
+        self,
+        tools: Sequence[Union[BaseTool, Callable[..., Any]]],
+        *,
+        engine: Optional[Tidegate] = None,
+        effects: Optional[Mapping[str, Any]] = None,
+        approve: Union[None, bool, Collection[str], Callable[[Dict[str, Any]], Any]] = None,
+        **kwargs: Any,
+    ) -> None:
+        decls: Dict[str, Declaration] = {}
+        plain: List[Any] = []
+        for t in tools:
+            if isinstance(t, Tool):
+                decls[t.name] = Declaration(t.effect, t.scope, _wrap_comp(t.compensate), t.key, t.probe)
+                plain.append(t.fn)
+            else:
+                plain.append(t)
+        super().__init__(plain, **kwargs)
+        if effects is not None:
+            if not isinstance(effects, Mapping):
+                raise InvalidArgument(
+                    f"invalid `effects` = {effects!r}: expected a mapping of tool name to declaration",
+                    kind="invalid_argument",
+                    argument="effects",
+                )
+            for name, d in effects.items():
+                if name not in self.tools_by_name:
+                    raise InvalidArgument(
+                        f"invalid `effects` key {name!r}: no such tool; tools are {sorted(self.tools_by_name)}",
+                        kind="invalid_argument",
+                        argument="effects",
+                    )
+                decls[name] = _declaration(name, d)
+        if engine is not None and not isinstance(engine, Tidegate):
+            raise InvalidArgument(
+                f"invalid `engine` = {engine!r}: expected a tidegate.Tidegate", kind="invalid_argument", argument="engine"
+            )
+        if approve is not None and not (isinstance(approve, bool) or callable(approve) or isinstance(approve, Collection)):
+            raise InvalidArgument(
+                f"invalid `approve` = {approve!r}: expected True, a collection of tool names or a hook function",
+                kind="invalid_argument",
+                argument="approve",
+            )
+        self._engine = engine
+        self._decls = decls
+        self._approve = approve
+        self._adapters: Dict[str, Tool] = {}
+        for name in self.tools_by_name:
+            self._adapters[name] = self._adapter(name, decls.get(name))
+
+    # -- adapters -----------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Tidegate:
+        """The engine this node settles turns with."""
+        return self._engine if self._engine is not None else default_engine()
+
+    @property
+    def adapters(self) -> List[Tool]:
+        """The Tidegate tools this node registers (pass them to ``engine.recover()``)."""
+        return list(self._adapters.values())
+
+    def _adapter(self, name: str, decl: Optional[Declaration]) -> Tool:
+        node = self
+
+        def run(call: Dict[str, Any]) -> Any:
+            turn = _turn.get()
+            cid = call.get("id")
+            if turn is None or cid not in turn.runtimes:
+                # Recovery after a crash: no turn context; run the tool directly.
+                t = node.tools_by_name[name]
+                return _content(t.invoke({**call, "type": "tool_call"}))
+            rt = turn.runtimes[cid]
+            if turn.aio:
+                return node._afinish(turn, cid, node._arun_one(call, turn.input_type, rt))  # type: ignore[arg-type]
+            return node._finish(turn, cid, node._run_one(call, turn.input_type, rt))  # type: ignore[arg-type]
+
+        comp = None
+        probe = None
+        if decl is not None and decl.compensate is not None:
+            user_comp = decl.compensate
+
+            def comp(result: Any, call: Dict[str, Any]) -> Any:
+                content = result.get("content") if isinstance(result, dict) else result
+                return user_comp(content, **call.get("args", {}))
+
+        if decl is not None and decl.probe is not None:
+            user_probe = decl.probe
+
+            def probe(call: Dict[str, Any]) -> Any:
+                return user_probe(**call.get("args", {}))
+
+        eff = decl.effect if decl is not None else "reversible"
+        return Tool(run, scope=f"tool:{name}", effect=eff, compensate=comp, probe=probe, name=f"{self.name}/{name}")
+
+    def _finish(self, turn: _Turn, cid: str, msg: Any) -> Dict[str, Any]:
+        turn.live[cid] = msg
+        out = _content(msg)
+        if out["status"] == "error":
+            raise _ToolError(out["content"])
+        return out
+
+    async def _afinish(self, turn: _Turn, cid: str, coro: Any) -> Dict[str, Any]:
+        return self._finish(turn, cid, await coro)
+
+    # -- one turn -----------------------------------------------------------------------------
+
+    def _scopes(self, name: str, args: Dict[str, Any]) -> List[str]:
+        decl = self._decls.get(name)
+        scope = decl.scope if decl is not None else None
+        if scope is None:
+            return [f"tool:{name}"]
+        if isinstance(scope, str):
+            return [scope]
+        if isinstance(scope, (list, tuple)):
+            return list(scope)
+        try:
+            s = scope(**args)
+        except Exception as e:
+            raise InvalidArgument(
+                f"invalid `scope` of tool `{name}`: the scope function raised {type(e).__name__}: {e}",
+                kind="invalid_argument",
+                argument="scope",
+            ) from e
+        return [s] if isinstance(s, str) else list(s)
+
+    def _key(self, name: str, call: Dict[str, Any], config: Any) -> Optional[str]:
+        decl = self._decls.get(name)
+        if decl is not None and decl.key is not None:
+            return str(decl.key(**call.get("args", {})))
+        thread = (config or {}).get("configurable", {}).get("thread_id")
+        if thread is None or not call.get("id"):
+            return None
+        return f"lg:{thread}:{call['id']}"
+
+    def _prepare(self, input: Any, config: Any, runtime: Any, aio: bool) -> Any:
+        tool_calls, input_type = self._parse_input(input)
+        config_list = get_config_list(config, len(tool_calls))
+        runtimes: Dict[str, Any] = {}
+        for call, cfg in zip(tool_calls, config_list):
+            state = self._extract_state(input, cfg)
+            runtimes[call["id"]] = ToolRuntime(
+                state=state,
+                tool_call_id=call["id"],
+                config=cfg,
+                context=runtime.context,
+                store=runtime.store,
+                stream_writer=runtime.stream_writer,
+                tools=list(self.tools_by_name.values()),
+                execution_info=runtime.execution_info,
+                server_info=runtime.server_info,
+            )
+        turn = _Turn(input_type, runtimes, aio)
+        plan = []
+        for call in tool_calls:
+            name = call["name"]
+            if name not in self.tools_by_name:
+                plan.append((call, None, None, None))
+                continue
+            plan.append((call, self._adapters[name], self._scopes(name, call.get("args", {})), self._key(name, call, config)))
+        may_touch = sorted({s for _, a, sc, _ in plan if a is not None for s in sc})
+        return tool_calls, input_type, turn, plan, may_touch
+
+    def _hook(self, plan: List[Any]) -> Optional[Callable[[Dict[str, Any]], Any]]:
+        a = self._approve
+        if a is None or a is False:
+            return None
+        if callable(a):
+            return a
+        names = {c["name"] for c, ad, _, _ in plan if ad is not None}
+        if a is not True and not (names & set(a)):
+            return None
+
+        def approve_turn(view: Dict[str, Any]) -> Any:
+            answer = interrupt(
+                {
+                    "tidegate": "approve_turn",
+                    "tx": view["tx"],
+                    "calls": [{"name": c["name"], "args": c.get("args", {}), "id": c.get("id")} for c, *_ in plan],
+                    "effects": [{"tool": e["tool"], "effect": e["effect"], "scopes": e["scopes"]} for e in view["effects"]],
+                }
+            )
+            if isinstance(answer, dict):
+                answer = answer.get("approved", answer.get("approve"))
+            if isinstance(answer, str):
+                return answer.strip().lower() in ("y", "yes", "approve", "approved", "ok") or f"rejected: {answer}"
+            return bool(answer)
+
+        return approve_turn
+
+    def _func(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:
+        tool_calls, input_type, turn, plan, may_touch = self._prepare(input, config, runtime, aio=False)
+        engine = self.engine
+        token = _turn.set(turn)
+        try:
+            tx = engine.begin(agent=self.name, may_touch=may_touch)
+            hook = self._hook(plan)
+            if hook is not None:
+                tx.add_hook(hook, name="approval")
+            acks: List[Any] = []
+            failure: Optional[BaseException] = None
+            for call, adapter, scopes, key in plan:
+                if adapter is None:
+                    acks.append(None)
+                    continue
+                try:
+                    acks.append(_call(tx, adapter, call, scopes, key))
+                except TidegateError as e:
+                    failure = e
+                    break
+            if failure is None:
+                try:
+                    tx.commit()
+                except Vetoed as e:
+                    if isinstance(e.__cause__, GraphBubbleUp):
+                        raise e.__cause__ from None
+                    failure = e
+                except TidegateError as e:
+                    failure = e
+            elif tx.state is not None:
+                tx.abort(f"{failure}")
+        finally:
+            _turn.reset(token)
+        outputs = self._messages(tool_calls, plan, acks, turn, tx, failure)
+        return self._combine_tool_outputs(outputs, input_type)  # type: ignore[arg-type]
+
+    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:
+        tool_calls, input_type, turn, plan, may_touch = self._prepare(input, config, runtime, aio=True)
+        engine = self.engine
+        token = _turn.set(turn)
+        try:
+            tx = engine.begin(agent=self.name, may_touch=may_touch)
+            hook = self._hook(plan)
+            if hook is not None:
+                tx.add_hook(hook, name="approval")
+            acks: List[Any] = []
+            failure: Optional[BaseException] = None
+            for call, adapter, scopes, key in plan:
+                if adapter is None:
+                    acks.append(None)
+                    continue
+                try:
+                    acks.append(await _acall(tx, adapter, call, scopes, key))
+                except TidegateError as e:
+                    failure = e
+                    break
+            if failure is None:
+                try:
+                    await tx.acommit()
+                except Vetoed as e:
+                    if isinstance(e.__cause__, GraphBubbleUp):
+                        raise e.__cause__ from None
+                    failure = e
+                except TidegateError as e:
+                    failure = e
+            elif tx.state is not None:
+                await tx.aabort(f"{failure}")
+        finally:
+            _turn.reset(token)
+        outputs = self._messages(tool_calls, plan, acks, turn, tx, failure)
+        return self._combine_tool_outputs(outputs, input_type)  # type: ignore[arg-type]
+
+    def _messages(
+        self, tool_calls: List[Any], plan: List[Any], acks: List[Any], turn: _Turn, tx: Any, failure: Optional[BaseException]
+    ) -> List[Any]:
+        outcome = tx.outcome
+        if failure is not None and outcome is not None:
+            undeclared = sorted(
+                {e.tool.split("/", 1)[-1] for e in outcome.effects if e.tag == "unresolved" and e.tool.split("/", 1)[-1] not in self._decls}
+            )
+            fresh = [n for n in undeclared if (self.name, n) not in _warned]
+            if fresh:
+                _warned.update((self.name, n) for n in fresh)
+                warnings.warn(
+                    f"tidegate ToolNode {self.name!r}: undeclared tools {fresh} ran eagerly and could not be undone "
+                    "when the turn aborted (tagged 'unresolved'); declare them with effects={...}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        failed_id = None
+        if isinstance(failure, ToolFailed) and len(acks) < len(plan):
+            # The failing call is the first one without an acknowledgement.
+            failed_id = plan[len(acks)][0].get("id")
+        out: List[Any] = []
+        for i, (call, adapter, _, _) in enumerate(plan):
+            cid = call.get("id")
+            if adapter is None:
+                msg = self._validate_tool_call(call)
+                out.append(msg if msg is not None else _error_msg(call, f"Tool {call['name']} is not available"))
+                continue
+            if failure is not None:
+                if cid == failed_id:
+                    live = turn.live.get(cid)
+                    text = live.content if isinstance(live, ToolMessage) else _cause_text(failure)
+                    out.append(_error_msg(call, f"Error: {text}\nThe turn was aborted; effects of the other calls were undone."))
+                else:
+                    out.append(_error_msg(call, f"Not applied: the turn was aborted ({_failure_text(failure)}); this call's effect was undone or never fired."))
+                continue
+            ack = acks[i]
+            live = turn.live.get(cid)
+            if isinstance(live, (ToolMessage, list)) or (live is not None and not isinstance(live, dict)):
+                out.append(live)
+                continue
+            value = ack.result if isinstance(ack, Held) else ack
+            if isinstance(value, dict) and "content" in value:
+                out.append(
+                    ToolMessage(content=value["content"], name=call["name"], tool_call_id=cid, status=value.get("status", "success"))
+                )
+            else:
+                out.append(ToolMessage(content=str(value), name=call["name"], tool_call_id=cid))
+        return out
+
+
+def _call(tx: Any, adapter: Tool, call: Dict[str, Any], scopes: List[str], key: Optional[str]) -> Any:
+    native = tx._tx()
+    h = tx._engine._handles.get(adapter) or tx._engine.register(adapter)
+    kind, eff, out = native.call(h, (), {"call": _json_call(call)}, scopes, key)
+    return _ack(tx, adapter, kind, eff, out)
+
+
+async def _acall(tx: Any, adapter: Tool, call: Dict[str, Any], scopes: List[str], key: Optional[str]) -> Any:
+    import asyncio
+
+    native = tx._tx()
+    h = tx._engine._handles.get(adapter) or tx._engine.register(adapter)
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    native.call_async(h, (), {"call": _json_call(call)}, scopes, key, loop, contextvars.copy_context(), fut)
+    kind, eff, out = await fut
+    return _ack(tx, adapter, kind, eff, out)
+
+
+def _ack(tx: Any, adapter: Tool, kind: int, eff: int, out: Any) -> Any:
+    if kind == 0 or kind == 3:
+        return out
+    held = Held(adapter.name, eff, "staged" if kind == 1 else "queued")
+    tx._held.append(held)
+    return held
+
+
+def _json_call(call: Dict[str, Any]) -> Dict[str, Any]:
+    return {"name": call["name"], "args": call.get("args", {}), "id": call.get("id"), "type": "tool_call"}
+
+
+def _error_msg(call: Dict[str, Any], text: str) -> ToolMessage:
+    return ToolMessage(content=text, name=call["name"], tool_call_id=call.get("id"), status="error")
+
+
+def _cause_text(e: BaseException) -> str:
+    c = e.__cause__
+    return str(c) if c is not None else str(e)
+
+
+def _failure_text(e: BaseException) -> str:
+    if isinstance(e, TidegateError) and e.outcome is not None and e.outcome.reason:
+        r = e.outcome.reason
+        if r.get("kind") == "tool_failed":
+            return f"tool `{str(r.get('tool', '')).split('/', 1)[-1]}` failed"
+        if r.get("kind") == "vetoed":
+            return f"rejected: {r.get('reason')}"
+        return str(r.get("kind"))
+    return str(e)
+
+
+def _wrap_comp(comp: Optional[Callable[..., Any]]) -> Optional[Callable[..., Any]]:
+    return comp
