@@ -875,8 +875,11 @@ class Transaction:
         if isinstance(exc, TidegateError) and exc.outcome is not None and self.state is None:
             self.outcome = exc.outcome
             return
-        if self.state is not None:
-            await self.aabort(f"exception in the transaction block: {type(exc).__name__}: {exc}")
+        if self.state in ("open", "sealed"):
+            try:
+                await self.aabort(f"exception in the transaction block: {type(exc).__name__}: {exc}")
+            except TidegateError:
+                pass  # the engine settled it meanwhile (a protocol violation aborts at once)
 
     def _settle_on_exit(self, exc: Optional[BaseException]) -> None:
         if exc is None:
@@ -886,8 +889,11 @@ class Transaction:
         if isinstance(exc, TidegateError) and exc.outcome is not None and self.state is None:
             self.outcome = exc.outcome
             return
-        if self.state is not None:
-            self.abort(f"exception in the transaction block: {type(exc).__name__}: {exc}")
+        if self.state in ("open", "sealed"):
+            try:
+                self.abort(f"exception in the transaction block: {type(exc).__name__}: {exc}")
+            except TidegateError:
+                pass  # the engine settled it meanwhile (a protocol violation aborts at once)
 
     # -- reads and effects --------------------------------------------------------------------
 
