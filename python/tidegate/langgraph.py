@@ -36,6 +36,7 @@ Semantics of one turn (the tool calls of the last AI message):
 from __future__ import annotations
 
 import contextvars
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Union
@@ -51,7 +52,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from .core import EFFECTS, Held, Tidegate, Tool, default_engine
-from .errors import InvalidArgument, TidegateError, ToolFailed, Vetoed
+from .errors import Aborted, InvalidArgument, TidegateError, ToolFailed, Vetoed
 
 __all__ = ["ToolNode", "Declaration", "effect"]
 
@@ -127,7 +128,8 @@ def _declaration(name: str, d: Any) -> Declaration:
 class _Turn:
     """Per-turn state the adapters read (through a context variable)."""
 
-    def __init__(self, input_type: str, runtimes: Dict[str, Any], aio: bool) -> None:
+    def __init__(self, node: "ToolNode", input_type: str, runtimes: Dict[str, Any], aio: bool) -> None:
+        self.node = node
         self.input_type = input_type
         self.runtimes = runtimes
         self.aio = aio
@@ -137,6 +139,38 @@ class _Turn:
 _turn: "contextvars.ContextVar[Optional[_Turn]]" = contextvars.ContextVar("tidegate_lg_turn", default=None)
 
 _warned: set = set()
+_nodes: Dict[str, "ToolNode"] = {}
+
+
+def _node(full: str) -> "ToolNode":
+    turn = _turn.get()
+    if turn is not None and full.startswith(turn.node.name + "/"):
+        return turn.node
+    return _nodes[full]
+
+
+def _run_adapter(full: str, name: str, call: Dict[str, Any]) -> Any:
+    node = _node(full)
+    turn = _turn.get()
+    cid = call.get("id")
+    if turn is None or cid not in turn.runtimes:
+        # Recovery after a crash: no turn context; run the tool directly.
+        return _content(node.tools_by_name[name].invoke({**call, "type": "tool_call"}))
+    rt = turn.runtimes[cid]
+    if turn.aio:
+        return node._afinish(turn, cid, node._arun_one(call, turn.input_type, rt))  # type: ignore[arg-type]
+    return node._finish(turn, cid, node._run_one(call, turn.input_type, rt))  # type: ignore[arg-type]
+
+
+def _compensate_adapter(full: str, name: str, result: Any, call: Dict[str, Any]) -> Any:
+    decl = _node(full)._decls[name]
+    content = result.get("content") if isinstance(result, dict) else result
+    return decl.compensate(content, **call.get("args", {}))  # type: ignore[misc]
+
+
+def _probe_adapter(full: str, name: str, call: Dict[str, Any]) -> Any:
+    decl = _node(full)._decls[name]
+    return decl.probe(**call.get("args", {}))  # type: ignore[misc]
 
 
 def _content(msg: Any) -> Dict[str, Any]:
@@ -200,9 +234,6 @@ class ToolNode(_StockToolNode):
         self._engine = engine
         self._decls = decls
         self._approve = approve
-        self._adapters: Dict[str, Tool] = {}
-        for name in self.tools_by_name:
-            self._adapters[name] = self._adapter(name, decls.get(name))
 
     # -- adapters -----------------------------------------------------------------------------
 
@@ -211,43 +242,42 @@ class ToolNode(_StockToolNode):
         """The engine this node settles turns with."""
         return self._engine if self._engine is not None else default_engine()
 
-    @property
-    def adapters(self) -> List[Tool]:
-        """The Tidegate tools this node registers (pass them to ``engine.recover()``)."""
-        return list(self._adapters.values())
+    def adapters(self, engine: Optional[Tidegate] = None) -> List[Tool]:
+        """The Tidegate tools this node registers, named ``"{node name}/{tool name}"`` (pass
+        them to ``engine.recover(*node.adapters())`` after a restart)."""
+        engine = engine if engine is not None else self.engine
+        return [self._adapter(engine, name) for name in self.tools_by_name]
 
-    def _adapter(self, name: str, decl: Optional[Declaration]) -> Tool:
-        node = self
-
-        def run(call: Dict[str, Any]) -> Any:
-            turn = _turn.get()
-            cid = call.get("id")
-            if turn is None or cid not in turn.runtimes:
-                # Recovery after a crash: no turn context; run the tool directly.
-                t = node.tools_by_name[name]
-                return _content(t.invoke({**call, "type": "tool_call"}))
-            rt = turn.runtimes[cid]
-            if turn.aio:
-                return node._afinish(turn, cid, node._arun_one(call, turn.input_type, rt))  # type: ignore[arg-type]
-            return node._finish(turn, cid, node._run_one(call, turn.input_type, rt))  # type: ignore[arg-type]
-
-        comp = None
-        probe = None
-        if decl is not None and decl.compensate is not None:
-            user_comp = decl.compensate
-
-            def comp(result: Any, call: Dict[str, Any]) -> Any:
-                content = result.get("content") if isinstance(result, dict) else result
-                return user_comp(content, **call.get("args", {}))
-
-        if decl is not None and decl.probe is not None:
-            user_probe = decl.probe
-
-            def probe(call: Dict[str, Any]) -> Any:
-                return user_probe(**call.get("args", {}))
-
+    def _adapter(self, engine: Tidegate, name: str) -> Tool:
+        full = f"{self.name}/{name}"
+        _nodes[full] = self
+        cache: Dict[str, Tool] = engine.__dict__.setdefault("_lg_adapters", {})
+        decl = self._decls.get(name)
         eff = decl.effect if decl is not None else "reversible"
-        return Tool(run, scope=f"tool:{name}", effect=eff, compensate=comp, probe=probe, name=f"{self.name}/{name}")
+        has_comp = decl is not None and decl.compensate is not None
+        has_probe = decl is not None and decl.probe is not None
+        t = cache.get(full)
+        if t is not None:
+            if (t.effect, t.compensate is not None, t.probe is not None) != (eff, has_comp, has_probe):
+                raise InvalidArgument(
+                    f"invalid `effects[{name!r}]`: tool `{full}` is already registered on this engine as "
+                    f"{t.effect!r} by another ToolNode named {self.name!r}; give this node another name=...",
+                    kind="invalid_argument",
+                    argument="effects",
+                )
+            return t
+        t = Tool(
+            functools.partial(_run_adapter, full, name),
+            scope=f"tool:{name}",
+            effect=eff,
+            compensate=functools.partial(_compensate_adapter, full, name) if has_comp else None,
+            probe=functools.partial(_probe_adapter, full, name) if has_probe else None,
+            name=full,
+        )
+        t._names = ("call",)
+        engine.register(t)
+        cache[full] = t
+        return t
 
     def _finish(self, turn: _Turn, cid: str, msg: Any) -> Dict[str, Any]:
         turn.live[cid] = msg
@@ -306,14 +336,15 @@ class ToolNode(_StockToolNode):
                 execution_info=runtime.execution_info,
                 server_info=runtime.server_info,
             )
-        turn = _Turn(input_type, runtimes, aio)
+        turn = _Turn(self, input_type, runtimes, aio)
+        engine = self.engine
         plan = []
         for call in tool_calls:
             name = call["name"]
             if name not in self.tools_by_name:
                 plan.append((call, None, None, None))
                 continue
-            plan.append((call, self._adapters[name], self._scopes(name, call.get("args", {})), self._key(name, call, config)))
+            plan.append((call, self._adapter(engine, name), self._scopes(name, call.get("args", {})), self._key(name, call, config)))
         may_touch = sorted({s for _, a, sc, _ in plan if a is not None for s in sc})
         return tool_calls, input_type, turn, plan, may_touch
 
@@ -361,9 +392,14 @@ class ToolNode(_StockToolNode):
                     continue
                 try:
                     acks.append(_call(tx, adapter, call, scopes, key))
-                except TidegateError as e:
+                except Aborted as e:
+                    tx._record_abort(e)
                     failure = e
                     break
+                except BaseException:
+                    if tx.state in ("open", "sealed"):
+                        tx.abort("the tool node failed")
+                    raise
             if failure is None:
                 try:
                     tx.commit()
@@ -371,7 +407,7 @@ class ToolNode(_StockToolNode):
                     if isinstance(e.__cause__, GraphBubbleUp):
                         raise e.__cause__ from None
                     failure = e
-                except TidegateError as e:
+                except Aborted as e:
                     failure = e
             elif tx.state is not None:
                 tx.abort(f"{failure}")
@@ -397,9 +433,14 @@ class ToolNode(_StockToolNode):
                     continue
                 try:
                     acks.append(await _acall(tx, adapter, call, scopes, key))
-                except TidegateError as e:
+                except Aborted as e:
+                    tx._record_abort(e)
                     failure = e
                     break
+                except BaseException:
+                    if tx.state in ("open", "sealed"):
+                        await tx.aabort("the tool node failed")
+                    raise
             if failure is None:
                 try:
                     await tx.acommit()
@@ -407,7 +448,7 @@ class ToolNode(_StockToolNode):
                     if isinstance(e.__cause__, GraphBubbleUp):
                         raise e.__cause__ from None
                     failure = e
-                except TidegateError as e:
+                except Aborted as e:
                     failure = e
             elif tx.state is not None:
                 await tx.aabort(f"{failure}")
