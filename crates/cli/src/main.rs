@@ -4,6 +4,7 @@ mod bench;
 mod check;
 mod data_dir;
 mod demo;
+mod eval;
 mod ledger;
 
 use clap::{Parser, Subcommand};
@@ -34,7 +35,7 @@ enum Command {
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
-        which: bench::Which,
+        which: eval::BenchCmd,
     },
     /// Check a JSON Lines operation-record trace for anomalies A1-A6 and conflict cycles.
     Check(check::Args),
@@ -45,7 +46,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Demo { dir, memory } => demo::run(if memory { None } else { Some(dir) }),
         Command::Ledger { cmd } => ledger::run(cmd),
-        Command::Bench { which } => bench::run(which),
+        Command::Bench { which } => eval::run(which),
         Command::Check(args) => return check::run(args),
     };
     match result {
