@@ -926,7 +926,11 @@ class Transaction:
         if scopes is None:
             scopes = tool._scopes(args, kwargs)
         key = tool._key(args, kwargs) if tool.key is not None else None
-        kind, eff, out = native.call(h, args, kwargs or None, scopes, key)
+        try:
+            kind, eff, out = native.call(h, args, kwargs or None, scopes, key)
+        except TidegateError as e:
+            self._record_abort(e)
+            raise
         if kind == 0 or kind == 3:
             return out
         held = Held(tool.name, eff, _KINDS[kind])
@@ -953,7 +957,11 @@ class Transaction:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         native.call_async(h, args, kwargs or None, scopes, key, loop, contextvars.copy_context(), fut)
-        kind, eff, out = await fut
+        try:
+            kind, eff, out = await fut
+        except TidegateError as e:
+            self._record_abort(e)
+            raise
         if kind == 0 or kind == 3:
             return out
         held = Held(tool.name, eff, _KINDS[kind])

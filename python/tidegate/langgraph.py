@@ -52,7 +52,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from .core import EFFECTS, Held, Tidegate, Tool, default_engine
-from .errors import Aborted, InvalidArgument, TidegateError, ToolFailed, Vetoed
+from .errors import Aborted, InvalidArgument, KeyUnresolved, TidegateError, ToolFailed, Vetoed
 
 __all__ = ["ToolNode", "Declaration", "effect"]
 
@@ -178,6 +178,13 @@ def _content(msg: Any) -> Dict[str, Any]:
         content = msg.content if isinstance(msg.content, str) else str(msg.content)
         return {"content": content, "status": msg.status}
     return {"content": str(msg), "status": "success"}
+
+
+class _Unknown:
+    """A call whose earlier execution has an unknown outcome (see ``KeyUnresolved``)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
 
 
 class _ToolError(Exception):
@@ -392,6 +399,9 @@ class ToolNode(_StockToolNode):
                     continue
                 try:
                     acks.append(_call(tx, adapter, call, scopes, key))
+                except KeyUnresolved as e:
+                    # Interrupted by a crash with an unknown outcome: never repeated.
+                    acks.append(_Unknown(str(e)))
                 except Aborted as e:
                     tx._record_abort(e)
                     failure = e
@@ -433,6 +443,9 @@ class ToolNode(_StockToolNode):
                     continue
                 try:
                     acks.append(await _acall(tx, adapter, call, scopes, key))
+                except KeyUnresolved as e:
+                    # Interrupted by a crash with an unknown outcome: never repeated.
+                    acks.append(_Unknown(str(e)))
                 except Aborted as e:
                     tx._record_abort(e)
                     failure = e
@@ -494,6 +507,9 @@ class ToolNode(_StockToolNode):
                     out.append(_error_msg(call, f"Not applied: the turn was aborted ({_failure_text(failure)}); this call's effect was undone or never fired."))
                 continue
             ack = acks[i]
+            if isinstance(ack, _Unknown):
+                out.append(_error_msg(call, f"Outcome unknown: this call was interrupted by a crash and is not repeated ({ack.detail}). An operator must resolve it."))
+                continue
             live = turn.live.get(cid)
             if isinstance(live, (ToolMessage, list)) or (live is not None and not isinstance(live, dict)):
                 out.append(live)
