@@ -16,8 +16,6 @@ use pyo3::types::{PyDict, PyModule, PyTuple};
 use tidegate_runtime::hooks::{PreCommitHook, Verdict};
 use tokio::sync::oneshot;
 
-
-
 /// The asyncio side of a call: the caller's event loop and its `contextvars` context.
 pub(crate) struct Aio {
     pub(crate) event_loop: Py<PyAny>,
@@ -54,10 +52,13 @@ pub(crate) fn bridge(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     BRIDGE.get_or_try_init(py, || Ok(py.import("tidegate._bridge")?.unbind())).map(|m| m.bind(py))
 }
 
+/// A callback's result: the value, or the exception it raised.
+type PyOutcome = Result<Py<PyAny>, Py<PyAny>>;
+
 /// Receives the result of a coroutine run on the caller's event loop.
 #[pyclass(frozen, module = "tidegate._native")]
 pub(crate) struct Completion {
-    tx: Mutex<Option<oneshot::Sender<Result<Py<PyAny>, Py<PyAny>>>>>,
+    tx: Mutex<Option<oneshot::Sender<PyOutcome>>>,
 }
 
 #[pymethods]
@@ -130,7 +131,10 @@ pub(crate) async fn invoke(
         Python::attach(|py| {
             let run = || -> PyResult<Py<PyAny>> {
                 let (a, k) = build(py)?;
-                Ok(bridge(py)?.getattr("call_in")?.call1((context.bind(py), event_loop.bind(py), f.as_ref(), a, k))?.unbind())
+                Ok(bridge(py)?
+                    .getattr("call_in")?
+                    .call1((context.bind(py), event_loop.bind(py), f.as_ref(), a, k))?
+                    .unbind())
             };
             run().map_err(|e| exception_object(py, e))
         })
@@ -173,10 +177,7 @@ impl PreCommitHook for PyHook {
         &self.name
     }
 
-    fn check<'a>(
-        &'a self,
-        view: &'a tidegate_core::engine::SealedView,
-    ) -> futures_boxed::BoxFuture<'a, Verdict> {
+    fn check<'a>(&'a self, view: &'a tidegate_core::engine::SealedView) -> futures_boxed::BoxFuture<'a, Verdict> {
         let ctx = current();
         let view = view.clone();
         let f = self.f.clone();
@@ -220,4 +221,3 @@ pub(crate) mod futures_boxed {
     /// A boxed, sendable future.
     pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 }
-

@@ -26,7 +26,7 @@ use tidegate_runtime::{
     ScopeRegistry, Speculation, Tidegate, Tool, ToolError, Transaction, TxOptions, TxState,
 };
 
-use crate::calls::{ArgBuilder, Aio, CTX, CallCtx, PyHook, bridge, current, describe, invoke, is_error};
+use crate::calls::{Aio, ArgBuilder, CTX, CallCtx, PyHook, bridge, current, describe, invoke, is_error};
 use crate::convert::{bind_args, output_to_json, to_json, to_py, unbind_args};
 use crate::errors::{invalid, to_pyerr};
 
@@ -51,6 +51,14 @@ where
 {
     let rt = runtime(py)?;
     Ok(py.detach(|| rt.block_on(CTX.scope(ctx, fut))))
+}
+
+/// Runs an engine future on the calling thread keeping the interpreter attached. Only for
+/// operations that never wait for another thread that may need the interpreter (an eager call
+/// on an in-memory engine: its only waits are the tool itself and retry backoff).
+fn block_attached<F: Future>(py: Python<'_>, ctx: Arc<CallCtx>, fut: F) -> PyResult<F::Output> {
+    let rt = runtime(py)?;
+    Ok(rt.block_on(CTX.scope(ctx, fut)))
 }
 
 /// Spawns an engine future for an asyncio caller and resolves `future` on `event_loop`.
@@ -104,7 +112,8 @@ fn parse_class(py: Python<'_>, effect: &str) -> PyResult<EffectClass> {
 }
 
 fn duration(py: Python<'_>, field: &str, seconds: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(seconds).map_err(|_| invalid(py, field, &seconds.to_string(), "a non-negative number of seconds"))
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|_| invalid(py, field, &seconds.to_string(), "a non-negative number of seconds"))
 }
 
 fn outcome_to_py(py: Python<'_>, o: &Outcome) -> PyResult<Py<PyAny>> {
@@ -177,13 +186,13 @@ impl ToolHandle {
 struct Engine {
     tg: RwLock<Option<Tidegate>>,
     shared: Arc<Shared>,
+    /// Whether the ledger is durable (calls then wait for syncs: release the interpreter).
+    durable: bool,
 }
 
 impl Engine {
     fn tg(&self, py: Python<'_>) -> PyResult<Tidegate> {
-        self.tg.read().clone().ok_or_else(|| {
-            to_pyerr(py, &Error::Store(tidegate_storage::StoreError::Closed), None)
-        })
+        self.tg.read().clone().ok_or_else(|| to_pyerr(py, &Error::Store(tidegate_storage::StoreError::Closed), None))
     }
 }
 
@@ -220,7 +229,11 @@ impl Engine {
             .lease(lease_d)
             .scopes(registry())
             .ordering(if first_committer_wins { Ordering::FirstCommitterWins } else { Ordering::EpochOrder })
-            .retry(RetryPolicy { attempts: retry_attempts, initial_backoff: backoff, max_backoff: backoff.max(Duration::from_secs(1)) });
+            .retry(RetryPolicy {
+                attempts: retry_attempts,
+                initial_backoff: backoff,
+                max_backoff: backoff.max(Duration::from_secs(1)),
+            });
         if let Some(dir) = &data_dir {
             let store = py
                 .detach(|| tidegate_storage::SqliteStore::open(dir))
@@ -229,7 +242,7 @@ impl Engine {
         }
         let tg = b.build().map_err(|e| to_pyerr(py, &e, None))?;
         tg.spawn_reaper();
-        Ok(Engine { tg: RwLock::new(Some(tg)), shared: Arc::default() })
+        Ok(Engine { tg: RwLock::new(Some(tg)), shared: Arc::default(), durable: data_dir.is_some() })
     }
 
     /// Declares a tool with this engine. All arguments are validated before anything is
@@ -314,12 +327,18 @@ impl Engine {
             opts.lease = Some(duration(py, "lease", l)?);
         }
         let tx = tg.begin_with(opts).map_err(|e| to_pyerr(py, &e, None))?;
-        Ok(Tx { tx, shared: self.shared.clone(), side_keys: Mutex::new(Vec::new()) })
+        Ok(Tx { tx, shared: self.shared.clone(), side_keys: Mutex::new(Vec::new()), durable: self.durable })
     }
 
     /// Begins a speculation group of `branches` transactions sharing one epoch.
     #[pyo3(signature = (branches, agent="agent", may_touch=None))]
-    fn speculate(&self, py: Python<'_>, branches: usize, agent: &str, may_touch: Option<Vec<String>>) -> PyResult<Spec> {
+    fn speculate(
+        &self,
+        py: Python<'_>,
+        branches: usize,
+        agent: &str,
+        may_touch: Option<Vec<String>>,
+    ) -> PyResult<Spec> {
         if branches == 0 {
             return Err(invalid(py, "branches", "0", "at least one branch"));
         }
@@ -327,7 +346,7 @@ impl Engine {
         let mut opts = TxOptions::agent(agent);
         opts.may_touch = may_touch;
         let spec = tg.speculate(opts, branches).map_err(|e| to_pyerr(py, &e, None))?;
-        Ok(Spec { spec, shared: self.shared.clone() })
+        Ok(Spec { spec, shared: self.shared.clone(), durable: self.durable })
     }
 
     /// Finishes what a previous process left unfinished (register every tool first).
@@ -366,7 +385,11 @@ impl Engine {
     /// The engine's integrity check; raises `TidegateError` naming the violated invariant.
     fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {
         self.tg(py)?.check_integrity().map_err(|msg| {
-            let e = Error::InvalidArgument { field: "engine state", value: msg, expected: "the engine's invariants to hold" };
+            let e = Error::InvalidArgument {
+                field: "engine state",
+                value: msg,
+                expected: "the engine's invariants to hold",
+            };
             to_pyerr(py, &e, None)
         })
     }
@@ -454,9 +477,11 @@ async fn run_compensation(
 ) -> Result<Compensation, ToolError> {
     let build: ArgBuilder = Box::new(move |py| {
         let key = Arc::as_ptr(&output) as usize;
-        let side = shared.side.lock().get(&key).map(|s| {
-            (s.output.clone_ref(py), s.args.clone_ref(py), s.kwargs.as_ref().map(|k| k.clone_ref(py)))
-        });
+        let side = shared
+            .side
+            .lock()
+            .get(&key)
+            .map(|s| (s.output.clone_ref(py), s.args.clone_ref(py), s.kwargs.as_ref().map(|k| k.clone_ref(py))));
         let (out, a, k) = match side {
             Some(s) => s,
             None => {
@@ -522,6 +547,7 @@ struct Tx {
     tx: Transaction,
     shared: Arc<Shared>,
     side_keys: Mutex<Vec<usize>>,
+    durable: bool,
 }
 
 impl Tx {
@@ -549,7 +575,12 @@ impl Tx {
             invalid(
                 py,
                 "arguments",
-                &format!("{} = <{}> in a call of tool `{}`", if e.path.is_empty() { "?" } else { &e.path }, e.type_name, handle.name),
+                &format!(
+                    "{} = <{}> in a call of tool `{}`",
+                    if e.path.is_empty() { "?" } else { &e.path },
+                    e.type_name,
+                    handle.name
+                ),
                 &format!("{} (the ledger records every call's arguments as JSON)", e.why),
             )
         })?;
@@ -663,7 +694,8 @@ impl Tx {
         });
         let tx = self.tx.clone();
         let tool = handle.tool.clone();
-        let ack = block(py, ctx.clone(), async move { tx.call_with(&tool, json, opts).await })?;
+        let fut = async move { tx.call_with(&tool, json, opts).await };
+        let ack = if self.durable { block(py, ctx.clone(), fut)? } else { block_attached(py, ctx.clone(), fut)? };
         self.finish_call(py, ack, &ctx)
     }
 
@@ -728,7 +760,13 @@ impl Tx {
         let ctx = Arc::new(aio_ctx(event_loop, context));
         let tx = slf.get().tx.clone();
         let me = slf.unbind();
-        spawn(py, ctx, async move { commit(tx, opts).await }, move |py, r, ctx| me.get().finish_settle(py, r, ctx), future)
+        spawn(
+            py,
+            ctx,
+            async move { commit(tx, opts).await },
+            move |py, r, ctx| me.get().finish_settle(py, r, ctx),
+            future,
+        )
     }
 
     /// Aborts: compensates executed effects in reverse order, drops held ones. Returns
@@ -752,7 +790,13 @@ impl Tx {
         let ctx = Arc::new(aio_ctx(event_loop, context));
         let tx = slf.get().tx.clone();
         let me = slf.unbind();
-        spawn(py, ctx, async move { tx.abort(reason).await }, move |py, r, ctx| me.get().finish_settle(py, r, ctx), future)
+        spawn(
+            py,
+            ctx,
+            async move { tx.abort(reason).await },
+            move |py, r, ctx| me.get().finish_settle(py, r, ctx),
+            future,
+        )
     }
 
     /// Adds a pre-commit hook for this transaction only.
@@ -778,6 +822,7 @@ async fn commit(tx: Transaction, opts: CommitOptions) -> Result<Outcome, Error> 
 struct Spec {
     spec: Speculation,
     shared: Arc<Shared>,
+    durable: bool,
 }
 
 #[pymethods]
@@ -787,7 +832,12 @@ impl Spec {
         self.spec
             .branches()
             .iter()
-            .map(|t| Tx { tx: t.clone(), shared: self.shared.clone(), side_keys: Mutex::new(Vec::new()) })
+            .map(|t| Tx {
+                tx: t.clone(),
+                shared: self.shared.clone(),
+                side_keys: Mutex::new(Vec::new()),
+                durable: self.durable,
+            })
             .collect()
     }
 
