@@ -295,3 +295,21 @@ def test_resumed_turn_replays_committed_calls_by_key():
     # Another thread is another key.
     graph(node, calls, checkpointer=InMemorySaver()).invoke({"messages": []}, {"configurable": {"thread_id": "U"}})
     assert fired == [5, 5]
+
+
+def test_async_path_rejected_interrupt_and_failure():
+    tg = tidegate.open()
+    fired, booked, cancelled = [], [], []
+    g = approval_graph(tg, fired, booked, cancelled)
+    cfg = {"configurable": {"thread_id": "t-async"}}
+
+    async def main():
+        first = await g.ainvoke({"messages": []}, cfg)
+        assert "__interrupt__" in first
+        return await g.ainvoke(Command(resume="no"), cfg)
+
+    result = asyncio.run(main())
+    assert fired == [] and len(booked) == len(cancelled) >= 1
+    msgs = tool_messages(result)
+    assert [m.status for m in msgs] == ["error", "error"]
+    assert "rejected" in msgs[0].content
