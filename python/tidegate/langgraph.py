@@ -238,6 +238,8 @@ class ToolNode(_StockToolNode):
                 kind="invalid_argument",
                 argument="approve",
             )
+        if isinstance(approve, str):
+            approve = {approve}
         self._engine = engine
         self._decls = decls
         self._approve = approve
