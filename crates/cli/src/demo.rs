@@ -116,20 +116,36 @@ fn print_outcome(o: &Outcome) {
     }
 }
 
-pub fn run(dir: Option<crate::data_dir::DataDir>) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(story(dir))
+/// Options of `tidegate demo` beyond the data directory.
+#[derive(Debug, Clone, Default)]
+pub struct DemoOptions {
+    /// Write one operation record per transaction to this file (`tidegate check` reads it).
+    pub trace: Option<std::path::PathBuf>,
+    /// The consistency level.
+    pub level: Option<tidegate_runtime::Level>,
 }
 
-async fn story(dir: Option<crate::data_dir::DataDir>) -> anyhow::Result<()> {
+pub fn run(dir: Option<crate::data_dir::DataDir>, opts: DemoOptions) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(story(dir, opts))
+}
+
+async fn story(dir: Option<crate::data_dir::DataDir>, opts: DemoOptions) -> anyhow::Result<()> {
     let store = match &dir {
         Some(d) => Some(d.open()?),
         None => None,
     };
-    let tg = match &store {
-        Some(s) => Tidegate::builder().store(s.clone()).build()?,
-        None => Tidegate::in_memory()?,
-    };
+    let mut builder = Tidegate::builder();
+    if let Some(s) = &store {
+        builder = builder.store(s.clone());
+    }
+    if let Some(level) = opts.level {
+        builder = builder.level(level);
+    }
+    if let Some(path) = &opts.trace {
+        builder = builder.trace_file(path)?;
+    }
+    let tg = builder.build()?;
     let world = Providers::default();
     let [flight, hotel, car, email, rebook] = world.tools()?;
     for t in [&flight, &hotel, &car, &email, &rebook] {
@@ -253,5 +269,9 @@ async fn story(dir: Option<crate::data_dir::DataDir>) -> anyhow::Result<()> {
         tg.stats().committed,
         tg.stats().aborted
     );
+    if let Some(path) = &opts.trace {
+        tg.flush_trace()?;
+        println!("Operation records written to {} (check them: tidegate check {0})", path.display());
+    }
     Ok(())
 }

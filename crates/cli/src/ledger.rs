@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use anyhow::Context;
-use tidegate_core::{Core, CoreConfig, Event, ScopeRegistry, Timestamp, TxId};
+use tidegate_core::engine::Replay;
+use tidegate_core::{CoreConfig, Event, ScopeRegistry, Timestamp, TxId};
 use tidegate_storage::{LedgerStore, Lsn};
 
 use crate::data_dir::DataDir;
@@ -41,6 +42,12 @@ pub enum Cmd {
         #[command(flatten)]
         dir: DataDir,
     },
+    /// Store a checkpoint of the projections at the ledger's end now, so that the next open
+    /// replays nothing (the engine also takes them every 200 000 events and on a clean close).
+    Checkpoint {
+        #[command(flatten)]
+        dir: DataDir,
+    },
 }
 
 fn all(store: &dyn LedgerStore) -> anyhow::Result<Vec<(Lsn, Event)>> {
@@ -66,6 +73,28 @@ fn line(lsn: Lsn, e: &Event) -> String {
         o.remove("tx");
     }
     format!("  {lsn:>8}  {kind:<16} {rest}")
+}
+
+/// Whether `checkpoint` decodes and holds exactly the state `replay` reached at its LSN.
+fn compare_checkpoint(
+    replay: &Replay,
+    checkpoint: Option<&tidegate_storage::StoredCheckpoint>,
+    cfg: &CoreConfig,
+    reg: &ScopeRegistry,
+) -> anyhow::Result<()> {
+    let Some(c) = checkpoint else { return Ok(()) };
+    let loaded = Replay::load(cfg.clone(), reg.clone(), c.lsn, &c.bytes)
+        .map_err(|e| anyhow::anyhow!("the checkpoint does not load: {e}"))?;
+    let (want, got) = (replay.state()?, loaded.state()?);
+    if want != got {
+        anyhow::bail!(
+            "the checkpoint at LSN {} differs from the replay of events 1..={}: an open from it would rebuild \
+             other projections than a full replay",
+            c.lsn,
+            c.lsn
+        );
+    }
+    Ok(())
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
@@ -107,14 +136,43 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             let store = dir.open()?;
             println!("{}", store.open_report());
             let rows = store.verify()?;
-            let events = all(&*store)?;
-            let (core, rec) = Core::recover(
-                CoreConfig::default(),
-                ScopeRegistry::default(),
-                events.into_iter().map(|(_, e)| e),
-                Timestamp(0),
-            )
-            .map_err(|e| anyhow::anyhow!("the ledger does not replay: {e}"))?;
+            let (cfg, reg) = (CoreConfig::default(), ScopeRegistry::default());
+            // Replay the whole ledger (streamed); at the stored checkpoint's LSN, the replayed
+            // state must equal the checkpoint's.
+            let checkpoint = store.checkpoint()?;
+            let mut replay = Replay::new(cfg.clone(), reg.clone());
+            let mut failed = None;
+            let mut checked = None;
+            if checkpoint.as_ref().is_some_and(|c| c.lsn == 0) {
+                checked = Some(compare_checkpoint(&replay, checkpoint.as_ref(), &cfg, &reg));
+            }
+            store.scan(1, &mut |lsn, e| {
+                if let Err(err) = replay.apply(e) {
+                    failed = Some(err);
+                    return false;
+                }
+                if checkpoint.as_ref().is_some_and(|c| c.lsn == lsn) {
+                    checked = Some(compare_checkpoint(&replay, checkpoint.as_ref(), &cfg, &reg));
+                }
+                true
+            })?;
+            if let Some(e) = failed {
+                anyhow::bail!("the ledger does not replay: {e}");
+            }
+            match (&checkpoint, checked) {
+                (None, _) => println!("no checkpoint stored (an open replays the whole ledger)"),
+                (Some(c), None) => {
+                    anyhow::bail!("the checkpoint is at LSN {} but the ledger ends at {}", c.lsn, replay.lsn())
+                }
+                (Some(_), Some(Err(e))) => return Err(e),
+                (Some(c), Some(Ok(()))) => println!(
+                    "ok: checkpoint at LSN {} ({} bytes) equals the replay of events 1..={}",
+                    c.lsn,
+                    c.bytes.len(),
+                    c.lsn
+                ),
+            }
+            let (core, rec) = replay.finish(Timestamp(0));
             core.check_integrity().map_err(|e| anyhow::anyhow!("rebuilt projections are inconsistent: {e}"))?;
             println!(
                 "ok: {rows} events verified; replay rebuilt {} unfinished transaction(s), {} in-doubt call(s), {} commit(s) and {} abort(s) to resume",
@@ -123,6 +181,21 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 rec.committing.len(),
                 rec.aborting.len()
             );
+            Ok(())
+        }
+        Cmd::Checkpoint { dir } => {
+            let store = dir.open()?;
+            let tg = tidegate_runtime::Tidegate::builder().store(store.clone()).build()?;
+            let r = tg.open_report();
+            println!(
+                "opened: checkpoint {}, replayed {} events in {:.1} ms{}",
+                r.checkpoint_lsn.map_or("none".to_owned(), |l| format!("at LSN {l}")),
+                r.replayed_events,
+                r.micros as f64 / 1e3,
+                r.checkpoint_fallback.as_deref().map(|f| format!(" (fallback: {f})")).unwrap_or_default()
+            );
+            let info = tg.checkpoint_now()?;
+            println!("ok: checkpoint at LSN {} ({} bytes) stored in {}", info.lsn, info.bytes, dir.path()?.display());
             Ok(())
         }
         Cmd::Export { dir, .. } => {

@@ -1,6 +1,7 @@
 //! The `tidegate` command.
 
 mod bench;
+mod bench_detect;
 mod check;
 mod data_dir;
 mod demo;
@@ -26,6 +27,13 @@ enum Command {
         /// Keep the ledger in memory instead of the embedded store.
         #[arg(long, conflicts_with = "data_dir")]
         memory: bool,
+        /// Write one operation record per transaction to FILE (JSON Lines; `tidegate check
+        /// FILE` reads it).
+        #[arg(long, value_name = "FILE")]
+        trace: Option<std::path::PathBuf>,
+        /// Consistency level L0-L4 (default L4).
+        #[arg(long)]
+        level: Option<tidegate_runtime::Level>,
     },
     /// Inspect, verify, export or summarise the embedded ledger.
     Ledger {
@@ -44,7 +52,9 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { dir, memory } => demo::run(if memory { None } else { Some(dir) }),
+        Command::Demo { dir, memory, trace, level } => {
+            demo::run(if memory { None } else { Some(dir) }, demo::DemoOptions { trace, level })
+        }
         Command::Ledger { cmd } => ledger::run(cmd),
         Command::Bench { which } => eval::run(which),
         Command::Check(args) => return check::run(args),

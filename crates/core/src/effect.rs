@@ -225,12 +225,50 @@ pub enum AbortReason {
         /// The caller's reason.
         reason: String,
     },
+    /// Snapshot isolation: a scope this transaction writes was committed by another
+    /// transaction after this one began.
+    WriteConflict {
+        /// The scope.
+        scope: String,
+        /// The commit stamp the transaction began at.
+        snapshot: u64,
+        /// The scope's version at commit time.
+        current: u64,
+    },
+    /// Pessimistic locking: an earlier transaction holds a scope this one touched.
+    LockConflict {
+        /// The scope.
+        scope: String,
+    },
+    /// L2: a committed transaction whose writes this one read was retracted.
+    CascadingAbort {
+        /// The retracted predecessor.
+        predecessor: TxId,
+    },
+    /// L4: a tool this transaction used changed or disappeared since its first read.
+    PhantomTool {
+        /// The tool.
+        tool: String,
+        /// Its signature when the transaction first read.
+        pinned: u64,
+        /// Its signature now (`None`: removed).
+        current: Option<u64>,
+    },
 }
 
 impl AbortReason {
     /// Whether re-running the transaction's work at a fresh epoch may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, AbortReason::StaleRead { .. } | AbortReason::LeaseExpired | AbortReason::WaitTimeout)
+        matches!(
+            self,
+            AbortReason::StaleRead { .. }
+                | AbortReason::LeaseExpired
+                | AbortReason::WaitTimeout
+                | AbortReason::WriteConflict { .. }
+                | AbortReason::LockConflict { .. }
+                | AbortReason::CascadingAbort { .. }
+                | AbortReason::PhantomTool { .. }
+        )
     }
 
     /// A short machine name, e.g. `stale_read`.
@@ -245,6 +283,10 @@ impl AbortReason {
             AbortReason::WaitTimeout => "wait_timeout",
             AbortReason::ProtocolViolation { .. } => "protocol_violation",
             AbortReason::Explicit { .. } => "explicit",
+            AbortReason::WriteConflict { .. } => "write_conflict",
+            AbortReason::LockConflict { .. } => "lock_conflict",
+            AbortReason::CascadingAbort { .. } => "cascading_abort",
+            AbortReason::PhantomTool { .. } => "phantom_tool",
         }
     }
 }
@@ -265,6 +307,21 @@ impl fmt::Display for AbortReason {
             AbortReason::WaitTimeout => f.write_str("commit wait timed out"),
             AbortReason::ProtocolViolation { what } => write!(f, "protocol violation: {what}"),
             AbortReason::Explicit { reason } => write!(f, "aborted by caller: {reason}"),
+            AbortReason::WriteConflict { scope, snapshot, current } => {
+                write!(f, "write conflict on `{scope}`: began at stamp {snapshot}, now v{current}")
+            }
+            AbortReason::LockConflict { scope } => {
+                write!(f, "lock conflict: an earlier transaction holds `{scope}`")
+            }
+            AbortReason::CascadingAbort { predecessor } => {
+                write!(f, "cascading abort: {predecessor}, whose writes were read, was retracted")
+            }
+            AbortReason::PhantomTool { tool, pinned, current: Some(c) } => {
+                write!(f, "phantom tool `{tool}`: pinned signature {pinned}, now {c}")
+            }
+            AbortReason::PhantomTool { tool, pinned, current: None } => {
+                write!(f, "phantom tool `{tool}`: pinned signature {pinned}, now removed")
+            }
         }
     }
 }

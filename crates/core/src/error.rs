@@ -4,7 +4,7 @@ use crate::ids::{EffectId, GroupId, TxId};
 use crate::scope::ScopeError;
 
 /// The lifecycle state of a transaction, as reported in errors and views.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TxState {
     /// Accepting reads and effects.
@@ -133,6 +133,14 @@ pub enum EngineError {
         /// The group.
         group: GroupId,
     },
+    /// Pessimistic locking: an earlier transaction holds the scope; this one was aborted.
+    #[error("lock conflict in {tx}, transaction aborted: an earlier transaction holds `{scope}`; retry it")]
+    LockConflict {
+        /// The id.
+        tx: TxId,
+        /// The scope.
+        scope: String,
+    },
     /// A group was asked to settle before a winner was chosen.
     #[error("speculation group {group} has no winner chosen; choose one of {branches:?} or abort the group")]
     NoWinner {
@@ -146,6 +154,6 @@ pub enum EngineError {
 impl EngineError {
     /// Whether retrying the same call later may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, EngineError::KeyInUse { .. })
+        matches!(self, EngineError::KeyInUse { .. } | EngineError::LockConflict { .. })
     }
 }

@@ -77,6 +77,99 @@ pub(crate) struct ScopeIndex {
     roots: HashMap<Box<str>, Node>,
 }
 
+/// One node of the index in its serialised (checkpoint) form: the node's path and what ends
+/// there. The `sub`/`write_sub` aggregates and the claim-free inner nodes are rebuilt on load,
+/// so the form is flat (no nesting depth limit) and holds each fact once.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct FlatNode {
+    /// The scope type, then the path segments.
+    path: Vec<Box<str>>,
+    /// Claims ending here: `(epoch, multiplicity)`, ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    here: Vec<(u64, u32)>,
+    /// The largest stamp of a write ending here (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    write: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl ScopeIndex {
+    /// Every node with a claim or a write ending at it, in path order (deterministic).
+    fn flatten(&self) -> Vec<FlatNode> {
+        fn walk(node: &Node, path: &mut Vec<Box<str>>, out: &mut Vec<FlatNode>) {
+            if !node.here.is_empty() || node.write_here != 0 {
+                out.push(FlatNode { path: path.clone(), here: node.here.0.clone(), write: node.write_here });
+            }
+            let mut kids: Vec<_> = node.children.iter().collect();
+            kids.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (seg, child) in kids {
+                path.push(seg.clone());
+                walk(child, path, out);
+                path.pop();
+            }
+        }
+        let mut out = Vec::new();
+        let mut roots: Vec<_> = self.roots.iter().collect();
+        roots.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (kind, root) in roots {
+            let mut path = vec![kind.clone()];
+            walk(root, &mut path, &mut out);
+        }
+        out
+    }
+
+    /// Rebuilds an index from [`Self::flatten`]'s output.
+    fn unflatten(nodes: Vec<FlatNode>) -> Result<ScopeIndex, String> {
+        let mut ix = ScopeIndex::default();
+        for n in nodes {
+            let Some((kind, segs)) = n.path.split_first() else {
+                return Err("an index node with an empty path".into());
+            };
+            let mut node = ix.roots.entry(kind.clone()).or_default();
+            for (e, c) in &n.here {
+                for _ in 0..*c {
+                    node.sub.add(*e);
+                }
+            }
+            node.write_sub = node.write_sub.max(n.write);
+            for seg in segs {
+                node = node.children.entry(seg.clone()).or_default();
+                for (e, c) in &n.here {
+                    for _ in 0..*c {
+                        node.sub.add(*e);
+                    }
+                }
+                node.write_sub = node.write_sub.max(n.write);
+            }
+            if !node.here.is_empty() || node.write_here != 0 {
+                return Err(format!("index node {:?} listed twice", n.path));
+            }
+            if n.here.iter().any(|&(_, c)| c == 0) || n.here.windows(2).any(|w| w[0].0 >= w[1].0) {
+                return Err(format!("index node {:?} has a malformed claim list {:?}", n.path, n.here));
+            }
+            node.here = Claims(n.here);
+            node.write_here = n.write;
+        }
+        Ok(ix)
+    }
+}
+
+impl serde::Serialize for ScopeIndex {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(&self.flatten(), s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ScopeIndex {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ScopeIndex, D::Error> {
+        let nodes = <Vec<FlatNode> as serde::Deserialize>::deserialize(d)?;
+        ScopeIndex::unflatten(nodes).map_err(serde::de::Error::custom)
+    }
+}
+
 impl ScopeIndex {
     /// Registers that the transaction at `epoch` may touch `scope` until [`Self::unclaim`].
     pub(crate) fn claim(&mut self, scope: &Scope, epoch: Epoch) {

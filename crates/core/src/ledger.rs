@@ -22,7 +22,11 @@ use crate::effect::{AbortReason, Disposition, EffectClass, Tag};
 use crate::ids::{EffectId, Epoch, GroupId, Timestamp, TxId, Version};
 
 /// The ledger format version written by this build.
-pub const LEDGER_FORMAT_VERSION: u32 = 1;
+///
+/// History: 1, the first; 2 adds [`Event::ToolChanged`] (the versioned tool registry), which a
+/// version-1 reader cannot parse. A version-1 ledger is read as is and raised to 2 when opened
+/// for writing.
+pub const LEDGER_FORMAT_VERSION: u32 = 2;
 
 /// One ledger fact.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -164,10 +168,21 @@ pub enum Event {
         /// Per effect, in issuance order.
         effects: Vec<(EffectId, Disposition, Tag)>,
     },
+    /// The tool registry changed (engine-wide; belongs to no transaction). `version` is the
+    /// registry's version after the change, which is also the tool's new signature.
+    ToolChanged {
+        /// The tool's name.
+        tool: Arc<str>,
+        /// Registry version after the change.
+        version: u64,
+        /// `false`: the tool was removed.
+        present: bool,
+    },
 }
 
 impl Event {
-    /// The transaction the event belongs to.
+    /// The transaction the event belongs to; engine-wide events ([`Event::ToolChanged`])
+    /// return `TxId(0)`, an id never allocated.
     pub fn tx(&self) -> TxId {
         match self {
             Event::Begin { tx, .. }
@@ -181,6 +196,7 @@ impl Event {
             | Event::Released { tx, .. }
             | Event::Compensated { tx, .. }
             | Event::Settled { tx, .. } => *tx,
+            Event::ToolChanged { .. } => TxId(0),
         }
     }
 }

@@ -15,12 +15,14 @@ pub mod ids;
 mod index;
 pub mod ledger;
 pub mod scope;
+pub mod trace;
 
 pub use effect::{
     AbortReason, Disposition, EffectClass, EffectDecl, EffectOutcome, HeldAck, Outcome, PartialCommit, Tag,
 };
-pub use engine::{Action, Core, CoreConfig, Ordering};
+pub use engine::{Ablation, Action, Core, CoreConfig, Isolation, Level, Ordering};
 pub use error::{EngineError, TxState};
 pub use ids::{EffectId, Epoch, GroupId, Timestamp, TxId, Version};
 pub use ledger::Event;
 pub use scope::{Scope, ScopeError, ScopeRegistry};
+pub use trace::TraceRecord;

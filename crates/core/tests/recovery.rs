@@ -8,7 +8,9 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use tidegate_core::engine::{BeginRequest, Decision, ExecResult, Recorded, Settlement};
+use tidegate_core::engine::{
+    BeginRequest, CHECKPOINT_FORMAT_VERSION, CheckpointError, Decision, ExecResult, Recorded, Replay, Settlement,
+};
 use tidegate_core::{
     AbortReason, Core, CoreConfig, EffectClass, EffectDecl, Event, ScopeRegistry, Timestamp, TxId, TxState,
 };
@@ -212,4 +214,100 @@ fn leases_that_ended_while_down_abort_on_recovery() {
     let (core, rec) = Core::recover(CoreConfig::default(), ScopeRegistry::default(), ledger, far).unwrap();
     assert_eq!(rec.expired, vec![t]);
     assert_eq!(core.state(t).unwrap(), TxState::Aborting);
+}
+
+/// What a recovery classified, in a comparable form.
+fn summary(core: &Core, rec: &tidegate_core::engine::Recovery) -> String {
+    let in_doubt: Vec<_> = rec.in_doubt.iter().map(|d| (d.tx, d.effect)).collect();
+    let s = core.stats();
+    format!(
+        "in_doubt {in_doubt:?} committing {:?} aborting {:?} expired {:?} open {:?} unfinished {} stats {:?}",
+        rec.committing, rec.aborting, rec.expired, rec.open, rec.unfinished, s
+    )
+}
+
+#[test]
+fn checkpoint_plus_tail_recovers_exactly_what_the_full_ledger_recovers() {
+    let (cfg, reg) = (CoreConfig::default(), ScopeRegistry::default());
+    let mut spanning = 0;
+    for seed in 0..400 {
+        let (_, ledger) = workload(seed);
+        let mut full = Replay::new(cfg.clone(), reg.clone());
+        for e in &ledger {
+            full.apply(e).unwrap();
+        }
+        let want = full.state().unwrap();
+        let (want_core, want_rec) = full.finish(Timestamp(30_000_000_000));
+        let want_summary = summary(&want_core, &want_rec);
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
+        let mut cuts = vec![0, ledger.len()];
+        cuts.extend((0..4).map(|_| rng.gen_range(0..=ledger.len())));
+        for cut in cuts {
+            let mut head = Replay::new(cfg.clone(), reg.clone());
+            for e in &ledger[..cut] {
+                head.apply(e).unwrap();
+            }
+            if head.unfinished() > 0 && cut < ledger.len() {
+                spanning += 1;
+            }
+            let bytes = head.checkpoint().unwrap();
+            let mut r = Replay::load(cfg.clone(), reg.clone(), cut as u64, &bytes)
+                .unwrap_or_else(|e| panic!("seed {seed} cut {cut}: {e}"));
+            assert_eq!(r.state().unwrap(), head.state().unwrap(), "seed {seed} cut {cut}: checkpoint round trip");
+            assert_eq!(r.lsn(), cut as u64);
+            for e in &ledger[cut..] {
+                r.apply(e).unwrap_or_else(|e| panic!("seed {seed} cut {cut}: {e}"));
+            }
+            assert_eq!(r.state().unwrap(), want, "seed {seed} cut {cut}: checkpoint + tail differs from full replay");
+            let (core, rec) = r.finish(Timestamp(30_000_000_000));
+            core.check_integrity().unwrap_or_else(|e| panic!("seed {seed} cut {cut}: {e}"));
+            assert_eq!(rec.events as usize, ledger.len() - cut, "seed {seed} cut {cut}: only the tail is replayed");
+            assert_eq!(summary(&core, &rec), want_summary, "seed {seed} cut {cut}: recovery differs");
+        }
+    }
+    assert!(spanning > 100, "too few checkpoints with unfinished transactions spanning them: {spanning}");
+}
+
+#[test]
+fn damaged_or_mismatched_checkpoints_are_refused_as_corrupt() {
+    let (cfg, reg) = (CoreConfig::default(), ScopeRegistry::default());
+    let (_, ledger) = workload(7);
+    let mut r = Replay::new(cfg.clone(), reg.clone());
+    for e in &ledger {
+        r.apply(e).unwrap();
+    }
+    let lsn = ledger.len() as u64;
+    let good = r.checkpoint().unwrap();
+    assert!(Replay::load(cfg.clone(), reg.clone(), lsn, &good).is_ok());
+    let corrupt = |bytes: &[u8], at: u64| match Replay::load(cfg.clone(), reg.clone(), at, bytes) {
+        Err(CheckpointError::Corrupt { .. }) => {}
+        other => panic!("expected Corrupt, got {:?}", other.map(|r| r.lsn())),
+    };
+    corrupt(&good, lsn + 1); // the store's LSN and the header disagree
+    corrupt(&good[..good.len() - 1], lsn); // truncated
+    corrupt(b"", lsn);
+    corrupt(b"not a checkpoint", lsn);
+    let mut flipped = good.clone();
+    let last = flipped.len() - 2;
+    flipped[last] ^= 0x01; // a flipped bit inside the state
+    corrupt(&flipped, lsn);
+}
+
+#[test]
+fn a_checkpoint_from_a_newer_format_is_refused_with_both_versions() {
+    let (cfg, reg) = (CoreConfig::default(), ScopeRegistry::default());
+    let r = Replay::new(cfg.clone(), reg.clone());
+    let good = String::from_utf8(r.checkpoint().unwrap()).unwrap();
+    let newer = good.replacen(
+        &format!("\"format\":{CHECKPOINT_FORMAT_VERSION}"),
+        &format!("\"format\":{}", CHECKPOINT_FORMAT_VERSION + 1),
+        1,
+    );
+    match Replay::load(cfg, reg, 0, newer.as_bytes()) {
+        Err(e @ CheckpointError::NewerFormat { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("{}", CHECKPOINT_FORMAT_VERSION + 1)) && msg.contains("newer"), "{msg}");
+        }
+        other => panic!("expected NewerFormat, got {:?}", other.map(|r| r.lsn())),
+    }
 }

@@ -10,13 +10,15 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 use tidegate_core::engine::{BeginRequest, Stats};
-use tidegate_core::{Action, Core, CoreConfig, Ordering, Scope, ScopeRegistry, TxId};
+use tidegate_core::{Ablation, Action, Core, CoreConfig, Isolation, Level, Ordering, Scope, ScopeRegistry, TxId};
 use tidegate_storage::{LedgerStore, Lsn, MemoryStore, StoreError};
 use tokio::sync::Notify;
 
+use crate::checkpoint::{CheckpointPolicy, Checkpointer, ReplayReport};
 use crate::clock::{Clock, TokioClock};
 use crate::hooks::PreCommitHook;
 use crate::tool::Tool;
+use crate::trace::{FileTrace, TraceSink};
 use crate::tx::Transaction;
 use crate::{Error, Result};
 
@@ -87,6 +89,8 @@ pub struct Builder {
     store: Option<Arc<dyn LedgerStore>>,
     clock: Option<Arc<dyn Clock>>,
     retry: RetryPolicy,
+    trace: Option<Arc<dyn TraceSink>>,
+    checkpoints: CheckpointPolicy,
 }
 
 impl fmt::Debug for Builder {
@@ -132,10 +136,51 @@ impl Builder {
         self
     }
 
+    /// The consistency level (default [`Level::L4`]; docs/levels.md).
+    pub fn level(mut self, level: Level) -> Self {
+        self.cfg.level = level;
+        self
+    }
+
+    /// How L1 and above prevent stale generation (default [`Isolation::Serializable`]).
+    pub fn isolation(mut self, isolation: Isolation) -> Self {
+        self.cfg.isolation = isolation;
+        self
+    }
+
+    /// Disciplines to switch off, for ablation studies (default: none).
+    pub fn ablation(mut self, ablation: Ablation) -> Self {
+        self.cfg.ablation = ablation;
+        self
+    }
+
+    /// Emits one operation record per finished transaction to `sink` (default: none). See
+    /// [`crate::trace`]; [`Builder::trace_file`] writes them to a JSON Lines file.
+    pub fn trace(mut self, sink: Arc<dyn TraceSink>) -> Self {
+        self.trace = Some(sink);
+        self
+    }
+
+    /// Writes one operation record per finished transaction to `path` (created or
+    /// truncated), in the trace format `tidegate check` reads.
+    pub fn trace_file(self, path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let sink = Arc::new(FileTrace::create(path)?);
+        Ok(self.trace(sink))
+    }
+
+    /// When to store checkpoints of the projections in the ledger store, so that reopening
+    /// replays only the events after the last one (default [`CheckpointPolicy::default`];
+    /// only for a store given with [`Builder::store`]).
+    pub fn checkpoints(mut self, policy: CheckpointPolicy) -> Self {
+        self.checkpoints = policy;
+        self
+    }
+
     /// Builds the engine. Background work (aborts decided by lease expiry, late
     /// compensations) runs on the current tokio runtime; outside one, the engine starts a
     /// small runtime of its own.
-    pub fn build(self) -> Result<Tidegate> {
+    pub fn build(mut self) -> Result<Tidegate> {
+        self.cfg.trace = self.trace.is_some();
         let (handle, own) = match tokio::runtime::Handle::try_current() {
             Ok(h) => (h, None),
             Err(_) => {
@@ -152,18 +197,32 @@ impl Builder {
             let _guard = handle.enter();
             Arc::new(TokioClock::new())
         });
+        let checkpointing = self.store.is_some() && self.checkpoints != CheckpointPolicy::never();
         let store: Arc<dyn LedgerStore> = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
-        // Rebuild the projections from whatever the ledger already holds.
+        // Rebuild the projections from whatever the ledger already holds: its checkpoint,
+        // then the events after it (streamed, never all in memory at once).
+        let (replay, open) = crate::checkpoint::replay(&*store, &self.cfg, &self.scopes)?;
+        let checkpointer = if checkpointing {
+            let lsn = replay.lsn();
+            // The shadow starts from the replayed state; a tail the stored checkpoint does not
+            // cover is checkpointed at once, so the next open does not replay it again.
+            let store_now = lsn > open.checkpoint_lsn.unwrap_or(0);
+            let bytes = if lsn > 0 {
+                Some(replay.checkpoint().map_err(|e| {
+                    Error::Store(StoreError::Io { op: "encode a checkpoint", source: std::io::Error::other(e) })
+                })?)
+            } else {
+                None
+            };
+            let seed = crate::checkpoint::Seed { lsn, bytes, store_now };
+            Some(Checkpointer::start(store.clone(), self.cfg.clone(), self.scopes.clone(), self.checkpoints, seed)?)
+        } else {
+            None
+        };
         let (core, recovery) = if store.last_lsn() == 0 {
             (Core::with_scopes(self.cfg, self.scopes.clone()), None)
         } else {
-            let mut events = Vec::new();
-            store.scan(1, &mut |_, e| {
-                events.push(e.clone());
-                true
-            })?;
-            let (core, rec) = Core::recover(self.cfg, self.scopes.clone(), events, clock.now())
-                .map_err(|e| Error::Store(StoreError::Corrupt { lsn: e.index + 1, detail: e.to_string() }))?;
+            let (core, rec) = replay.finish(clock.now());
             (core, Some(rec))
         };
         Ok(Tidegate {
@@ -178,9 +237,14 @@ impl Builder {
                 tx_hooks: Mutex::new(HashMap::default()),
                 tools: RwLock::new(HashMap::default()),
                 poisoned: AtomicBool::new(false),
+                trace: self.trace,
+                turnstile: Notify::new(),
+                turnstile_used: AtomicBool::new(false),
                 waits: Default::default(),
                 wait_ns: Default::default(),
                 handle,
+                checkpointer,
+                open,
                 _own: own,
             }),
         })
@@ -214,10 +278,21 @@ pub(crate) struct Inner {
     pub(crate) tx_hooks: Mutex<HashMap<TxId, Vec<Arc<dyn PreCommitHook>>>>,
     pub(crate) tools: RwLock<HashMap<Arc<str>, Tool>>,
     poisoned: AtomicBool,
+    /// Where operation records go, when tracing.
+    pub(crate) trace: Option<Arc<dyn TraceSink>>,
+    /// Woken whenever an eager call returns, for L3's issuance-order turnstile.
+    pub(crate) turnstile: Notify,
+    /// Set once a call has waited at the turnstile, so that engines that never need it skip
+    /// the wake-ups.
+    pub(crate) turnstile_used: AtomicBool,
     /// Commits that had to wait, and their total wait in clock nanoseconds.
     pub(crate) waits: std::sync::atomic::AtomicU64,
     pub(crate) wait_ns: std::sync::atomic::AtomicU64,
     pub(crate) handle: tokio::runtime::Handle,
+    /// Stores checkpoints of the projections (None: disabled, or an in-memory default store).
+    pub(crate) checkpointer: Option<Checkpointer>,
+    /// How the projections were rebuilt at build.
+    pub(crate) open: ReplayReport,
     _own: Option<OwnedRuntime>,
 }
 
@@ -243,6 +318,8 @@ impl Tidegate {
             store: None,
             clock: None,
             retry: RetryPolicy::default(),
+            trace: None,
+            checkpoints: CheckpointPolicy::default(),
         }
     }
 
@@ -298,7 +375,9 @@ impl Tidegate {
     }
 
     /// Registers a tool so that the engine can release and compensate its effects (tools
-    /// are also registered on first use). Refuses a different tool under a taken name.
+    /// are also registered on first use). Refuses a different tool under a taken name (use
+    /// [`Tidegate::redefine_tool`] to change one). A tool's first registration is a change
+    /// of the versioned registry (docs/levels.md, L4).
     pub fn register(&self, tool: &Tool) -> Result<()> {
         if let Some(t) = self.inner.tools.read().get(tool.name()) {
             return if t.same(tool) { Ok(()) } else { Err(name_taken(tool)) };
@@ -309,9 +388,55 @@ impl Tidegate {
             Some(_) => Ok(()),
             None => {
                 tools.insert(tool.name_arc().clone(), tool.clone());
+                let name = tool.name_arc().clone();
+                // After a restart the registry already knows the tool from the ledger.
+                self.with_core(|c| {
+                    if c.tool_version(&name).is_none() {
+                        c.define_tool(&name);
+                    }
+                    Ok(())
+                })?;
                 Ok(())
             }
         }
+    }
+
+    /// Replaces the definition registered under `tool`'s name (or adds it): a new version of
+    /// the tool registry. Under L4, transactions that read before the change and use the tool
+    /// abort at commit (`phantom_tool`); below L4 they commit with the new definition.
+    pub fn redefine_tool(&self, tool: &Tool) -> Result<()> {
+        let mut tools = self.inner.tools.write();
+        tools.insert(tool.name_arc().clone(), tool.clone());
+        let name = tool.name_arc().clone();
+        self.with_core(|c| Ok(c.define_tool(&name)))?;
+        Ok(())
+    }
+
+    /// Removes `name` from the tool registry. Effects already recorded still settle (the
+    /// engine keeps the implementation to release or compensate them); under L4 their
+    /// transactions abort at commit. Returns whether the tool was registered.
+    pub fn remove_tool(&self, name: &str) -> Result<bool> {
+        let name: Arc<str> = Arc::from(name);
+        Ok(self.with_core(|c| Ok(c.remove_tool(&name)))?.0)
+    }
+
+    /// The current registry signature of `name` (the registry version that defined it), or
+    /// `None` if it is not registered.
+    pub fn tool_signature(&self, name: &str) -> Option<u64> {
+        self.inner.shared.lock().core.tool_version(name).map(|v| v.signature)
+    }
+
+    /// The level the engine runs at.
+    pub fn level(&self) -> Level {
+        self.inner.shared.lock().core.level()
+    }
+
+    /// Flushes the trace sink, if tracing.
+    pub fn flush_trace(&self) -> Result<()> {
+        if let Some(sink) = &self.inner.trace {
+            sink.flush().map_err(|source| Error::Trace { path: "(trace sink)".into(), source })?;
+        }
+        Ok(())
     }
 
     pub(crate) fn tool(&self, name: &str) -> Result<Tool> {
@@ -397,7 +522,12 @@ impl Tidegate {
         let mut lsn = 0;
         if g.core.has_events() {
             match self.inner.store.append(&mut g.core.take_events()) {
-                Ok(l) => lsn = l,
+                Ok(l) => {
+                    lsn = l;
+                    if let Some(ck) = &self.inner.checkpointer {
+                        ck.appended(l);
+                    }
+                }
                 Err(e) => {
                     // The state machine moved on but its facts are not in the ledger: stop
                     // accepting work rather than acknowledge something unrecorded.
@@ -406,6 +536,8 @@ impl Tidegate {
                 }
             }
         }
+        let traces: SmallVec<[tidegate_core::TraceRecord; 1]> =
+            if g.core.has_traces() { g.core.take_traces().collect() } else { SmallVec::new() };
         if g.core.has_actions() {
             let actions: SmallVec<[Action; 4]> = g.core.take_actions().collect();
             for a in actions {
@@ -420,6 +552,11 @@ impl Tidegate {
             }
         }
         drop(g);
+        if let Some(sink) = &self.inner.trace {
+            for r in &traces {
+                sink.record(r);
+            }
+        }
         for a in background {
             let tg = self.clone();
             match a {

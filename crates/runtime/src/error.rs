@@ -37,6 +37,14 @@ pub enum Error {
         /// Context.
         detail: String,
     },
+    /// The trace file could not be created or written.
+    #[error("trace file `{}`: {source}", path.display())]
+    Trace {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -46,7 +54,7 @@ impl Error {
             Error::Engine(e) => e.retryable(),
             Error::Aborted(o) => o.reason.as_ref().is_some_and(AbortReason::retryable),
             Error::Store(e) => e.retryable(),
-            Error::InvalidArgument { .. } | Error::UnknownTool { .. } => false,
+            Error::InvalidArgument { .. } | Error::UnknownTool { .. } | Error::Trace { .. } => false,
         }
     }
 

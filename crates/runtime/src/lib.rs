@@ -30,7 +30,8 @@
 #![deny(missing_docs)]
 
 mod blocking;
-pub mod clock;
+pub mod checkpoint;
+mod clock;
 mod engine;
 mod error;
 mod group;
@@ -39,8 +40,10 @@ mod recover;
 mod run;
 mod settle;
 mod tool;
+pub mod trace;
 mod tx;
 
+pub use checkpoint::{CheckpointInfo, CheckpointPolicy, ReplayReport};
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use engine::{Builder, RetryPolicy, Tidegate, TxOptions};
 pub use error::{Error, Result};
@@ -49,8 +52,9 @@ pub use hooks::{FnHook, PreCommitHook, Verdict};
 pub use recover::RecoveryReport;
 pub use run::DEFAULT_ATTEMPTS;
 pub use tidegate_core::{
-    AbortReason, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, Ordering, Outcome,
-    PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
+    Ablation, AbortReason, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, Isolation, Level,
+    Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
 };
 pub use tool::{Compensation, IntoScopes, Probe, Tool, ToolBuilder, ToolError};
+pub use trace::{FileTrace, TraceBuffer, TraceRecord, TraceSink};
 pub use tx::{Ack, CallOptions, CommitOptions, Transaction};

@@ -84,6 +84,32 @@ impl Tidegate {
             }
         }
         for tx in committing {
+            // Releases started but never recorded (the crash took their `released` record,
+            // which rides the group commit after the acknowledgement): the probe says whether
+            // they happened; without one they stay unknown and are never fired again.
+            let (unknown, _) = self.with_core(|c| c.unknown_releases(tx))?;
+            for r in unknown {
+                let tool = self.tool(&r.tool)?;
+                let Some(p) = tool.probe_call(r.args.clone()) else {
+                    report.unresolved.push((tx, r.effect));
+                    continue;
+                };
+                let result = match p.await {
+                    Probe::Happened(v) => {
+                        report.probed_happened.push((tx, r.effect));
+                        Ok(std::sync::Arc::new(v))
+                    }
+                    Probe::DidNotHappen => {
+                        report.probed_not_happened.push((tx, r.effect));
+                        Err(("release did not happen (probe after restart)".to_owned(), false))
+                    }
+                    Probe::Unknown => {
+                        report.unresolved.push((tx, r.effect));
+                        Err(("release outcome unknown after restart (probe did not know)".to_owned(), true))
+                    }
+                };
+                self.with_core(|c| c.release_probed(tx, r.effect, result))?;
+            }
             let (plan, _) = self.with_core(|c| c.resume_commit(tx))?;
             for r in &plan.releases {
                 self.tool(&r.tool)?;

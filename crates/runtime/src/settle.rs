@@ -13,9 +13,12 @@ impl Tidegate {
     /// fails after retries, then finishes the commit.
     pub(crate) async fn release(&self, plan: ReleasePlan) -> Result<Outcome> {
         let tx = plan.tx;
+        // Whether the commit decision is already durable (it shares the first release's sync).
+        let mut decided_durably = false;
         for r in plan.releases {
             let (_, lsn) = self.with_core(|c| c.release_started(tx, r.effect))?;
             self.durable(lsn).await?;
+            decided_durably = true;
             let result = match self.tool(&r.tool) {
                 Ok(tool) => {
                     let mut attempt = 1;
@@ -47,9 +50,20 @@ impl Tidegate {
             }
         }
         let (settlement, lsn) = self.with_core(|c| c.finish_commit(tx))?;
-        self.durable(lsn).await?;
         match settlement {
-            Settlement::Committed(outcome) => Ok(outcome),
+            Settlement::Committed(outcome) => {
+                // A commit is acknowledged once its decision is durable. With releases, it is
+                // (the first `release_started` waited for it), and the last `released` and the
+                // settlement ride the next group commit instead of costing a sync of their
+                // own: if a crash loses them, recovery finds the commit decided and the
+                // release started but unrecorded, asks the tool's probe, and otherwise tags
+                // the release unknown (never fires it again). Without releases the decision
+                // is in this very append, so wait for it.
+                if !decided_durably {
+                    self.durable(lsn).await?;
+                }
+                Ok(outcome)
+            }
             Settlement::Abort(plan) => Err(Error::Aborted(Box::new(self.run_abort(plan).await?))),
         }
     }

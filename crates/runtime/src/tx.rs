@@ -175,8 +175,13 @@ impl Transaction {
                 id
             }
         };
+        self.turnstile(id).await;
         let result = self.engine.execute(tool, args).await;
-        let (exec, lsn) = self.engine.with_core(|c| c.executed(self.id, id, result.clone()))?;
+        let exec = self.engine.with_core(|c| c.executed(self.id, id, result.clone()));
+        if self.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
+            self.engine.inner.turnstile.notify_waiters();
+        }
+        let (exec, lsn) = exec?;
         // The compensation registration (EffectExecuted) is durable before the agent hears.
         self.engine.durable(lsn).await?;
         match exec {
@@ -191,6 +196,33 @@ impl Transaction {
                 Err(self.settled_error(None))
             }
         }
+    }
+
+    /// L3: waits until every eager call this transaction issued before `effect` has
+    /// returned, so that calls reach the world in issuance order even when the agent issues
+    /// them concurrently. Below L3 it returns at once.
+    async fn turnstile(&self, effect: tidegate_core::EffectId) {
+        let inner = &self.engine.inner;
+        if inner.shared.lock().core.level() < tidegate_core::Level::L3 {
+            return;
+        }
+        loop {
+            // Announced before the check, so the call that returns after it wakes us.
+            inner.turnstile_used.store(true, std::sync::atomic::Ordering::SeqCst);
+            let notified = inner.turnstile.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !inner.shared.lock().core.earlier_in_flight(self.id, effect) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Calls the tool registered under `name` (its current definition).
+    pub async fn call_named(&self, name: &str, args: Value) -> Result<Ack> {
+        let tool = self.engine.tool(name)?;
+        self.call(&tool, args).await
     }
 
     fn settled_error(&self, _msg: Option<String>) -> Error {

@@ -1434,6 +1434,8 @@ struct LTx {
     sealed: bool,
     decisions: Vec<(bool, Option<u64>, Option<AbortReason>)>,
     settled: Option<(bool, Vec<(Disposition, Tag)>)>,
+    /// The fresh version a retraction gave the scopes this transaction wrote (L2 and above).
+    retract_stamp: Option<u64>,
 }
 
 impl LTx {
@@ -1471,7 +1473,11 @@ impl LTx {
 
 fn parse_ledger(events: &[Event]) -> Result<BTreeMap<TxId, LTx>, String> {
     let mut txs: BTreeMap<TxId, LTx> = BTreeMap::new();
+    let mut last_stamp = 0;
     for e in events {
+        if matches!(e, Event::ToolChanged { .. }) {
+            continue; // engine-wide registry change, no transaction
+        }
         let id = e.tx();
         if !matches!(e, Event::Begin { .. }) && !txs.contains_key(&id) {
             return Err(format!("ledger: event for {id} before its begin: {e:?}"));
@@ -1525,6 +1531,13 @@ fn parse_ledger(events: &[Event]) -> Result<BTreeMap<TxId, LTx>, String> {
             }
             Event::Decided { commit, stamp, reason, .. } => {
                 if let Some(t) = txs.get_mut(&id) {
+                    if let Some(s) = stamp {
+                        last_stamp = last_stamp.max(*s);
+                    }
+                    if !*commit && t.stamp().is_some() {
+                        last_stamp += 1;
+                        t.retract_stamp = Some(last_stamp);
+                    }
                     t.decisions.push((*commit, *stamp, reason.clone()));
                 }
             }
@@ -1651,6 +1664,15 @@ fn check_decisions(h: &History, txs: &BTreeMap<TxId, LTx>) -> Result<(), String>
                 phase.entry(id).or_default().committing = true;
             }
             Event::Decided { commit: false, reason, .. } => {
+                // A retraction (a decided commit whose first release failed) gives the scopes
+                // it wrote a fresh version at L2 and above (the engine's default level), so
+                // no later read observes the retracted writes (docs/levels.md).
+                if phase.get(&id).is_some_and(|p| p.committing) {
+                    last_stamp += 1;
+                    for w in t.writes() {
+                        versions.write(&w, last_stamp);
+                    }
+                }
                 phase.entry(id).or_default().aborting = true;
                 if let Some(AbortReason::StaleRead { scope, read, current }) = reason {
                     let now = versions.version(scope);
@@ -1827,7 +1849,7 @@ fn check_effect(
 }
 
 /// Whether an abort reason is one the schedule can justify.
-fn check_reason(id: TxId, t: &LTx, rec: &TxRec, groups: &[GroupRec]) -> Result<(), String> {
+fn check_reason(id: TxId, t: &LTx, rec: &TxRec, groups: &[GroupRec], txs: &BTreeMap<TxId, LTx>) -> Result<(), String> {
     let Some(reason) = t.reason() else { return Err(format!("{id} aborted without a reason")) };
     let ok = match reason {
         AbortReason::ToolFailed { tool, .. } => t.effects.iter().any(|e| e.failed.is_some() && e.tool == *tool),
@@ -1849,6 +1871,15 @@ fn check_reason(id: TxId, t: &LTx, rec: &TxRec, groups: &[GroupRec]) -> Result<(
         AbortReason::WaitTimeout => rec.wait_timeout,
         AbortReason::ProtocolViolation { .. } => rec.violated,
         AbortReason::Explicit { .. } => rec.aborted_by_agent,
+        // L2: the predecessor's commit was retracted, and this transaction read a scope that
+        // commit wrote at a version that includes the write (at or after its stamp, before the
+        // retraction's fresh version).
+        AbortReason::CascadingAbort { predecessor } => txs.get(predecessor).is_some_and(|p| {
+            let (Some(stamp), Some(retracted)) = (p.stamp(), p.retract_stamp) else { return false };
+            t.reads
+                .iter()
+                .any(|(s, v)| (stamp..retracted).contains(v) && p.writes().iter().any(|w| reference::overlaps(w, s)))
+        }),
         other => return Err(format!("{id} aborted for a reason this model does not know: {other}")),
     };
     if ok {
@@ -2046,7 +2077,7 @@ fn check(h: &History) -> Result<Coverage, String> {
                 }
             }
         } else {
-            check_reason(*id, t, rec, &h.groups)?;
+            check_reason(*id, t, rec, &h.groups, &txs)?;
             cov.add(format!("aborted:{}", t.reason().map_or("none", AbortReason::kind)), 1);
             // Compensations run last-issued first (calls that returned after the abort was
             // decided are compensated when they return, outside that order).
@@ -2084,6 +2115,15 @@ fn check(h: &History) -> Result<Coverage, String> {
                 reads: t.reads.clone(),
                 writes: t.writes(),
                 phantom: !committed,
+            });
+        }
+        if let Some(stamp) = t.retract_stamp {
+            decided.push(reference::Decided {
+                label: format!("retraction of {id}"),
+                stamp,
+                reads: Vec::new(),
+                writes: t.writes(),
+                phantom: true,
             });
         }
     }
@@ -2327,7 +2367,8 @@ async fn first_committer_wins_releases_overlapping_commits_in_commit_order() {
 async fn a_key_whose_call_returned_during_the_abort_is_not_replayed_after_its_compensation() {
     const CHARGE: usize = 4;
     const PING: usize = 5;
-    let tg = Tidegate::in_memory().unwrap();
+    // Below L3 concurrent calls run concurrently (at L3 the ping would wait for the charge).
+    let tg = Tidegate::builder().level(tidegate_runtime::Level::L2).build().unwrap();
     let world = World::default();
     let tools = world.tools().unwrap();
     let call = |uid, tool: usize, fails, delay_ms| CallPlan {

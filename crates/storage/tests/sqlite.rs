@@ -43,7 +43,10 @@ fn open_creates_the_directory_in_wal_mode_and_reports_a_new_ledger() {
     let store = SqliteStore::open(&dir).unwrap();
     let report = store.open_report().clone();
     assert!(report.created);
-    assert_eq!((report.last_lsn, report.rows_verified, report.format_version), (0, 0, 1));
+    assert_eq!(
+        (report.last_lsn, report.rows_verified, report.format_version),
+        (0, 0, tidegate_core::ledger::LEDGER_FORMAT_VERSION)
+    );
     assert!(report.cut_rows.is_empty());
     assert_eq!(report.path, dir.join("ledger.db"));
     assert!(report.to_string().starts_with("created ledger"), "{report}");
@@ -76,7 +79,7 @@ fn schema_and_record_format_match_the_ledger_doc() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(meta[0], ("format_version".into(), "1".into()));
+    assert_eq!(meta[0], ("format_version".into(), tidegate_core::ledger::LEDGER_FORMAT_VERSION.to_string()));
     assert_eq!(meta[1], ("schema_version".into(), "1".into()));
     assert!(meta[2].0 == "written_by" && meta[2].1.starts_with("tidegate-storage "));
     let rows: Vec<(i64, i64, String, String)> = conn
@@ -152,16 +155,37 @@ fn a_ledger_from_a_newer_version_is_refused_naming_both_versions_and_left_untouc
         db(root.path()).execute("UPDATE meta SET value = '99' WHERE key = ?1", [key]).unwrap();
         db(root.path()).execute("UPDATE meta SET value = '1' WHERE key = ?1", [other]).unwrap();
         let err = SqliteStore::open(root.path()).unwrap_err();
-        match &err {
-            StoreError::NewerFormat { key: k, found: 99, supported: 1, .. } => assert_eq!(*k, key),
+        let supported = match &err {
+            StoreError::NewerFormat { key: k, found: 99, supported, .. } => {
+                assert_eq!(*k, key);
+                *supported
+            }
             other => panic!("expected NewerFormat, got {other:?}"),
+        };
+        if key == "format_version" {
+            assert_eq!(supported, u64::from(tidegate_core::ledger::LEDGER_FORMAT_VERSION));
         }
         let msg = err.to_string();
-        assert!(msg.contains(&format!("{key} 99")) && msg.contains("newer than 1"), "{msg}");
+        assert!(msg.contains(&format!("{key} 99")) && msg.contains(&format!("newer than {supported}")), "{msg}");
         let still: String =
             db(root.path()).query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).unwrap();
         assert_eq!(still, "99", "a refused ledger is not rewritten");
     }
+}
+
+#[test]
+fn an_older_ledger_is_read_and_raised_to_this_format_version() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    store.append(&mut vec![event(1, 1)].drain(..)).unwrap();
+    store.close().unwrap();
+    db(root.path()).execute("UPDATE meta SET value = '1' WHERE key = 'format_version'", []).unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    assert_eq!(store.last_lsn(), 1, "the version-1 events are read as they are");
+    store.close().unwrap();
+    let now: String =
+        db(root.path()).query_row("SELECT value FROM meta WHERE key = 'format_version'", [], |r| r.get(0)).unwrap();
+    assert_eq!(now, tidegate_core::ledger::LEDGER_FORMAT_VERSION.to_string());
 }
 
 #[test]

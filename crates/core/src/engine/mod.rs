@@ -17,10 +17,13 @@
 //!                                                       Aborting ──compensated…──finish_abort──► (aborted)
 //! ```
 
+mod checkpoint;
 mod group;
 mod integrity;
+mod levels;
 mod ops;
 mod recover;
+mod registry;
 mod settle;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,9 +42,12 @@ use crate::index::ScopeIndex;
 use crate::ledger::Event;
 use crate::scope::{Scope, ScopeRegistry};
 
+pub use crate::trace::TraceRecord;
+pub use checkpoint::{CHECKPOINT_FORMAT_VERSION, CheckpointError, Replay};
 pub use group::GroupStart;
 pub use ops::{BeginRequest, Begun, EffectView, ReadResult, Recorded, SealedView};
 pub use recover::{InDoubt, RecoverError, Recovery};
+pub use registry::ToolVersion;
 pub use settle::{AbortPlan, CompensationTask, Decision, ExecResult, ReleasePlan, ReleaseTask, Settlement};
 
 /// How commits are ordered among transactions on overlapping scopes.
@@ -68,11 +74,152 @@ pub struct CoreConfig {
     pub lease: Duration,
     /// Commit ordering. Default: [`Ordering::EpochOrder`].
     pub ordering: Ordering,
+    /// Consistency level (docs/levels.md). Default: [`Level::L4`], every discipline on.
+    pub level: Level,
+    /// How L1 and above prevent stale generation. Default: [`Isolation::Serializable`].
+    pub isolation: Isolation,
+    /// Disciplines switched off one at a time, for the evaluation's ablations.
+    pub ablation: Ablation,
+    /// Emit one operation record per finished transaction ([`Core::take_traces`]).
+    /// Default: off.
+    pub trace: bool,
 }
 
 impl Default for CoreConfig {
     fn default() -> Self {
-        CoreConfig { lease: Duration::from_secs(30), ordering: Ordering::EpochOrder }
+        CoreConfig {
+            lease: Duration::from_secs(30),
+            ordering: Ordering::EpochOrder,
+            level: Level::default(),
+            isolation: Isolation::default(),
+            ablation: Ablation::default(),
+            trace: false,
+        }
+    }
+}
+
+/// The consistency level the engine enforces; each level adds one discipline to the one below
+/// (docs/levels.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+pub enum Level {
+    /// No checks: commits never wait and never validate (for comparison and measurement).
+    L0,
+    /// Prevents A1 stale generation with the chosen [`Isolation`] strategy, and orders
+    /// commits on overlapping scopes by epoch.
+    L1,
+    /// Also prevents A3 causal cascade: a transaction waits for the unsettled commits whose
+    /// writes it read and aborts if one is retracted.
+    L2,
+    /// Also prevents A6 tool-effect reordering: a transaction's calls reach the world in
+    /// issuance order even when the agent issues them concurrently.
+    L3,
+    /// Also prevents A2 phantom tool: the tool registry is versioned; commit validates the
+    /// signature of every tool used against the one visible at the transaction's first read.
+    #[default]
+    L4,
+}
+
+impl Level {
+    /// Every level, lowest first.
+    pub const ALL: [Level; 5] = [Level::L0, Level::L1, Level::L2, Level::L3, Level::L4];
+
+    /// `"L0"` … `"L4"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::L0 => "L0",
+            Level::L1 => "L1",
+            Level::L2 => "L2",
+            Level::L3 => "L3",
+            Level::L4 => "L4",
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Level {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Level, EngineError> {
+        Level::ALL.into_iter().find(|l| l.as_str().eq_ignore_ascii_case(s.trim())).ok_or_else(|| {
+            EngineError::InvalidArgument {
+                field: "level",
+                value: format!("{s:?}"),
+                expected: "one of L0, L1, L2, L3, L4",
+            }
+        })
+    }
+}
+
+/// How a level of L1 or above prevents stale generation (A1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// Every read is validated at commit, read-only transactions included: a scope read at
+    /// a version older than its current one aborts the transaction (`stale_read`).
+    #[default]
+    Serializable,
+    /// Snapshot isolation: a writing transaction aborts (`write_conflict`) if a scope it
+    /// writes was committed by another transaction since it began; reads are not validated
+    /// (write skew is possible) and read-only transactions commit at once without waiting
+    /// or validating (the read-only bypass).
+    SnapshotIsolation,
+    /// Pessimistic locking, no-wait, older wins: a transaction's may-touch scopes (or, if it
+    /// declared none, each scope it touches) are its locks; a read or effect on a scope an
+    /// earlier-epoch unfinished transaction holds aborts the later one at once
+    /// (`lock_conflict`, retryable) instead of letting it read what may change.
+    Pessimistic,
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Isolation, EngineError> {
+        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "serializable" => Ok(Isolation::Serializable),
+            "si" | "snapshot" | "snapshot_isolation" => Ok(Isolation::SnapshotIsolation),
+            "pessimistic" | "locking" => Ok(Isolation::Pessimistic),
+            _ => Err(EngineError::InvalidArgument {
+                field: "isolation",
+                value: format!("{s:?}"),
+                expected: "serializable, snapshot_isolation or pessimistic",
+            }),
+        }
+    }
+}
+
+/// Disciplines removed one at a time, for the evaluation's ablations. Default: none removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct Ablation {
+    /// Commits never wait for earlier transactions on overlapping scopes.
+    pub no_frontier: bool,
+    /// Reads are never validated at commit (no stale-read abort).
+    pub no_stale_read_abort: bool,
+    /// One frontier for everything: a commit waits for every earlier unfinished transaction,
+    /// whatever it touches.
+    pub global_frontier: bool,
+}
+
+impl Ablation {
+    /// Nothing removed.
+    pub fn none() -> Ablation {
+        Ablation::default()
+    }
+    /// Without the frontier.
+    pub fn no_frontier() -> Ablation {
+        Ablation { no_frontier: true, ..Ablation::default() }
+    }
+    /// Without stale-read abort.
+    pub fn no_stale_read_abort() -> Ablation {
+        Ablation { no_stale_read_abort: true, ..Ablation::default() }
+    }
+    /// With one global frontier.
+    pub fn global_frontier() -> Ablation {
+        Ablation { global_frontier: true, ..Ablation::default() }
     }
 }
 
@@ -104,7 +251,7 @@ pub enum Action {
 }
 
 /// The status of one recorded effect.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 enum EffStatus {
     /// An eager call is running.
     InFlight,
@@ -128,7 +275,7 @@ enum EffStatus {
     Compensating,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Eff {
     tool: Arc<str>,
     class: EffectClass,
@@ -142,7 +289,9 @@ struct Eff {
     output: Option<Arc<Value>>,
 }
 
-#[derive(Debug)]
+// Serialised in checkpoints (checkpoint.rs); a field added here is checkpointed too: give it
+// `#[serde(default)]` if older checkpoints lack it, `#[serde(skip)]` if replay does not rebuild it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Tx {
     epoch: Epoch,
     agent: Arc<str>,
@@ -156,14 +305,43 @@ struct Tx {
     /// Counted in `undeclared` (open, no may-touch): blocks every scope.
     blocks_all: bool,
     lease_until: Timestamp,
-    /// The lease length, renewed on each read and effect.
+    /// The lease length, renewed on each read and effect. Not checkpointed: replay takes
+    /// the configured lease (checkpoint.rs sets it on load).
+    #[serde(skip)]
     lease: Duration,
     in_flight: u32,
     reason: Option<AbortReason>,
     began: Timestamp,
+    /// What the consistency levels and the trace need (docs/levels.md).
+    #[serde(default)]
+    lv: LevelState,
 }
 
-#[derive(Debug)]
+/// Per-transaction state of the consistency levels. Its size follows what the transaction
+/// observed and what is still unsettled, never the history.
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub(crate) struct LevelState {
+    /// Commit stamp when the transaction began (its snapshot under snapshot isolation).
+    pub(crate) snapshot: u64,
+    /// Logical time (commit stamp) of each read, parallel to `Tx::reads`.
+    pub(crate) read_at: SmallVec<[u64; 4]>,
+    /// Causal predecessors: the committed transactions whose writes its reads observed.
+    /// Settled ones are dropped at the commit decision; the rest are waited for (L2).
+    pub(crate) preds: SmallVec<[TxId; 2]>,
+    /// Registry version at the first read (or first effect): the pinned registry snapshot.
+    pub(crate) reg_seen: Option<u64>,
+    /// Issuance positions in the order the effects reached the world.
+    pub(crate) ext_order: SmallVec<[u32; 4]>,
+    /// A predecessor that was retracted after this transaction read its writes.
+    pub(crate) doomed: Option<TxId>,
+    /// Commit stamp once decided to commit.
+    pub(crate) stamp: Option<u64>,
+    /// Registry version at the commit decision.
+    pub(crate) reg_decided: Option<u64>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum KeyState {
     /// Owned by an unfinished transaction.
     Pending,
@@ -173,23 +351,30 @@ enum KeyState {
     Unresolved,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct KeyEntry {
     tx: TxId,
     effect: EffectId,
     state: KeyState,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Group {
     branches: SmallVec<[TxId; 4]>,
     winner: Option<TxId>,
 }
 
 /// The settlement engine's state. See the module docs.
-#[derive(Debug)]
+///
+/// Serialised in checkpoints (checkpoint.rs): the configuration, the registry of scope types
+/// and the outboxes are not (the caller supplies the first two; the outboxes are empty after
+/// replay). A field added here is checkpointed too: mark it `#[serde(default)]` if older
+/// checkpoints lack it, `#[serde(skip)]` if it is not a function of the ledger.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Core {
+    #[serde(skip)]
     cfg: CoreConfig,
+    #[serde(skip)]
     scopes: ScopeRegistry,
     next_tx: u64,
     next_epoch: u64,
@@ -203,11 +388,26 @@ pub struct Core {
     index: ScopeIndex,
     keys: HashMap<Arc<str>, KeyEntry>,
     groups: HashMap<GroupId, Group>,
+    #[serde(skip)]
     late: HashMap<(TxId, EffectId), CompensationTask>,
+    #[serde(skip)]
     events: Vec<Event>,
+    #[serde(skip)]
     actions: Vec<Action>,
     committed: u64,
     aborted: u64,
+    /// The versioned tool registry (L4).
+    #[serde(default)]
+    registry: registry::Registry,
+    /// Transactions decided to commit and not yet settled: the writes a reader may observe
+    /// before they are final (L2).
+    committing: SmallVec<[TxId; 4]>,
+    /// Operation records of finished transactions, when tracing.
+    #[serde(skip)]
+    traces: Vec<TraceRecord>,
+    /// Below L2: commit stamps of retracted commits (rare), so that a later read of such a
+    /// version names its writer as a predecessor in the trace.
+    retracted: HashMap<u64, TxId>,
 }
 
 /// Counters for monitoring.
@@ -252,6 +452,10 @@ impl Core {
             actions: Vec::new(),
             committed: 0,
             aborted: 0,
+            registry: registry::Registry::default(),
+            committing: SmallVec::new(),
+            traces: Vec::new(),
+            retracted: HashMap::default(),
         }
     }
 

@@ -174,6 +174,7 @@ impl Core {
                 in_flight: 0,
                 reason: None,
                 began: now,
+                lv: super::LevelState { snapshot: self.stamp, ..Default::default() },
             },
         );
         Begun { tx, epoch }
@@ -217,6 +218,7 @@ impl Core {
     /// Records that `tx` read `scope` at its current committed version.
     pub fn read(&mut self, tx: TxId, scope: &Scope, now: Timestamp) -> Result<ReadResult, EngineError> {
         self.check_touch(tx, scope, "read of", now)?;
+        self.lock_check(tx, scope)?;
         let version = self.index.version(scope);
         let t = self.txs.get_mut(&tx).expect("checked by check_touch");
         let staged = t
@@ -228,6 +230,7 @@ impl Core {
         if !t.reads.iter().any(|(s, v)| s == scope && *v == version) {
             t.reads.push((scope.clone(), version));
             self.events.push(Event::Read { tx, scope: scope.as_arc(), version });
+            self.observe(tx, scope);
         }
         Ok(ReadResult { version, staged })
     }
@@ -243,7 +246,11 @@ impl Core {
         }
         for s in &decl.scopes {
             self.check_touch(tx, s, "effect on", now)?;
+            self.lock_check(tx, s)?;
         }
+        let reg = self.registry.version;
+        let t = self.txs.get_mut(&tx).expect("checked by check_touch");
+        t.lv.reg_seen.get_or_insert(reg);
         let t = self.txs.get(&tx).expect("checked by check_touch");
         let id = EffectId(u32::try_from(t.effects.len()).unwrap_or(u32::MAX));
 

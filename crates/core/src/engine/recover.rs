@@ -79,19 +79,22 @@ impl Core {
         events: impl IntoIterator<Item = Event>,
         now: Timestamp,
     ) -> Result<(Core, Recovery), RecoverError> {
-        let mut core = Core::with_scopes(cfg, scopes);
-        let mut rec = Recovery::default();
-        for (i, ev) in events.into_iter().enumerate() {
-            core.apply(&ev).map_err(|detail| RecoverError {
-                index: i as u64,
-                event: format!("{:?}", ev).split([' ', '{']).next().unwrap_or("?").to_owned(),
-                detail,
-            })?;
-            rec.events += 1;
+        let mut replay = super::Replay::new(cfg, scopes);
+        for ev in events {
+            replay.apply(&ev)?;
         }
+        Ok(replay.finish(now))
+    }
+
+    /// Classifies the work a replayed engine's ledger left unfinished (see the module docs)
+    /// and aborts the transactions whose leases ended by `now`. `core` holds exactly the
+    /// replayed state (checkpoint plus tail, or the whole ledger) with empty outboxes.
+    pub(super) fn classify(mut core: Core, events: u64, now: Timestamp) -> (Core, Recovery) {
+        let mut rec = Recovery { events, ..Recovery::default() };
         // Nothing replayed is a new fact.
         core.events.clear();
         core.actions.clear();
+        core.traces.clear();
         let mut ids: Vec<TxId> = core.txs.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
@@ -130,14 +133,14 @@ impl Core {
             .collect();
         rec.open.sort_unstable();
         rec.unfinished = core.txs.len();
-        Ok((core, rec))
+        (core, rec)
     }
 
     fn parse_logged(&self, s: &str) -> Result<Scope, String> {
         self.scopes.parse(s).map_err(|e| format!("logged scope no longer parses: {e}"))
     }
 
-    fn apply(&mut self, ev: &Event) -> Result<(), String> {
+    pub(super) fn apply(&mut self, ev: &Event) -> Result<(), String> {
         let missing = |tx: TxId| format!("event for {tx}, which is not open at this point of the ledger");
         match ev {
             Event::Begin { tx, epoch, agent, group, may_touch, lease_until } => {
@@ -188,12 +191,19 @@ impl Core {
                         in_flight: 0,
                         reason: None,
                         began: Timestamp(0),
+                        lv: super::LevelState { snapshot: self.stamp, ..Default::default() },
                     },
                 );
             }
             Event::Read { tx, scope, version } => {
                 let s = self.parse_logged(scope)?;
-                self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?.reads.push((s, *version));
+                let now = self.stamp;
+                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
+                t.reads.push((s, *version));
+                t.lv.read_at.push(now);
+            }
+            Event::ToolChanged { tool, version, present } => {
+                self.registry.apply(tool, *version, *present);
             }
             Event::EffectRecorded { tx, effect, tool, class, scopes, key, args, compensable, adapter_key } => {
                 let mut parsed = SmallVec::new();
@@ -261,6 +271,9 @@ impl Core {
                 self.stamp = self.stamp.max(stamp);
                 let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
                 t.state = TxState::Committing;
+                t.lv.stamp = Some(stamp);
+                self.committing.push(*tx);
+                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
                 for e in &t.effects {
                     if e.status != EffStatus::Replayed {
                         for s in &e.scopes {
@@ -270,6 +283,9 @@ impl Core {
                 }
             }
             Event::Decided { tx, commit: false, reason, .. } => {
+                if self.txs.get(tx).is_some_and(|t| t.state == TxState::Committing) {
+                    self.retract(*tx);
+                }
                 let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
                 t.state = TxState::Aborting;
                 t.reason = reason.clone();
@@ -372,6 +388,60 @@ impl Core {
             })
             .collect();
         Ok(super::ReleasePlan { tx, releases })
+    }
+
+    /// The held effects of an interrupted commit whose release outcome is unknown (started
+    /// and never recorded, or recorded as unknown), in issuance order: ask their tools'
+    /// probes and report with [`Core::release_probed`] before [`Core::resume_commit`].
+    pub fn unknown_releases(&self, tx: TxId) -> Result<Vec<super::ReleaseTask>, crate::EngineError> {
+        let t = self.tx(tx)?;
+        Ok(t.effects
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e.status, EffStatus::ReleaseFailed { unknown: true, .. }))
+            .map(|(i, e)| super::ReleaseTask {
+                effect: EffectId(i as u32),
+                tool: e.tool.clone(),
+                class: e.class,
+                args: e.args.clone(),
+            })
+            .collect())
+    }
+
+    /// Records what a probe found for a release whose outcome was unknown after a restart:
+    /// `Ok(output)` it happened, `Err((message, unknown))` it did not (or the probe did not
+    /// know). Logged as the `released` record the crash lost.
+    pub fn release_probed(
+        &mut self,
+        tx: TxId,
+        effect: EffectId,
+        result: Result<Arc<serde_json::Value>, (String, bool)>,
+    ) -> Result<(), crate::EngineError> {
+        let t = self.tx_mut(tx)?;
+        let ok = t.state == TxState::Committing
+            && t.effects
+                .get(effect.0 as usize)
+                .is_some_and(|e| matches!(e.status, EffStatus::ReleaseFailed { unknown: true, .. }));
+        if !ok {
+            return Err(crate::EngineError::InvalidArgument {
+                field: "effect",
+                value: format!("{tx}{effect}"),
+                expected: "a release of a committing transaction whose outcome is unknown",
+            });
+        }
+        let e = &mut t.effects[effect.0 as usize];
+        match result {
+            Ok(output) => {
+                e.status = EffStatus::Released;
+                e.output = Some(output.clone());
+                self.events.push(Event::Released { tx, effect, output: Some(output), error: None, unknown: false });
+            }
+            Err((error, unknown)) => {
+                e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
+                self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
+            }
+        }
+        Ok(())
     }
 
     /// Continues an interrupted abort: the compensations not yet reported.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Action, Core, EffStatus, KeyState, Ordering, Tx, disposition_for_discard};
+use super::{Action, Core, EffStatus, KeyState, Level, Ordering, Tx, disposition_for_discard};
 use crate::effect::{AbortReason, Disposition, EffectClass, EffectOutcome, Outcome, PartialCommit, Tag};
 use crate::error::{EngineError, TxState};
 use crate::ids::{EffectId, Epoch, Timestamp, TxId};
@@ -127,6 +127,7 @@ impl Core {
             Ok(output) => {
                 e.status = EffStatus::Executed;
                 e.output = Some(output.clone());
+                t.lv.ext_order.push(effect.0);
                 self.events.push(Event::EffectExecuted { tx, effect, output });
                 if t.state == TxState::Aborting && e.compensable {
                     // Aborted while the call ran: compensate it now. Until that compensation
@@ -199,23 +200,33 @@ impl Core {
             return Err(EngineError::WrongState { tx, op: "decide", state, hint: "; request the commit first" });
         }
         let epoch = t.epoch;
-        // A stale read can only get staler: abort it now rather than after waiting.
-        if let Some((scope, read, current)) =
-            t.reads.iter().map(|(s, v)| (s, *v, self.index.version(s))).find(|(_, read, cur)| cur > read)
-        {
-            let reason = AbortReason::StaleRead { scope: scope.to_string(), read: read.0, current: current.0 };
-            self.waiting.remove(&(epoch, tx));
-            return Ok(Decision::Abort(self.abort(tx, reason)?));
-        }
-        if !self.admissible(t) {
-            self.waiting.insert((epoch, tx));
-            return Ok(Decision::Wait);
+        if !self.read_only_bypass(t) {
+            // A stale read can only get staler (and a doomed reader stays doomed): abort it
+            // now rather than after waiting.
+            if self.doomed_now(t)
+                && let Some(reason) = self.validate(t)
+            {
+                self.waiting.remove(&(epoch, tx));
+                return Ok(Decision::Abort(self.abort(tx, reason)?));
+            }
+            if !self.admissible(t) {
+                self.waiting.insert((epoch, tx));
+                return Ok(Decision::Wait);
+            }
+            if let Some(reason) = self.validate(t) {
+                self.waiting.remove(&(epoch, tx));
+                return Ok(Decision::Abort(self.abort(tx, reason)?));
+            }
         }
         self.waiting.remove(&(epoch, tx));
         self.stamp += 1;
         let stamp = self.stamp;
+        self.committing.push(tx);
+        let reg = self.registry.version;
         let t = self.txs.get_mut(&tx).expect("present");
         t.state = TxState::Committing;
+        t.lv.stamp = Some(stamp);
+        t.lv.reg_decided = Some(reg);
         let mut releases = Vec::new();
         for (i, e) in t.effects.iter().enumerate() {
             if e.status != EffStatus::Replayed {
@@ -241,6 +252,15 @@ impl Core {
     /// The commit predicate: no unfinished transaction with a smaller epoch may touch any
     /// scope of the sealed footprint.
     fn admissible(&self, t: &Tx) -> bool {
+        if self.awaits_predecessor(t) {
+            return false;
+        }
+        if self.cfg.level == Level::L0 || self.cfg.ablation.no_frontier {
+            return true;
+        }
+        if self.cfg.ablation.global_frontier {
+            return !self.any_earlier(t.epoch);
+        }
         if self.cfg.ordering == Ordering::FirstCommitterWins {
             // Never wait for unfinished work, only for commits already decided and still
             // releasing on an overlapping scope, so that the world sees overlapping commits'
@@ -297,6 +317,7 @@ impl Core {
             Ok(output) => {
                 e.status = EffStatus::Released;
                 e.output = Some(output.clone());
+                t.lv.ext_order.push(effect.0);
                 self.events.push(Event::Released { tx, effect, output: Some(output), error: None, unknown: false });
             }
             Err((error, unknown)) => {
@@ -329,6 +350,7 @@ impl Core {
             && let EffStatus::ReleaseFailed { error, unknown: false } = &t.effects[f].status
         {
             let (tool, message) = (t.effects[f].tool.to_string(), error.clone());
+            self.retract(tx);
             let t = self.txs.get_mut(&tx).expect("present");
             t.state = TxState::Waiting; // so that abort() accepts it
             return Ok(Settlement::Abort(self.abort(tx, AbortReason::ReleaseFailed { tool, message })?));
@@ -583,6 +605,13 @@ impl Core {
 
     /// Releases everything a finished transaction held and wakes those it blocked.
     pub(super) fn finish(&mut self, tx: TxId, t: Tx, outcome: &Outcome) {
+        if t.lv.stamp.is_some() {
+            self.committing.retain(|c| *c != tx);
+        }
+        if self.cfg.trace {
+            let record = self.trace_record(tx, &t, outcome.committed);
+            self.traces.push(record);
+        }
         for s in &t.claims {
             self.index.unclaim(s, t.epoch);
         }
@@ -633,12 +662,16 @@ impl Core {
             return;
         }
         let mut woken = Vec::new();
-        // Under first-committer-wins a waiter may be older than the commit it waited for.
-        let from = if self.cfg.ordering == Ordering::FirstCommitterWins { Epoch(0) } else { Epoch(epoch.0 + 1) };
+        // Under first-committer-wins, and without a frontier, a waiter may be older than the
+        // transaction it waited for.
+        let from = if self.cfg.ordering == Ordering::FirstCommitterWins || self.cfg.ablation.no_frontier {
+            Epoch(0)
+        } else {
+            Epoch(epoch.0 + 1)
+        };
         for &(e, w) in self.waiting.range((from, TxId(0))..) {
             let Some(t) = self.txs.get(&w) else { continue };
-            let stale = t.reads.iter().any(|(s, v)| self.index.version(s) > *v);
-            if stale || self.admissible(t) {
+            if self.doomed_now(t) || self.admissible(t) {
                 woken.push((e, w));
             }
         }

@@ -1,0 +1,302 @@
+//! Checkpoints: the replayed projections at one LSN, so that reopening replays only the events
+//! after it instead of the whole ledger.
+//!
+//! A checkpoint is *the state replay reaches* after the events `1..=lsn`, not a copy of a live
+//! engine: [`Replay`] applies events exactly as [`Core::recover`] does and encodes what it holds
+//! at an LSN boundary. So, by construction,
+//!
+//! ```text
+//!   Replay::load(checkpoint(1..=l)) + apply(l+1..=n)  ==  Replay::new() + apply(1..=n)
+//! ```
+//!
+//! and the crash classification ([`Replay::finish`]) that follows is the same either way.
+//! Unfinished transactions, in-doubt calls and interrupted settlements are part of the replayed
+//! state, so a transaction that spans the checkpoint is handled like any other. A live engine's
+//! state is not replay state (renewed leases, waiting sets, running late compensations are not
+//! in the ledger), which is why the runtime keeps a replaying shadow instead of encoding its
+//! live engine.
+//!
+//! # Format (version [`CHECKPOINT_FORMAT_VERSION`])
+//!
+//! ```text
+//!   tidegate-checkpoint {"format":1,"ledger_format":1,"lsn":N,"len":L,"fnv1a64":"<16 hex>"}\n
+//!   <L bytes: the engine state as JSON>
+//! ```
+//!
+//! The header is read first, so a checkpoint from a newer format is refused
+//! ([`CheckpointError::NewerFormat`]) without decoding its state. The state's JSON is the
+//! serde form of the engine's internal state (every field of `Core` and its transactions except
+//! the configuration, the registry of scope types and the outboxes); scopes are stored as their
+//! canonical text and re-parsed with the engine's registry on load. The checksum (FNV-1a 64 of
+//! the state bytes) catches damage that would still parse. Rule for changes: within a version
+//! fields may only be added, with `#[serde(default)]`; anything else bumps the version, and an
+//! older checkpoint that cannot be read is not an error but a full replay.
+
+use std::cell::RefCell;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Core, CoreConfig, RecoverError, Recovery};
+use crate::ids::Timestamp;
+use crate::ledger::{Event, LEDGER_FORMAT_VERSION};
+use crate::scope::{Scope, ScopeRegistry};
+
+/// The checkpoint format this build writes and the newest it reads.
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+
+const MAGIC: &[u8] = b"tidegate-checkpoint ";
+
+/// Why a checkpoint cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Written by a newer build: refuse rather than guess (the ledger after it may be newer
+    /// too).
+    #[error(
+        "checkpoint at LSN {lsn} has format version {found}, newer than {supported}, the newest this build \
+         reads; open the data directory with a newer tidegate"
+    )]
+    NewerFormat {
+        /// The checkpoint's LSN.
+        lsn: u64,
+        /// Its format version.
+        found: u32,
+        /// The newest this build reads.
+        supported: u32,
+    },
+    /// Damaged or inconsistent: the caller replays the whole ledger instead (and says so).
+    #[error("checkpoint at LSN {lsn} is unusable: {detail}")]
+    Corrupt {
+        /// The LSN the store gave for it.
+        lsn: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The state could not be encoded.
+    #[error("the engine state could not be encoded as a checkpoint: {detail}")]
+    Encode {
+        /// Why.
+        detail: String,
+    },
+}
+
+impl CheckpointError {
+    /// Whether retrying may succeed (never: the bytes or the build must change).
+    pub fn retryable(&self) -> bool {
+        false
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    format: u32,
+    ledger_format: u32,
+    lsn: u64,
+    len: u64,
+    fnv1a64: String,
+}
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+thread_local! {
+    /// The registry scopes are parsed with while a checkpoint is decoded on this thread.
+    static REGISTRY: RefCell<Option<ScopeRegistry>> = const { RefCell::new(None) };
+}
+
+/// Installs `reg` for scope decoding on this thread until dropped.
+struct RegistryGuard;
+
+impl RegistryGuard {
+    fn install(reg: &ScopeRegistry) -> RegistryGuard {
+        REGISTRY.with(|r| *r.borrow_mut() = Some(reg.clone()));
+        RegistryGuard
+    }
+}
+
+impl Drop for RegistryGuard {
+    fn drop(&mut self) {
+        REGISTRY.with(|r| *r.borrow_mut() = None);
+    }
+}
+
+/// A scope is decoded from its canonical text, parsed with the registry of the engine whose
+/// checkpoint is being loaded ([`Replay::load`]); elsewhere decoding a scope fails, since
+/// canonical form depends on the registry. The text must parse to itself.
+impl<'de> Deserialize<'de> for Scope {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Scope, D::Error> {
+        use serde::de::Error;
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        REGISTRY.with(|r| match &*r.borrow() {
+            None => Err(D::Error::custom("a scope can only be decoded while loading a checkpoint")),
+            Some(reg) => {
+                let s = reg.parse(&text).map_err(|e| D::Error::custom(format!("scope `{text}`: {e}")))?;
+                if s.as_str() == text {
+                    Ok(s)
+                } else {
+                    Err(D::Error::custom(format!("scope `{text}` is not canonical (it parses to `{s}`)")))
+                }
+            }
+        })
+    }
+}
+
+/// Replays ledger events into an engine, from the start or from a checkpoint, and encodes
+/// checkpoints of what it holds. See the module docs.
+#[derive(Debug)]
+pub struct Replay {
+    core: Core,
+    lsn: u64,
+    applied: u64,
+}
+
+impl Replay {
+    /// A replay of an empty ledger.
+    pub fn new(cfg: CoreConfig, scopes: ScopeRegistry) -> Replay {
+        Replay { core: Core::with_scopes(cfg, scopes), lsn: 0, applied: 0 }
+    }
+
+    /// A replay positioned after the events `1..=lsn`, from the checkpoint `bytes` a store
+    /// returned for `lsn`. A newer format is [`CheckpointError::NewerFormat`]; anything
+    /// unreadable, inconsistent or for another LSN is [`CheckpointError::Corrupt`] (replay
+    /// the whole ledger instead).
+    pub fn load(cfg: CoreConfig, scopes: ScopeRegistry, lsn: u64, bytes: &[u8]) -> Result<Replay, CheckpointError> {
+        let corrupt = |detail: String| CheckpointError::Corrupt { lsn, detail };
+        let rest =
+            bytes.strip_prefix(MAGIC).ok_or_else(|| corrupt("it does not start with the checkpoint magic".into()))?;
+        let nl =
+            rest.iter().position(|&b| b == b'\n').ok_or_else(|| corrupt("its header line is not terminated".into()))?;
+        let (head, state) = (&rest[..nl], &rest[nl + 1..]);
+        let header: Header = serde_json::from_slice(head).map_err(|e| corrupt(format!("header: {e}")))?;
+        if header.format > CHECKPOINT_FORMAT_VERSION {
+            return Err(CheckpointError::NewerFormat {
+                lsn,
+                found: header.format,
+                supported: CHECKPOINT_FORMAT_VERSION,
+            });
+        }
+        if header.format != CHECKPOINT_FORMAT_VERSION {
+            return Err(corrupt(format!("format version {} is not one this build writes", header.format)));
+        }
+        if header.ledger_format > LEDGER_FORMAT_VERSION {
+            return Err(CheckpointError::NewerFormat {
+                lsn,
+                found: header.format,
+                supported: CHECKPOINT_FORMAT_VERSION,
+            });
+        }
+        if header.lsn != lsn {
+            return Err(corrupt(format!("its header says LSN {}, the store says {lsn}", header.lsn)));
+        }
+        if header.len != state.len() as u64 {
+            return Err(corrupt(format!("its state is {} bytes, the header says {}", state.len(), header.len)));
+        }
+        let sum = format!("{:016x}", fnv1a64(state));
+        if sum != header.fnv1a64 {
+            return Err(corrupt(format!("checksum {sum} does not match the header's {}", header.fnv1a64)));
+        }
+        let mut core: Core = {
+            let _reg = RegistryGuard::install(&scopes);
+            serde_json::from_slice(state).map_err(|e| corrupt(format!("state: {e}")))?
+        };
+        for t in core.txs.values_mut() {
+            // Replay gives every transaction the configured lease (the ledger does not log it).
+            t.lease = cfg.lease;
+        }
+        core.cfg = cfg;
+        core.scopes = scopes;
+        core.check_integrity().map_err(|e| corrupt(format!("integrity: {e}")))?;
+        if core.next_tx == 0 || core.next_epoch == 0 {
+            return Err(corrupt("id allocators at 0".into()));
+        }
+        Ok(Replay { core, lsn, applied: 0 })
+    }
+
+    /// The LSN of the last event replayed (or of the checkpoint loaded).
+    pub fn lsn(&self) -> u64 {
+        self.lsn
+    }
+
+    /// Events applied since [`Replay::new`] or [`Replay::load`].
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// Applies the event at LSN [`Replay::lsn`]` + 1`.
+    pub fn apply(&mut self, ev: &Event) -> Result<(), RecoverError> {
+        self.core.apply(ev).map_err(|detail| RecoverError {
+            index: self.lsn,
+            event: format!("{ev:?}").split([' ', '{']).next().unwrap_or("?").to_owned(),
+            detail,
+        })?;
+        // Replay re-derives; nothing it produces is a new fact or new work.
+        if self.core.has_events() {
+            self.core.events.clear();
+        }
+        if self.core.has_actions() {
+            self.core.actions.clear();
+        }
+        self.core.traces.clear();
+        self.lsn += 1;
+        self.applied += 1;
+        Ok(())
+    }
+
+    /// Encodes the replayed state as a checkpoint at [`Replay::lsn`].
+    pub fn checkpoint(&self) -> Result<Vec<u8>, CheckpointError> {
+        let state = serde_json::to_vec(&self.core).map_err(|e| CheckpointError::Encode { detail: e.to_string() })?;
+        let header = Header {
+            format: CHECKPOINT_FORMAT_VERSION,
+            ledger_format: LEDGER_FORMAT_VERSION,
+            lsn: self.lsn,
+            len: state.len() as u64,
+            fnv1a64: format!("{:016x}", fnv1a64(&state)),
+        };
+        let head = serde_json::to_vec(&header).map_err(|e| CheckpointError::Encode { detail: e.to_string() })?;
+        let mut out = Vec::with_capacity(MAGIC.len() + head.len() + 1 + state.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&head);
+        out.push(b'\n');
+        out.extend_from_slice(&state);
+        Ok(out)
+    }
+
+    /// The replayed state in a canonical JSON form (object keys sorted), for comparing two
+    /// replays: `ledger verify` checks that a checkpoint equals the replay of its events.
+    pub fn state(&self) -> Result<serde_json::Value, CheckpointError> {
+        let v = serde_json::to_value(&self.core).map_err(|e| CheckpointError::Encode { detail: e.to_string() })?;
+        Ok(canonical(v))
+    }
+
+    /// Unfinished transactions in the replayed state.
+    pub fn unfinished(&self) -> usize {
+        self.core.txs.len()
+    }
+
+    /// Ends the replay: classifies the interrupted work and aborts the transactions whose
+    /// leases ended by `now` (see [`Core::recover`]). [`Recovery::events`] counts the events
+    /// this replay applied (the tail after a checkpoint).
+    pub fn finish(self, now: Timestamp) -> (Core, Recovery) {
+        Core::classify(self.core, self.applied, now)
+    }
+}
+
+/// `v` with every object's keys in sorted order, whatever map type serde_json was built with.
+fn canonical(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Array(a) => Value::Array(a.into_iter().map(canonical).collect()),
+        Value::Object(m) => {
+            let sorted: std::collections::BTreeMap<String, Value> =
+                m.into_iter().map(|(k, v)| (k, canonical(v))).collect();
+            Value::Object(sorted.into_iter().collect())
+        }
+        other => other,
+    }
+}

@@ -1,0 +1,270 @@
+//! The disciplines of the consistency levels (docs/levels.md) and the operation records.
+//!
+//! | level | adds | where |
+//! |-------|------|-------|
+//! | L0 | nothing: commits neither wait nor validate | [`Core::admissible`] |
+//! | L1 | stale-generation prevention ([`Isolation`]) and the epoch-order frontier | [`Core::validate`] |
+//! | L2 | wait for unsettled predecessors; cascade a retraction | [`Core::observe`], [`Core::retract`] |
+//! | L3 | a transaction's calls reach the world in issuance order | [`Core::earlier_in_flight`] |
+//! | L4 | commit validates the registry pins | [`Core::validate`] |
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::{Action, Core, EffStatus, Isolation, Level, Tx};
+use crate::effect::AbortReason;
+use crate::error::{EngineError, TxState};
+use crate::ids::{EffectId, Epoch, TxId};
+use crate::scope::Scope;
+use crate::trace::{TRACE_SCHEMA_VERSION, TraceRead, TraceRecord, TraceTool};
+
+impl Core {
+    /// The level in force.
+    pub fn level(&self) -> Level {
+        self.cfg.level
+    }
+
+    /// Whether reads are validated at commit (serializable and pessimistic strategies).
+    fn validates_reads(&self) -> bool {
+        self.cfg.level >= Level::L1
+            && !self.cfg.ablation.no_stale_read_abort
+            && self.cfg.isolation != Isolation::SnapshotIsolation
+    }
+
+    /// Pessimistic locking: aborts `tx` if an earlier unfinished transaction holds `scope`.
+    pub(super) fn lock_check(&mut self, tx: TxId, scope: &Scope) -> Result<(), EngineError> {
+        if self.cfg.level < Level::L1 || self.cfg.isolation != Isolation::Pessimistic {
+            return Ok(());
+        }
+        let Some(t) = self.txs.get(&tx) else { return Ok(()) };
+        let epoch = t.epoch;
+        let held = self.undeclared.first_key_value().is_some_and(|(e, _)| *e < epoch)
+            || self.index.blocked_before(scope, epoch);
+        if !held {
+            return Ok(());
+        }
+        let scope = scope.to_string();
+        match self.abort(tx, AbortReason::LockConflict { scope: scope.clone() }) {
+            Ok(plan) => self.actions.push(Action::RunAbort(plan)),
+            Err(e) => debug_assert!(false, "lock-conflict abort of {tx} failed: {e}"),
+        }
+        Err(EngineError::LockConflict { tx, scope })
+    }
+
+    /// Records what a read of `scope` observed beyond its version: the unsettled commits whose
+    /// writes it saw (its causal predecessors) and the registry pin.
+    pub(super) fn observe(&mut self, tx: TxId, scope: &Scope) {
+        let mut found: SmallVec<[TxId; 2]> = SmallVec::new();
+        for &c in &self.committing {
+            if c == tx {
+                continue;
+            }
+            if let Some(w) = self.txs.get(&c)
+                && w.effects
+                    .iter()
+                    .any(|e| e.status != EffStatus::Replayed && e.scopes.iter().any(|s| s.overlaps(scope)))
+            {
+                found.push(c);
+            }
+        }
+        let stamp = self.stamp;
+        let reg = self.registry.version;
+        let retracted = self.index.version(scope).0;
+        let retracted_by = self.retracted.get(&retracted).copied();
+        let Some(t) = self.txs.get_mut(&tx) else { return };
+        t.lv.read_at.push(stamp);
+        t.lv.reg_seen.get_or_insert(reg);
+        for c in found.into_iter().chain(retracted_by) {
+            if !t.lv.preds.contains(&c) {
+                t.lv.preds.push(c);
+            }
+        }
+    }
+
+    /// A commit decision turned into an abort after its writes became visible: at L2 every
+    /// unsettled reader of them is doomed and the written scopes get a fresh version (so no
+    /// later read observes the retracted writes); below L2 the retraction is only remembered
+    /// for the trace.
+    pub(super) fn retract(&mut self, tx: TxId) {
+        self.committing.retain(|c| *c != tx);
+        let Some(t) = self.txs.get(&tx) else { return };
+        let stamp = t.lv.stamp;
+        if self.cfg.level >= Level::L2 {
+            let scopes: SmallVec<[Scope; 4]> = t
+                .effects
+                .iter()
+                .filter(|e| e.status != EffStatus::Replayed)
+                .flat_map(|e| e.scopes.iter().cloned())
+                .collect();
+            for other in self.txs.values_mut() {
+                if other.lv.preds.contains(&tx) && other.lv.doomed.is_none() {
+                    other.lv.doomed = Some(tx);
+                }
+            }
+            self.stamp += 1;
+            for s in &scopes {
+                self.index.record_write(s, self.stamp);
+            }
+        } else if let Some(s) = stamp {
+            self.retracted.insert(s, tx);
+        }
+    }
+
+    /// Level checks at the commit decision, after the frontier let it through (or, for the
+    /// read-only bypass, instead of it). `Some(reason)`: abort.
+    pub(super) fn validate(&self, t: &Tx) -> Option<AbortReason> {
+        let lvl = self.cfg.level;
+        if lvl >= Level::L2
+            && let Some(p) = t.lv.doomed
+        {
+            return Some(AbortReason::CascadingAbort { predecessor: p });
+        }
+        if self.validates_reads()
+            && let Some((scope, read, current)) =
+                t.reads.iter().map(|(s, v)| (s, *v, self.index.version(s))).find(|(_, read, cur)| cur > read)
+        {
+            return Some(AbortReason::StaleRead { scope: scope.to_string(), read: read.0, current: current.0 });
+        }
+        if lvl >= Level::L1
+            && !self.cfg.ablation.no_stale_read_abort
+            && self.cfg.isolation == Isolation::SnapshotIsolation
+        {
+            for e in t.effects.iter().filter(|e| e.status != EffStatus::Replayed) {
+                for s in &e.scopes {
+                    let current = self.index.version(s).0;
+                    if current > t.lv.snapshot {
+                        return Some(AbortReason::WriteConflict {
+                            scope: s.to_string(),
+                            snapshot: t.lv.snapshot,
+                            current,
+                        });
+                    }
+                }
+            }
+        }
+        if lvl >= Level::L4
+            && let Some(seen) = t.lv.reg_seen
+        {
+            for e in &t.effects {
+                if let Some(pinned) = self.registry.at(&e.tool, seen) {
+                    let current = self.registry.current(&e.tool);
+                    if current != Some(pinned) {
+                        return Some(AbortReason::PhantomTool {
+                            tool: e.tool.to_string(),
+                            pinned: pinned.signature,
+                            current: current.map(|c| c.signature),
+                        });
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether the stale-read check would abort `t` now (used to wake it early).
+    pub(super) fn doomed_now(&self, t: &Tx) -> bool {
+        (self.cfg.level >= Level::L2 && t.lv.doomed.is_some())
+            || (self.validates_reads() && t.reads.iter().any(|(s, v)| self.index.version(s) > *v))
+    }
+
+    /// Snapshot isolation's read-only bypass: a transaction with no effects commits at once.
+    pub(super) fn read_only_bypass(&self, t: &Tx) -> bool {
+        self.cfg.level >= Level::L1 && self.cfg.isolation == Isolation::SnapshotIsolation && t.effects.is_empty()
+    }
+
+    /// L2: an unsettled predecessor still decides whether this transaction's reads stand.
+    pub(super) fn awaits_predecessor(&self, t: &Tx) -> bool {
+        self.cfg.level >= Level::L2 && t.lv.preds.iter().any(|p| self.committing.contains(p))
+    }
+
+    /// L3: whether an eager call of `tx` issued before `effect` is still running. Under L3 the
+    /// runtime starts `effect`'s call only when this is false, so calls reach the world in
+    /// issuance order even when the agent issues them concurrently. Below L3 it is always
+    /// false.
+    pub fn earlier_in_flight(&self, tx: TxId, effect: EffectId) -> bool {
+        if self.cfg.level < Level::L3 {
+            return false;
+        }
+        self.txs
+            .get(&tx)
+            .is_some_and(|t| t.effects.iter().take(effect.0 as usize).any(|e| e.status == EffStatus::InFlight))
+    }
+
+    /// Under a global frontier: whether an unfinished transaction with a smaller epoch exists.
+    pub(super) fn any_earlier(&self, epoch: Epoch) -> bool {
+        self.txs.values().any(|o| o.epoch < epoch && !matches!(o.state, TxState::Aborting))
+    }
+
+    /// Drains the operation records of transactions finished since the last call.
+    pub fn take_traces(&mut self) -> std::vec::Drain<'_, TraceRecord> {
+        self.traces.drain(..)
+    }
+
+    /// Whether operation records are waiting to be drained.
+    pub fn has_traces(&self) -> bool {
+        !self.traces.is_empty()
+    }
+
+    /// Builds the operation record of a finishing transaction.
+    pub(super) fn trace_record(&self, tx: TxId, t: &Tx, committed: bool) -> TraceRecord {
+        let mut planned: Vec<Arc<str>> = Vec::new();
+        for e in &t.effects {
+            if !planned.contains(&e.tool) {
+                planned.push(e.tool.clone());
+            }
+        }
+        let tools_at = |at: u64| -> Vec<TraceTool> {
+            planned
+                .iter()
+                .filter_map(|name| {
+                    self.registry.at(name, at).map(|v| TraceTool { name: name.clone(), signature: v.signature })
+                })
+                .collect()
+        };
+        let registry_at_read = t.lv.reg_seen.map(tools_at).unwrap_or_default();
+        let registry_at_commit = tools_at(t.lv.reg_decided.unwrap_or(self.registry.version));
+        let reads: Vec<TraceRead> = t
+            .reads
+            .iter()
+            .zip(t.lv.read_at.iter().copied().chain(std::iter::repeat(t.lv.snapshot)))
+            .map(|((s, v), time)| TraceRead { cell: s.as_arc(), value: v.0, time })
+            .collect();
+        let read_time = reads.first().map_or(t.lv.snapshot, |r| r.time);
+        let mut writes = Vec::new();
+        if let Some(stamp) = t.lv.stamp {
+            for e in t.effects.iter().filter(|e| e.status != EffStatus::Replayed) {
+                for s in &e.scopes {
+                    let s = s.as_arc();
+                    if !writes.iter().any(|(w, _): &(Arc<str>, u64)| *w == s) {
+                        writes.push((s, stamp));
+                    }
+                }
+            }
+        }
+        let pair = |i: u32| {
+            let e = &t.effects[i as usize];
+            let cell = e.scopes.first().map(Scope::as_arc).unwrap_or_default();
+            (cell, format!("{}/{}:{}", tx.0, i, e.tool))
+        };
+        let mut io_ids: SmallVec<[u32; 4]> = t.lv.ext_order.clone();
+        io_ids.sort_unstable();
+        TraceRecord {
+            schema_version: TRACE_SCHEMA_VERSION,
+            tx: tx.0,
+            agent: t.agent.clone(),
+            level: self.cfg.level,
+            read_time,
+            reads,
+            registry_at_read,
+            planned_tools: planned.clone(),
+            writes,
+            write_time: t.lv.stamp,
+            registry_at_commit,
+            io: io_ids.iter().map(|&i| pair(i)).collect(),
+            co: t.lv.ext_order.iter().map(|&i| pair(i)).collect(),
+            aborted: !committed,
+            predecessors: t.lv.preds.iter().map(|p| p.0).collect(),
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The versioned tool registry (level L4, docs/levels.md).
+//!
+//! Every change (a tool added, redefined or removed) bumps one registry version; the
+//! version a change produced is the tool's signature from then on. Each tool keeps the list
+//! of its changes, so "what did this tool look like at registry version v" is a binary
+//! search. The history follows registry changes, which are rare, not transactions.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::Core;
+use crate::ledger::Event;
+
+/// One tool's definition as visible at some registry version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolVersion {
+    /// The registry version of the change that made this definition (its signature).
+    pub signature: u64,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Registry {
+    /// The current registry version (0: nothing ever registered).
+    pub(crate) version: u64,
+    /// Per tool: `(registry version of the change, present after it)`, ascending.
+    pub(crate) tools: HashMap<Arc<str>, Vec<(u64, bool)>>,
+}
+
+impl Registry {
+    /// The tool as visible at registry version `at`.
+    pub(crate) fn at(&self, tool: &str, at: u64) -> Option<ToolVersion> {
+        let h = self.tools.get(tool)?;
+        let i = h.partition_point(|&(v, _)| v <= at);
+        let &(v, present) = h[..i].last()?;
+        present.then_some(ToolVersion { signature: v })
+    }
+
+    /// The tool as visible now.
+    pub(crate) fn current(&self, tool: &str) -> Option<ToolVersion> {
+        let &(v, present) = self.tools.get(tool)?.last()?;
+        present.then_some(ToolVersion { signature: v })
+    }
+
+    pub(crate) fn apply(&mut self, tool: &Arc<str>, version: u64, present: bool) {
+        self.version = self.version.max(version);
+        self.tools.entry(tool.clone()).or_default().push((version, present));
+    }
+}
+
+impl Core {
+    /// Adds or redefines `tool` in the registry; returns its new signature (the registry
+    /// version after the change). Transactions that pinned the earlier definition fail
+    /// validation at commit under L4.
+    pub fn define_tool(&mut self, tool: &Arc<str>) -> ToolVersion {
+        self.registry.version += 1;
+        let version = self.registry.version;
+        self.registry.apply(tool, version, true);
+        self.events.push(Event::ToolChanged { tool: tool.clone(), version, present: true });
+        ToolVersion { signature: version }
+    }
+
+    /// Removes `tool` from the registry. Returns whether it was present.
+    pub fn remove_tool(&mut self, tool: &Arc<str>) -> bool {
+        if self.registry.current(tool).is_none() {
+            return false;
+        }
+        self.registry.version += 1;
+        let version = self.registry.version;
+        self.registry.apply(tool, version, false);
+        self.events.push(Event::ToolChanged { tool: tool.clone(), version, present: false });
+        true
+    }
+
+    /// The current definition of `tool`, if registered.
+    pub fn tool_version(&self, tool: &str) -> Option<ToolVersion> {
+        self.registry.current(tool)
+    }
+
+    /// The registry version (bumped by every change).
+    pub fn registry_version(&self) -> u64 {
+        self.registry.version
+    }
+}

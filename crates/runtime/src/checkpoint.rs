@@ -1,0 +1,384 @@
+//! Projection checkpoints: a background thread keeps a *replaying shadow* of the engine and
+//! stores its state every so many events, so that reopening replays only the tail.
+//!
+//! ```text
+//!  with_core (engine lock)                   checkpointer thread (no engine lock)
+//!  append(events) ─► store                   woken every `every_events` LSNs, or on demand:
+//!  lsn ≥ next_at? ─► poke ─────────────────►   scan(shadow.lsn + 1 ..= last) ─► shadow.apply
+//!  (one atomic load per call)                  put_checkpoint(last, shadow.checkpoint())
+//! ```
+//!
+//! The shadow is a [`Replay`], so a checkpoint is exactly the state replay reaches at its LSN
+//! (the live engine's state is not: renewed leases, waiting sets and running late
+//! compensations are not in the ledger). The hot path pays one atomic load per call; the
+//! thread re-reads each event once from the store and applies it, off the engine lock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use tidegate_core::engine::Replay;
+use tidegate_core::{CoreConfig, ScopeRegistry};
+use tidegate_storage::{LedgerStore, Lsn, StoreError};
+
+use crate::engine::Tidegate;
+use crate::{Error, Result};
+
+/// When the engine stores checkpoints of its projections. Every default is given on its
+/// field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointPolicy {
+    /// Take a checkpoint each time this many events were appended since the last one
+    /// (`None`: never on a count). Bounds what a reopen replays. Default: 200 000.
+    pub every_events: Option<u64>,
+    /// Take one when the engine is dropped, so a clean restart replays nothing.
+    /// Default: `true`.
+    pub on_close: bool,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        CheckpointPolicy { every_events: Some(200_000), on_close: true }
+    }
+}
+
+impl CheckpointPolicy {
+    /// No checkpoints at all (every reopen replays the whole ledger).
+    pub fn never() -> CheckpointPolicy {
+        CheckpointPolicy { every_events: None, on_close: false }
+    }
+}
+
+/// A stored checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CheckpointInfo {
+    /// The last event it covers.
+    pub lsn: Lsn,
+    /// Its encoded size.
+    pub bytes: usize,
+    /// Events the shadow replayed to reach it since the previous one.
+    pub replayed: u64,
+    /// Time to replay, encode and store it.
+    pub micros: u64,
+}
+
+/// How the engine's projections were rebuilt when it was built.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// The checkpoint loaded, if any (its LSN).
+    pub checkpoint_lsn: Option<Lsn>,
+    /// Events replayed after it (the whole ledger without one).
+    pub replayed_events: u64,
+    /// Why a stored checkpoint was not used (damaged, or beyond the ledger's end): the whole
+    /// ledger was replayed instead. Never silent.
+    pub checkpoint_fallback: Option<String>,
+    /// Time spent reading the checkpoint and replaying, in microseconds.
+    pub micros: u64,
+}
+
+#[derive(Debug, Default)]
+struct Ctl {
+    /// Requests made, and the newest one served.
+    wanted: u64,
+    served: u64,
+    stop: bool,
+    last: Option<CheckpointInfo>,
+    /// Why checkpointing stopped (the thread then serves requests with this error).
+    disabled: Option<String>,
+}
+
+/// The handle the engine keeps; dropping it stops the thread (after a final checkpoint if
+/// the policy says so).
+pub(crate) struct Checkpointer {
+    ctl: Arc<(Mutex<Ctl>, Condvar)>,
+    /// Poke the thread once the ledger reaches this LSN.
+    next_at: Arc<AtomicU64>,
+    every: u64,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Checkpointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpointer").field("next_at", &self.next_at).finish_non_exhaustive()
+    }
+}
+
+/// What the thread starts from: the replayed state at `lsn`, encoded, and whether it must be
+/// stored at once (the open replayed a tail the stored checkpoint does not cover).
+pub(crate) struct Seed {
+    pub(crate) lsn: Lsn,
+    pub(crate) bytes: Option<Vec<u8>>,
+    pub(crate) store_now: bool,
+}
+
+impl Checkpointer {
+    pub(crate) fn start(
+        store: Arc<dyn LedgerStore>,
+        cfg: CoreConfig,
+        scopes: ScopeRegistry,
+        policy: CheckpointPolicy,
+        seed: Seed,
+    ) -> Result<Checkpointer> {
+        let ctl: Arc<(Mutex<Ctl>, Condvar)> = Arc::default();
+        let every = policy.every_events.unwrap_or(u64::MAX).max(1);
+        let next_at = Arc::new(AtomicU64::new(seed.lsn.saturating_add(every)));
+        let (ctl2, next2) = (ctl.clone(), next_at.clone());
+        let thread = std::thread::Builder::new()
+            .name("tidegate-checkpoint".into())
+            .spawn(move || run(&*store, cfg, scopes, policy, seed, &ctl2, &next2, every))
+            .map_err(|e| Error::Store(StoreError::Io { op: "start the checkpoint thread", source: e }))?;
+        Ok(Checkpointer { ctl, next_at, every, thread: Some(thread) })
+    }
+
+    /// Called after each append with the batch's last LSN: one atomic load unless a
+    /// checkpoint is due.
+    #[inline]
+    pub(crate) fn appended(&self, lsn: Lsn) {
+        if lsn >= self.next_at.load(Ordering::Relaxed) {
+            self.next_at.fetch_max(lsn.saturating_add(self.every), Ordering::Relaxed);
+            let (m, cv) = &*self.ctl;
+            m.lock().wanted += 1;
+            cv.notify_all();
+        }
+    }
+
+    /// Asks for a checkpoint of everything appended so far and waits for it.
+    pub(crate) fn now(&self) -> std::result::Result<CheckpointInfo, String> {
+        let (m, cv) = &*self.ctl;
+        let mut c = m.lock();
+        c.wanted += 1;
+        let w = c.wanted;
+        cv.notify_all();
+        while c.served < w {
+            cv.wait(&mut c);
+        }
+        match (&c.disabled, c.last) {
+            (Some(why), _) => Err(why.clone()),
+            (None, Some(info)) => Ok(info),
+            (None, None) => Err("no checkpoint was stored (the ledger is empty)".into()),
+        }
+    }
+
+    pub(crate) fn last(&self) -> Option<CheckpointInfo> {
+        self.ctl.0.lock().last
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.ctl;
+        m.lock().stop = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    store: &dyn LedgerStore,
+    cfg: CoreConfig,
+    scopes: ScopeRegistry,
+    policy: CheckpointPolicy,
+    seed: Seed,
+    ctl: &(Mutex<Ctl>, Condvar),
+    next_at: &AtomicU64,
+    every: u64,
+) {
+    let (m, cv) = ctl;
+    let disable = |why: String| {
+        let mut c = m.lock();
+        c.disabled = Some(why);
+        c.served = c.wanted;
+        cv.notify_all();
+    };
+    let shadow = match &seed.bytes {
+        None => Ok(Replay::new(cfg.clone(), scopes.clone())),
+        Some(b) => Replay::load(cfg.clone(), scopes.clone(), seed.lsn, b),
+    };
+    let mut shadow = match shadow {
+        Ok(s) => s,
+        Err(e) => return disable(format!("the replaying shadow could not start: {e}")),
+    };
+    let mut stored = if seed.store_now { 0 } else { seed.lsn };
+    if seed.store_now
+        && let Some(b) = &seed.bytes
+    {
+        match store.put_checkpoint(seed.lsn, b) {
+            Ok(()) => {
+                stored = seed.lsn;
+                m.lock().last = Some(CheckpointInfo { lsn: seed.lsn, bytes: b.len(), replayed: 0, micros: 0 });
+            }
+            Err(e) => return disable(format!("storing the checkpoint at open failed: {e}")),
+        }
+    }
+    drop(seed);
+    loop {
+        let (w, stopping) = {
+            let mut c = m.lock();
+            while c.served >= c.wanted && !c.stop {
+                cv.wait(&mut c);
+            }
+            (c.wanted, c.stop)
+        };
+        if stopping && !policy.on_close {
+            break;
+        }
+        let started = Instant::now();
+        let before = shadow.applied();
+        match take(store, &mut shadow, &mut stored) {
+            Ok(Some(bytes)) => {
+                let info = CheckpointInfo {
+                    lsn: shadow.lsn(),
+                    bytes,
+                    replayed: shadow.applied() - before,
+                    micros: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                };
+                next_at.fetch_max(info.lsn.saturating_add(every), Ordering::Relaxed);
+                let mut c = m.lock();
+                c.last = Some(info);
+                c.served = c.served.max(w);
+                cv.notify_all();
+            }
+            Ok(None) => {
+                let mut c = m.lock();
+                c.served = c.served.max(w);
+                cv.notify_all();
+            }
+            Err(why) => return disable(why),
+        }
+        if stopping {
+            break;
+        }
+    }
+    // Anyone still waiting is answered.
+    let mut c = m.lock();
+    c.served = c.wanted;
+    cv.notify_all();
+}
+
+/// Brings the shadow up to the store's last LSN and stores a checkpoint there, unless one is
+/// already stored at that LSN. Returns the checkpoint's size.
+fn take(store: &dyn LedgerStore, shadow: &mut Replay, stored: &mut Lsn) -> std::result::Result<Option<usize>, String> {
+    let target = store.last_lsn();
+    if target > shadow.lsn() {
+        let mut failed = None;
+        store
+            .scan(shadow.lsn() + 1, &mut |lsn, e| {
+                if lsn > target {
+                    return false;
+                }
+                if let Err(err) = shadow.apply(e) {
+                    failed = Some(err.to_string());
+                    return false;
+                }
+                true
+            })
+            .map_err(|e| format!("reading the ledger for a checkpoint failed: {e}"))?;
+        if let Some(f) = failed {
+            return Err(format!("the replaying shadow could not apply the ledger: {f}"));
+        }
+        if shadow.lsn() < target {
+            return Err(format!(
+                "the store returned events only up to LSN {} of {target} (it does not retain events)",
+                shadow.lsn()
+            ));
+        }
+    }
+    if shadow.lsn() <= *stored {
+        return Ok(None);
+    }
+    let bytes = shadow.checkpoint().map_err(|e| e.to_string())?;
+    match store.put_checkpoint(shadow.lsn(), &bytes) {
+        Ok(()) => {
+            *stored = shadow.lsn();
+            Ok(Some(bytes.len()))
+        }
+        Err(e) => Err(format!("storing the checkpoint at LSN {} failed: {e}", shadow.lsn())),
+    }
+}
+
+impl Tidegate {
+    /// Stores a checkpoint of the projections at the ledger's current end now, and waits for
+    /// it (the engine also takes them by its [`CheckpointPolicy`]). Blocks the calling
+    /// thread; call it from outside the async runtime or through `spawn_blocking`.
+    pub fn checkpoint_now(&self) -> Result<CheckpointInfo> {
+        let Some(ck) = &self.inner.checkpointer else {
+            return Err(Error::Store(StoreError::Unsupported { op: "checkpoints (disabled by the policy)" }));
+        };
+        ck.now()
+            .map_err(|why| Error::Store(StoreError::Io { op: "take a checkpoint", source: std::io::Error::other(why) }))
+    }
+
+    /// The last checkpoint this engine stored, if any.
+    pub fn last_checkpoint(&self) -> Option<CheckpointInfo> {
+        self.inner.checkpointer.as_ref().and_then(Checkpointer::last)
+    }
+
+    /// How the projections were rebuilt when the engine was built.
+    pub fn open_report(&self) -> &ReplayReport {
+        &self.inner.open
+    }
+}
+
+/// Replays the store into a fresh engine state: from its checkpoint when it has a usable one,
+/// else from LSN 1. A checkpoint from a newer format is an error; a damaged one, or one beyond
+/// the ledger's end, falls back to the full replay and says so in the report.
+pub(crate) fn replay(
+    store: &dyn LedgerStore,
+    cfg: &CoreConfig,
+    scopes: &ScopeRegistry,
+) -> Result<(Replay, ReplayReport)> {
+    let started = Instant::now();
+    let mut report = ReplayReport::default();
+    let last = store.last_lsn();
+    let mut replay = None;
+    if last > 0 {
+        match store.checkpoint()? {
+            None => {}
+            Some(c) if c.lsn > last => {
+                report.checkpoint_fallback = Some(format!(
+                    "the stored checkpoint is at LSN {} but the ledger ends at {last}; replayed the whole ledger",
+                    c.lsn
+                ));
+            }
+            Some(c) => match Replay::load(cfg.clone(), scopes.clone(), c.lsn, &c.bytes) {
+                Ok(r) => {
+                    report.checkpoint_lsn = Some(c.lsn);
+                    replay = Some(r);
+                }
+                Err(tidegate_core::engine::CheckpointError::NewerFormat { found, supported, .. }) => {
+                    return Err(Error::Store(StoreError::NewerFormat {
+                        path: format!("the checkpoint at LSN {}", c.lsn).into(),
+                        key: "checkpoint format_version",
+                        found: found.into(),
+                        supported: supported.into(),
+                    }));
+                }
+                Err(e) => {
+                    report.checkpoint_fallback = Some(format!("{e}; replayed the whole ledger"));
+                }
+            },
+        }
+    }
+    let mut replay = replay.unwrap_or_else(|| Replay::new(cfg.clone(), scopes.clone()));
+    if last > replay.lsn() {
+        let mut failed = None;
+        store.scan(replay.lsn() + 1, &mut |_, e| match replay.apply(e) {
+            Ok(()) => true,
+            Err(err) => {
+                failed = Some(err);
+                false
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(Error::Store(StoreError::Corrupt { lsn: e.index + 1, detail: e.to_string() }));
+        }
+    }
+    report.replayed_events = replay.applied();
+    report.micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    Ok((replay, report))
+}
