@@ -10,7 +10,7 @@ use crate::mech::eager::{Eager, EagerKind};
 use crate::mech::mutex_wal::MutexWal;
 use crate::mech::occ::Occ;
 use crate::mech::tcc::{Tcc, Wiring};
-use crate::mech::tidegate::{Annotation, TgAblation, TgConfig, TidegateMech};
+use crate::mech::tidegate::{Annotation, TgAblation, TgConfig, TgLevel, TidegateMech};
 use crate::world::World;
 
 /// A mechanism under test.
@@ -50,6 +50,11 @@ impl Mode {
         Mode::Tidegate(TgConfig { ablation: a, ..TgConfig::FULL })
     }
 
+    /// Tidegate at a level.
+    pub const fn tx_level(l: TgLevel) -> Mode {
+        Mode::Tidegate(TgConfig { level: l, ..TgConfig::FULL })
+    }
+
     /// Tidegate with an adapter mistake.
     pub const fn tx_annotation(a: Annotation) -> Mode {
         Mode::Tidegate(TgConfig { annotation: a, ..TgConfig::FULL })
@@ -68,7 +73,15 @@ impl Mode {
             Mode::Tcc(Wiring::DbOnly) => "TCC-Confirm (DB-only wiring)".into(),
             Mode::MutexWal => "Mutex+WAL+Rollback".into(),
             Mode::Tidegate(c) => {
-                let mut s = String::from("Tx-Full");
+                let mut s = String::from(match c.level {
+                    TgLevel::Default => "Tx-Full",
+                    TgLevel::L0 => "Tx-L0",
+                    TgLevel::L1 => "Tx-L1 (serializable)",
+                    TgLevel::L1Snapshot => "Tx-L1 (snapshot isolation)",
+                    TgLevel::L1Pessimistic => "Tx-L1 (pessimistic)",
+                    TgLevel::L2 => "Tx-L2",
+                    TgLevel::L3 => "Tx-L3",
+                });
                 if c.first_committer_wins {
                     s = "Tx-FirstCommitterWins".into();
                 }
@@ -93,7 +106,7 @@ impl Mode {
     /// Whether this is Tidegate at full discipline with correct adapters (the rows the
     /// paper's safety claims are about).
     pub fn is_tidegate_full(&self) -> bool {
-        matches!(self, Mode::Tidegate(c) if c.ablation == TgAblation::None && c.annotation == Annotation::Correct)
+        matches!(self, Mode::Tidegate(c) if c.ablation == TgAblation::None && c.annotation == Annotation::Correct && c.level == TgLevel::Default)
     }
 
     /// Builds the mechanism for one trial (inside the trial's runtime), or says why this

@@ -225,7 +225,8 @@ impl TaskReport {
 }
 
 /// Runs a task to its end under `mech`: begin, body (under the orchestrator's deadline unless
-/// the mechanism enforces it), commit or abort, and again while the mechanism re-plans.
+/// the mechanism enforces it), commit or abort, and again, after [`backoff`], while the
+/// mechanism re-plans.
 pub async fn run_task(mech: &dyn Mechanism, spec: &TaskSpec, body: &Body) -> TaskReport {
     let mut report = TaskReport::default();
     let mut attempt = 1;
@@ -249,7 +250,11 @@ pub async fn run_task(mech: &dyn Mechanism, spec: &TaskSpec, body: &Body) -> Tas
         };
         report.absorb(&settled);
         match &settled.abort {
-            Some(why) if !settled.committed && mech.replan(why, attempt) => attempt += 1,
+            Some(why) if !settled.committed && mech.replan(why, attempt) => {
+                // Re-plan after the same backoff a faulted call waits (virtual time).
+                tokio::time::sleep(backoff(attempt)).await;
+                attempt += 1;
+            }
             _ => return report,
         }
     }

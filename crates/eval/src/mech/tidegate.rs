@@ -63,6 +63,25 @@ pub enum TgAblation {
     GlobalFrontier,
 }
 
+/// A consistency level of the engine (docs/levels.md); `L1` with its isolation strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TgLevel {
+    /// The engine's default (L4, every discipline).
+    Default,
+    /// Plain execution: no waits, no validation.
+    L0,
+    /// Stale-generation prevention with serializable read validation.
+    L1,
+    /// L1 by snapshot isolation (with its read-only bypass).
+    L1Snapshot,
+    /// L1 by pessimistic no-wait locking.
+    L1Pessimistic,
+    /// Plus causal-cascade prevention.
+    L2,
+    /// Plus issuance-order externalisation.
+    L3,
+}
+
 /// Settings of a Tidegate mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct TgConfig {
@@ -72,29 +91,61 @@ pub struct TgConfig {
     pub ablation: TgAblation,
     /// Adapter declarations.
     pub annotation: Annotation,
+    /// Consistency level.
+    pub level: TgLevel,
 }
 
 impl TgConfig {
     /// The full engine with correct adapters.
-    pub const FULL: TgConfig =
-        TgConfig { first_committer_wins: false, ablation: TgAblation::None, annotation: Annotation::Correct };
+    pub const FULL: TgConfig = TgConfig {
+        first_committer_wins: false,
+        ablation: TgAblation::None,
+        annotation: Annotation::Correct,
+        level: TgLevel::Default,
+    };
 
-    /// The engine builder for this setting, or why the engine cannot run it.
+    /// The engine builder for this setting. Levels and ablations are set only through the
+    /// engine's own switches: the harness adds no mechanism of its own.
     pub fn builder(&self) -> Result<tidegate_runtime::Builder, String> {
         let b = Tidegate::builder().ordering(if self.first_committer_wins {
             Ordering::FirstCommitterWins
         } else {
             Ordering::EpochOrder
         });
-        ablate(b, self.ablation)
+        self.engine_switches(b)
     }
-}
 
-/// Applies an ablation through the engine's switches.
-fn ablate(b: tidegate_runtime::Builder, ablation: TgAblation) -> Result<tidegate_runtime::Builder, String> {
-    match ablation {
-        TgAblation::None => Ok(b),
-        other => Err(format!("the engine has no {other:?} switch in this build")),
+    /// Without the engine's level and ablation switches (feature `engine-levels` off), only
+    /// the full discipline runs.
+    #[cfg(not(feature = "engine-levels"))]
+    fn engine_switches(&self, b: tidegate_runtime::Builder) -> Result<tidegate_runtime::Builder, String> {
+        if self.level == TgLevel::Default && self.ablation == TgAblation::None {
+            Ok(b)
+        } else {
+            Err("this build has no engine level/ablation switches (feature `engine-levels`)".into())
+        }
+    }
+
+    #[cfg(feature = "engine-levels")]
+    fn engine_switches(&self, mut b: tidegate_runtime::Builder) -> Result<tidegate_runtime::Builder, String> {
+        use tidegate_runtime::{Ablation, Isolation, Level};
+        b = match self.level {
+            TgLevel::Default => b,
+            TgLevel::L0 => b.level(Level::L0),
+            TgLevel::L1 => b.level(Level::L1).isolation(Isolation::Serializable),
+            TgLevel::L1Snapshot => b.level(Level::L1).isolation(Isolation::SnapshotIsolation),
+            TgLevel::L1Pessimistic => b.level(Level::L1).isolation(Isolation::Pessimistic),
+            TgLevel::L2 => b.level(Level::L2),
+            TgLevel::L3 => b.level(Level::L3),
+        };
+        let mut a = Ablation::default();
+        match self.ablation {
+            TgAblation::None => {}
+            TgAblation::NoFrontier => a.no_frontier = true,
+            TgAblation::NoStaleReadAbort => a.no_stale_read_abort = true,
+            TgAblation::GlobalFrontier => a.global_frontier = true,
+        }
+        Ok(b.ablation(a))
     }
 }
 
@@ -287,6 +338,10 @@ impl TgAttempt {
         if self.spec.deadline.is_some_and(|d| self.began.elapsed() >= d) {
             return Abort::Timeout;
         }
+        // The engine's own classification: a retryable refusal (a lock conflict) is re-planned.
+        if e.retryable() {
+            return Abort::Rejected(e.to_string());
+        }
         Abort::Other(e.to_string())
     }
 }
@@ -334,9 +389,10 @@ impl Attempt for TgAttempt {
             if let Some(s) = self.settled.lock().clone() {
                 return s;
             }
+            let rejections = u32::from(matches!(why, Abort::Rejected(_) | Abort::StaleRead(_)));
             match self.tx.abort(why.kind()).await {
-                Ok(o) => Settled { abort: Some(why), ..settled_of(&o) },
-                Err(_) => Settled::aborted(why),
+                Ok(o) => Settled { abort: Some(why), rejections, ..settled_of(&o) },
+                Err(_) => Settled { rejections, ..Settled::aborted(why) },
             }
         })
     }

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::order_body;
 use crate::fault::FaultProfile;
-use crate::mech::tidegate::TgAblation;
+use crate::mech::tidegate::{TgAblation, TgLevel};
 use crate::mech::{TaskSpec, run_task};
 use crate::report::{Plot, Report, Table, ms};
 use crate::stats::Rate;
@@ -126,6 +126,22 @@ pub fn table1_modes() -> Vec<Mode> {
     vec![Mode::TX_FULL, Mode::TX_FCW, Mode::WorkflowLock, Mode::PerCallLock, Mode::Occ, Mode::NoTx]
 }
 
+/// The ablations and levels of Table 11.
+pub fn ablation_modes() -> Vec<Mode> {
+    vec![
+        Mode::TX_FULL,
+        Mode::tx_ablation(TgAblation::NoStaleReadAbort),
+        Mode::tx_ablation(TgAblation::NoFrontier),
+        Mode::tx_ablation(TgAblation::GlobalFrontier),
+        Mode::tx_level(TgLevel::L0),
+        Mode::tx_level(TgLevel::L1),
+        Mode::tx_level(TgLevel::L1Snapshot),
+        Mode::tx_level(TgLevel::L1Pessimistic),
+        Mode::tx_level(TgLevel::L2),
+        Mode::tx_level(TgLevel::L3),
+    ]
+}
+
 /// Runs the workload.
 pub fn run(env: &Env) -> Result<Report> {
     let trials = env.cfg.trials(100, 20);
@@ -136,7 +152,8 @@ pub fn run(env: &Env) -> Result<Report> {
     let scale_modes = [Mode::TX_FULL, Mode::WorkflowLock, Mode::tx_ablation(TgAblation::GlobalFrontier)];
     env.section(
         "contention",
-        modes.len() as u64 * trials * 4 + scale_modes.len() as u64 * scale_trials * scale_agents.len() as u64,
+        (modes.len() as u64 * 4 + ablation_modes().len() as u64 * 2) * trials
+            + scale_modes.len() as u64 * scale_trials * scale_agents.len() as u64,
     );
     let mut cells = Vec::new();
     let mut t1 = Table::new(
@@ -149,6 +166,7 @@ pub fn run(env: &Env) -> Result<Report> {
             "Wait/task ms",
             "Blocked",
             "Rejections/run",
+            "Tasks committed",
             "Inv./run disjoint 2/4/8",
             "Disjoint wait/task ms 2/4/8",
         ],
@@ -171,6 +189,7 @@ pub fn run(env: &Env) -> Result<Report> {
             ms(o.wait_per_task()),
             Rate::new(o.blocked, o.tasks).show(),
             format!("{:.2}", o.rejections as f64 / o.runs.max(1) as f64),
+            format!("{}/{}", o.committed, o.tasks),
             dis.iter().map(|d| format!("{:.2}", d.inv_per_run())).collect::<Vec<_>>().join(" / "),
             dis.iter().map(|d| ms(d.wait_per_task())).collect::<Vec<_>>().join(" / "),
         ]);
@@ -183,6 +202,34 @@ pub fn run(env: &Env) -> Result<Report> {
          transactions. Rejections = refused commits (OCC conflicts, Tidegate stale-read aborts), each followed by a re-plan.",
         think.0, think.1
     ));
+
+    let mut t11 = Table::new(
+        "table11",
+        "Table 11: composition ablations and levels (forced overlap, 4 agents; disjoint, 8 agents)",
+        &["Mode", "Inv./run", "Wait/task ms", "Rejections/run", "Tasks committed", "Disjoint wait/task ms (8 ag)"],
+    );
+    for mode in ablation_modes() {
+        let (Some(o), Some(d)) = (cell(env, mode, 4, true, trials, think)?, cell(env, mode, 8, false, trials, think)?)
+        else {
+            t11.row(vec![mode.name(), "n/a (not in this engine build)".into()]);
+            continue;
+        };
+        t11.row(vec![
+            mode.name(),
+            format!("{:.2}", o.inv_per_run()),
+            ms(o.wait_per_task()),
+            format!("{:.2}", o.rejections as f64 / o.runs.max(1) as f64),
+            format!("{}/{}", o.committed, o.tasks),
+            ms(d.wait_per_task()),
+        ]);
+        cells.push(o);
+        cells.push(d);
+    }
+    t11.notes.push(
+        "Each ablation removes one engine primitive through the engine's own switch; each level is the engine run at \
+         that level (Tx-Full is L4)."
+            .into(),
+    );
 
     let mut t10 = Table::new(
         "table10",
@@ -237,7 +284,7 @@ pub fn run(env: &Env) -> Result<Report> {
     Ok(Report {
         workload: "contention".into(),
         settings: json!({"trials": trials, "scale_trials": scale_trials, "think_ms": think, "seed": env.cfg.seed}),
-        tables: vec![t1, t10],
+        tables: vec![t1, t11, t10],
         cells: cells.iter().map(|c| serde_json::to_value(c).unwrap_or_default()).collect(),
         plots: vec![plot, bars],
         seconds: 0.0,
