@@ -51,6 +51,23 @@ impl Tidegate {
     }
 
     async fn recover_with(&self, abort_open: bool) -> Result<RecoveryReport> {
+        // Every tool the unfinished work needs must be registered before any of it is taken,
+        // so that an `UnknownTool` error leaves the work for a later call.
+        let needed: Vec<std::sync::Arc<str>> = {
+            let rec = self.inner.recovery.lock();
+            let Some(rec) = rec.as_ref() else { return Ok(RecoveryReport::default()) };
+            let core = &self.inner.shared.lock().core;
+            let mut names: Vec<std::sync::Arc<str>> = rec.in_doubt.iter().map(|d| d.tool.clone()).collect();
+            for tx in rec.committing.iter().chain(&rec.aborting).chain(&rec.open).chain(&rec.expired) {
+                if let Ok(view) = core.view(*tx) {
+                    names.extend(view.effects.iter().map(|e| e.tool.clone()));
+                }
+            }
+            names
+        };
+        for name in &needed {
+            self.tool(name)?;
+        }
         let Some(rec) = self.inner.recovery.lock().take() else { return Ok(RecoveryReport::default()) };
         let Recovery { events, unfinished, in_doubt, committing, aborting, expired, open } = rec;
         let mut report =

@@ -5,7 +5,7 @@ use tidegate_core::Outcome;
 use tidegate_core::engine::{AbortPlan, CompensationTask, ReleasePlan, Settlement};
 
 use crate::engine::Tidegate;
-use crate::tool::{Compensation, ToolError};
+use crate::tool::{Compensation, Probe, ToolError};
 use crate::{Error, Result};
 
 impl Tidegate {
@@ -25,10 +25,31 @@ impl Tidegate {
                     loop {
                         match tool.invoke(r.args.clone()).await {
                             Ok(v) => break Ok(std::sync::Arc::new(v)),
-                            // An unknown outcome is never retried: firing twice is worse.
-                            Err(e) if e.outcome_unknown => {
-                                break Err((format!("{} (outcome unknown)", e.message), true));
-                            }
+                            // An unknown outcome is never retried blindly (firing twice is
+                            // worse): the tool's probe decides; one that did not happen may be
+                            // tried again within the attempts.
+                            Err(e) if e.outcome_unknown => match tool.probe_call(r.args.clone()) {
+                                Some(p) => match p.await {
+                                    Probe::Happened(v) => break Ok(std::sync::Arc::new(v)),
+                                    Probe::DidNotHappen if attempt < self.inner.retry.attempts => {
+                                        self.backoff(attempt).await;
+                                        attempt += 1;
+                                    }
+                                    Probe::DidNotHappen => {
+                                        break Err((
+                                            format!("{} (probe: did not happen; after {attempt} attempts)", e.message),
+                                            false,
+                                        ));
+                                    }
+                                    Probe::Unknown => {
+                                        break Err((
+                                            format!("{} (outcome unknown; probe did not know)", e.message),
+                                            true,
+                                        ));
+                                    }
+                                },
+                                None => break Err((format!("{} (outcome unknown)", e.message), true)),
+                            },
                             Err(e) if attempt < self.inner.retry.attempts => {
                                 let _ = e;
                                 self.backoff(attempt).await;

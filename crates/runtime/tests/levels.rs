@@ -113,9 +113,10 @@ async fn scenario_a2(tg: &Tidegate) {
     let _ = u.seal_and_commit().await;
 }
 
-/// A3: `w` commits a gated write to X whose release fails after the decision (the commit is
-/// retracted); meanwhile `r` reads X, observing `w`'s write, and commits its own write; a
-/// second reader reads X after the retraction. Returns how `r` ended.
+/// A3: `w` books order X (executed at once) and queues a confirmation whose release fails
+/// after the commit decision, so the commit is retracted and the booking compensated;
+/// meanwhile `r` reads X, observing `w`'s write, and commits its own write; a second reader
+/// reads X after the retraction. Returns how `r` ended.
 async fn scenario_a3(tg: &Tidegate) -> String {
     let entered = Arc::new(Notify::new());
     let open = Arc::new(Notify::new());
@@ -134,14 +135,15 @@ async fn scenario_a3(tg: &Tidegate) -> String {
         })
         .build()
         .unwrap();
-    let w = tg.begin_with(opts("mailer", &["mail:x"])).unwrap();
+    let w = tg.begin_with(opts("mailer", &["kv:order:x", "mail:x"])).unwrap();
+    w.call(&writer("book"), json!({"at": "kv:order:x"})).await.unwrap();
     w.call(&send, json!({"at": "mail:x"})).await.unwrap();
     w.seal().unwrap();
-    let r = tg.begin_with(opts("reader", &["mail:x", "kv:note:y"])).unwrap();
+    let r = tg.begin_with(opts("reader", &["kv:order:x", "kv:note:y"])).unwrap();
     let wc = w.clone();
     let committing = tokio::spawn(async move { wc.commit().await });
     entered.notified().await; // w is decided and releasing
-    let read_ok = r.read("mail:x").is_ok();
+    let read_ok = r.read("kv:order:x").is_ok();
     let rc = r.clone();
     let note = writer("note");
     let note2 = note.clone();
@@ -169,8 +171,8 @@ async fn scenario_a3(tg: &Tidegate) -> String {
     let during = reader.await.unwrap();
     // A second reader comes after the retraction: below L2 it still observes the retracted
     // write (the version is not rolled back); at L2 the scope has a fresh version.
-    let r2 = tg.begin_with(opts("late-reader", &["mail:x", "kv:note:z"])).unwrap();
-    if r2.read("mail:x").is_ok() && r2.call(&note, json!({"at": "kv:note:z"})).await.is_ok() {
+    let r2 = tg.begin_with(opts("late-reader", &["kv:order:x", "kv:note:z"])).unwrap();
+    if r2.read("kv:order:x").is_ok() && r2.call(&note, json!({"at": "kv:note:z"})).await.is_ok() {
         let _ = r2.seal_and_commit().await;
     }
     during

@@ -1597,13 +1597,27 @@ fn check_decisions(h: &History, txs: &BTreeMap<TxId, LTx>) -> Result<(), String>
     let mut versions = reference::Versions::default();
     let mut phase: HashMap<TxId, Phase> = HashMap::new();
     let mut last_stamp = 0;
+    // Decided commits' held effects not yet released: (effect, scope).
+    let mut unreleased: HashMap<TxId, Vec<(u32, String)>> = HashMap::new();
     for (i, e) in h.events.iter().enumerate() {
         let id = e.tx();
         let Some(t) = txs.get(&id) else { continue };
         match e {
             Event::Begin { .. } => phase.entry(id).or_default().begun = true,
             Event::Read { scope, version, .. } => {
-                let want = versions.version(scope);
+                // A decided commit whose held effects on the scope have not all been released
+                // is not visible yet: the read records a version just below its stamp.
+                let mut want = versions.version(scope);
+                let hidden = unreleased
+                    .iter()
+                    .filter(|(uid, list)| **uid != id && list.iter().any(|(_, s)| reference::overlaps(s, scope)))
+                    .filter_map(|(uid, _)| txs.get(uid).and_then(LTx::stamp))
+                    .min();
+                if let Some(s) = hidden
+                    && s <= want
+                {
+                    want = s - 1;
+                }
                 if version.0 != want {
                     return Err(format!(
                         "event {i}: {id} read `{scope}` at v{}, but the committed version is v{want}",
@@ -1661,9 +1675,25 @@ fn check_decisions(h: &History, txs: &BTreeMap<TxId, LTx>) -> Result<(), String>
                 for w in t.writes() {
                     versions.write(&w, stamp);
                 }
+                let held: Vec<(u32, String)> = t
+                    .effects
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| {
+                        matches!(e.class, EffectClass::Bufferable | EffectClass::Gated) && e.executed.is_none()
+                    })
+                    .flat_map(|(k, e)| e.scopes.iter().map(move |s| (k as u32, s.clone())))
+                    .collect();
+                unreleased.insert(id, held);
                 phase.entry(id).or_default().committing = true;
             }
+            Event::Released { effect, .. } => {
+                if let Some(list) = unreleased.get_mut(&id) {
+                    list.retain(|(k, _)| *k != effect.0);
+                }
+            }
             Event::Decided { commit: false, reason, .. } => {
+                unreleased.remove(&id);
                 // A retraction (a decided commit whose first release failed) gives the scopes
                 // it wrote a fresh version at L2 and above (the engine's default level), so
                 // no later read observes the retracted writes (docs/levels.md).
@@ -1685,7 +1715,10 @@ fn check_decisions(h: &History, txs: &BTreeMap<TxId, LTx>) -> Result<(), String>
                     }
                 }
             }
-            Event::Settled { .. } => phase.entry(id).or_default().finished = true,
+            Event::Settled { .. } => {
+                unreleased.remove(&id);
+                phase.entry(id).or_default().finished = true;
+            }
             _ => {}
         }
     }
@@ -1872,13 +1905,13 @@ fn check_reason(id: TxId, t: &LTx, rec: &TxRec, groups: &[GroupRec], txs: &BTree
         AbortReason::ProtocolViolation { .. } => rec.violated,
         AbortReason::Explicit { .. } => rec.aborted_by_agent,
         // L2: the predecessor's commit was retracted, and this transaction read a scope that
-        // commit wrote at a version that includes the write (at or after its stamp, before the
-        // retraction's fresh version).
+        // commit wrote while the commit was decided (at or after its stamp, or just below it
+        // while its held effects there were unreleased; before the retraction's fresh version).
         AbortReason::CascadingAbort { predecessor } => txs.get(predecessor).is_some_and(|p| {
             let (Some(stamp), Some(retracted)) = (p.stamp(), p.retract_stamp) else { return false };
-            t.reads
-                .iter()
-                .any(|(s, v)| (stamp..retracted).contains(v) && p.writes().iter().any(|w| reference::overlaps(w, s)))
+            t.reads.iter().any(|(s, v)| {
+                (stamp - 1..retracted).contains(v) && p.writes().iter().any(|w| reference::overlaps(w, s))
+            })
         }),
         other => return Err(format!("{id} aborted for a reason this model does not know: {other}")),
     };

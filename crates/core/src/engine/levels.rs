@@ -52,6 +52,35 @@ impl Core {
         Err(EngineError::LockConflict { tx, scope })
     }
 
+    /// The version a read of `scope` by `tx` observes. A commit that is decided but whose held
+    /// effects on the scope have not all reached the world yet is not visible: the world does
+    /// not show it, so a plan built on what the agent reads there would be built on the state
+    /// before it. The read therefore records a version just below that commit's stamp, and
+    /// the reader's commit aborts `stale_read` (at L1 and above) instead of committing a plan
+    /// made on the old state. Below L1 it sees the version as stamped.
+    pub(super) fn visible_version(&self, tx: TxId, scope: &Scope) -> crate::ids::Version {
+        let version = self.index.version(scope);
+        if !self.validates_reads() || self.committing.is_empty() {
+            return version;
+        }
+        let unreleased = self
+            .committing
+            .iter()
+            .filter(|c| **c != tx)
+            .filter_map(|c| self.txs.get(c))
+            .filter(|w| {
+                w.effects
+                    .iter()
+                    .any(|e| matches!(e.status, EffStatus::Held(_)) && e.scopes.iter().any(|s| s.overlaps(scope)))
+            })
+            .filter_map(|w| w.lv.stamp)
+            .min();
+        match unreleased {
+            Some(s) if s <= version.0 => crate::ids::Version(s - 1),
+            _ => version,
+        }
+    }
+
     /// Records what a read of `scope` observed beyond its version: the unsettled commits whose
     /// writes it saw (its causal predecessors) and the registry pin.
     pub(super) fn observe(&mut self, tx: TxId, scope: &Scope) {

@@ -219,7 +219,7 @@ impl Core {
     pub fn read(&mut self, tx: TxId, scope: &Scope, now: Timestamp) -> Result<ReadResult, EngineError> {
         self.check_touch(tx, scope, "read of", now)?;
         self.lock_check(tx, scope)?;
-        let version = self.index.version(scope);
+        let version = self.visible_version(tx, scope);
         let t = self.txs.get_mut(&tx).expect("checked by check_touch");
         let staged = t
             .effects
