@@ -108,7 +108,7 @@ fn stress_under_mixed_faults_never_leaks_or_duplicates_under_tidegate() {
     let env = env(10);
     let mixed = FaultProfile::mixed(0.3);
     let tx = stress::cell(&env, Mode::TX_FULL, "mixed p=0.3", &mixed, 10).unwrap().unwrap();
-    assert_eq!((tx.leaks, tx.duplicates), (0, 0), "{tx:?}");
+    assert_eq!((tx.violations, tx.stale, tx.leaks, tx.duplicates), (0, 0, 0, 0), "{tx:?}");
     let f4 = FaultProfile::bernoulli(0.3, &[FaultClass::F4]);
     let tx4 = stress::cell(&env, Mode::TX_FULL, "F4-only p=0.3", &f4, 10).unwrap().unwrap();
     assert_eq!(tx4.clean, tx4.runs, "idempotency keys absorb duplicate delivery: {tx4:?}");
@@ -180,4 +180,26 @@ fn every_workload_renders_tables_csv_and_plots() {
         }
     }
     assert!(tidegate_eval::run(&env, "nope").unwrap_err().to_string().contains("unknown workload `nope`"));
+}
+
+#[test]
+fn levels_l1_and_above_are_safe_and_removing_a_primitive_is_not() {
+    use tidegate_eval::mech::tidegate::{TgAblation, TgLevel};
+    let env = env(8);
+    let overlap = |m: Mode| contention::cell(&env, m, 4, true, 8, (50, 150)).unwrap().unwrap();
+    for l in [TgLevel::L1, TgLevel::L1Snapshot, TgLevel::L2, TgLevel::L3] {
+        let c = overlap(Mode::tx_level(l));
+        assert_eq!((c.violations, c.committed), (0, c.tasks), "{l:?}: {c:?}");
+    }
+    assert!(overlap(Mode::tx_level(TgLevel::L0)).violations > 0, "L0 checks nothing");
+    assert!(overlap(Mode::tx_ablation(TgAblation::NoStaleReadAbort)).violations > 0);
+    assert_eq!(overlap(Mode::tx_ablation(TgAblation::NoFrontier)).violations, 0, "stale reads still abort");
+    let global = contention::cell(&env, Mode::tx_ablation(TgAblation::GlobalFrontier), 8, false, 8, (50, 150));
+    let full = contention::cell(&env, Mode::TX_FULL, 8, false, 8, (50, 150)).unwrap().unwrap();
+    assert!(global.unwrap().unwrap().wait_ms > 0.0 && full.wait_ms == 0.0, "one frontier makes disjoint work wait");
+    let mixed = FaultProfile::mixed(0.3);
+    for l in [TgLevel::L3, TgLevel::Default] {
+        let c = stress::cell(&env, Mode::tx_level(l), "mixed p=0.3", &mixed, 8).unwrap().unwrap();
+        assert_eq!((c.violations, c.stale, c.leaks, c.duplicates), (0, 0, 0, 0), "{l:?}: {c:?}");
+    }
 }

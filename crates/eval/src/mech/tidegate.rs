@@ -115,18 +115,6 @@ impl TgConfig {
         self.engine_switches(b)
     }
 
-    /// Without the engine's level and ablation switches (feature `engine-levels` off), only
-    /// the full discipline runs.
-    #[cfg(not(feature = "engine-levels"))]
-    fn engine_switches(&self, b: tidegate_runtime::Builder) -> Result<tidegate_runtime::Builder, String> {
-        if self.level == TgLevel::Default && self.ablation == TgAblation::None {
-            Ok(b)
-        } else {
-            Err("this build has no engine level/ablation switches (feature `engine-levels`)".into())
-        }
-    }
-
-    #[cfg(feature = "engine-levels")]
     fn engine_switches(&self, mut b: tidegate_runtime::Builder) -> Result<tidegate_runtime::Builder, String> {
         use tidegate_runtime::{Ablation, Isolation, Level};
         b = match self.level {
