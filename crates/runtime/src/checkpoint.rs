@@ -45,7 +45,8 @@ impl Default for CheckpointPolicy {
 }
 
 impl CheckpointPolicy {
-    /// No checkpoints at all (every reopen replays the whole ledger).
+    /// No automatic checkpoints (only [`Tidegate::checkpoint_now`], which then replays the
+    /// ledger from its start).
     pub fn never() -> CheckpointPolicy {
         CheckpointPolicy { every_events: None, on_close: false }
     }

@@ -197,16 +197,19 @@ impl Builder {
             let _guard = handle.enter();
             Arc::new(TokioClock::new())
         });
-        let checkpointing = self.store.is_some() && self.checkpoints != CheckpointPolicy::never();
+        // Only a store the caller gave is checkpointed; `never()` still allows `checkpoint_now`.
+        let checkpointing = self.store.is_some();
+        let automatic = self.checkpoints != CheckpointPolicy::never();
         let store: Arc<dyn LedgerStore> = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         // Rebuild the projections from whatever the ledger already holds: its checkpoint,
         // then the events after it (streamed, never all in memory at once).
         let (replay, open) = crate::checkpoint::replay(&*store, &self.cfg, &self.scopes)?;
         let checkpointer = if checkpointing {
-            let lsn = replay.lsn();
             // The shadow starts from the replayed state; a tail the stored checkpoint does not
             // cover is checkpointed at once, so the next open does not replay it again.
-            let store_now = lsn > open.checkpoint_lsn.unwrap_or(0);
+            // Without automatic checkpoints the shadow starts empty and replays on demand.
+            let lsn = if automatic { replay.lsn() } else { 0 };
+            let store_now = automatic && lsn > open.checkpoint_lsn.unwrap_or(0);
             let bytes = if lsn > 0 {
                 Some(replay.checkpoint().map_err(|e| {
                     Error::Store(StoreError::Io { op: "encode a checkpoint", source: std::io::Error::other(e) })

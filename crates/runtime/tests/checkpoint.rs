@@ -28,14 +28,18 @@ fn tools(w: &World) -> Vec<Tool> {
 /// until the store crashes or `n` are done.
 async fn workload(tg: &Tidegate, tools: &[Tool], rng: &mut SmallRng, n: usize) {
     let mut open = Vec::new();
+    const PREFIXES: [&str; 3] = ["travel:booking", "kv:notes", "mail"];
     for i in 0..n {
-        let id = format!("x{}", rng.gen_range(0..6));
-        let Ok(tx) = tg.begin_with(TxOptions::agent("a")) else { return };
-        let t = &tools[rng.gen_range(0..tools.len())];
-        if tx.call(t, json!({"id": id})).await.is_err() {
+        let choice = rng.gen_range(0..10);
+        // Transactions left open get a scope of their own, so that they block nobody.
+        let id = if choice == 1 { format!("open{i}") } else { format!("x{}", rng.gen_range(0..6)) };
+        let k = rng.gen_range(0..tools.len());
+        let opts = TxOptions::agent("a").may_touch([format!("{}:{id}", PREFIXES[k])]);
+        let Ok(tx) = tg.begin_with(opts) else { return };
+        if tx.call(&tools[k], json!({"id": id})).await.is_err() {
             return;
         }
-        match rng.gen_range(0..10) {
+        match choice {
             0 => {
                 if tx.abort("planned").await.is_err() {
                     return;
@@ -153,10 +157,10 @@ async fn reopening_a_sqlite_ledger_replays_only_the_events_after_its_checkpoint(
             tx.commit().await.unwrap();
         }
         let info = tg.checkpoint_now().unwrap();
-        let spanning = tg.begin("a").unwrap();
+        let spanning = tg.begin_with(TxOptions::agent("a").may_touch(["travel:booking:span"])).unwrap();
         spanning.call(book, json!({"id": "span"})).await.unwrap();
         for i in 0..5 {
-            let tx = tg.begin("a").unwrap();
+            let tx = tg.begin_with(TxOptions::agent("a").may_touch([format!("travel:booking:c{i}")])).unwrap();
             tx.call(book, json!({"id": format!("c{i}")})).await.unwrap();
             tx.seal().unwrap();
             tx.commit().await.unwrap();
