@@ -238,11 +238,13 @@ fn durable(as_json: bool, data_dir: Option<std::path::PathBuf>, secs: f64, reope
             let sub = dir.join(format!("ledger-{clients}"));
             let _ = std::fs::remove_dir_all(&sub);
             let store = Arc::new(tidegate_storage::SqliteStore::open(&sub)?);
-            let tg = Tidegate::builder().store(store).build()?;
+            let tg = Tidegate::builder().store(store.clone()).build()?;
+            let syncs_before = store.stats().syncs;
             let (tps, mut lat) = durable_clients(&tg, &gated, clients, secs).await?;
+            let syncs_per_tx = (store.stats().syncs - syncs_before) as f64 / lat.len().max(1) as f64;
             lat.sort_by(f64::total_cmp);
             let p99 = lat.get(((lat.len() as f64) * 0.99) as usize).copied().unwrap_or(0.0);
-            out.push((tps, p99));
+            out.push((tps, p99, syncs_per_tx));
         }
         anyhow::Ok(out)
     });
@@ -257,6 +259,8 @@ fn durable(as_json: bool, data_dir: Option<std::path::PathBuf>, secs: f64, reope
         "durable_tx_per_s_1": r[0].0.round(),
         "durable_tx_per_s_64": r[1].0.round(),
         "p99_commit_ms_64": (r[1].1 * 100.0).round() / 100.0,
+        "syncs_per_tx_1": (r[0].2 * 1000.0).round() / 1000.0,
+        "syncs_per_tx_64": (r[1].2 * 1000.0).round() / 1000.0,
         "ratio_1_to_fsync": (r[0].0 / fsync * 100.0).round() / 100.0,
         "ratio_64_to_fsync": (r[1].0 / fsync * 100.0).round() / 100.0,
         "transaction": "begin, read, one gated effect, seal, commit (SQLite WAL, synchronous=FULL)",
@@ -277,6 +281,8 @@ fn durable(as_json: bool, data_dir: Option<std::path::PathBuf>, secs: f64, reope
             "p99_commit_ms_64",
             "ratio_1_to_fsync",
             "ratio_64_to_fsync",
+            "syncs_per_tx_1",
+            "syncs_per_tx_64",
         ] {
             println!("  {k:<22} {:>12}", out[k]);
         }

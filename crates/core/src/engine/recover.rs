@@ -323,6 +323,9 @@ impl Core {
             }
             Event::Settled { tx, committed, effects } => {
                 let t = self.txs.remove(tx).ok_or_else(|| missing(*tx))?;
+                // The live engine dropped the lease when the commit was requested (no event);
+                // drop it here, or replayed lease entries would grow with history.
+                self.leases.remove(&(t.lease_until, *tx));
                 let outcome = crate::effect::Outcome {
                     tx: *tx,
                     epoch: t.epoch,
