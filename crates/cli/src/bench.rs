@@ -42,6 +42,10 @@ pub enum Which {
         /// appended in large batches, then opened through the engine.
         #[arg(long, default_value_t = 0)]
         reopen_tx: u64,
+        /// The engine's checkpoint interval in events during the throughput runs (0: no
+        /// automatic checkpoints); default: the engine's default.
+        #[arg(long)]
+        checkpoint_every: Option<u64>,
     },
     /// Anomaly detectors + classification + cycle check on generated traces (1e5 and 1e6
     /// records by default): records/s and peak memory against the file size.
@@ -61,7 +65,9 @@ pub enum Which {
 pub fn run(which: Which) -> anyhow::Result<()> {
     match which {
         Which::Micro { json, history } => micro(json, history),
-        Which::Durable { json, data_dir, seconds, reopen_tx } => durable(json, data_dir, seconds, reopen_tx),
+        Which::Durable { json, data_dir, seconds, reopen_tx, checkpoint_every } => {
+            durable(json, data_dir, seconds, reopen_tx, checkpoint_every)
+        }
         Which::Detect { json, sizes, seed } => crate::bench_detect::run(json, &sizes, seed),
     }
 }
@@ -223,7 +229,18 @@ fn rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-fn durable(as_json: bool, data_dir: Option<std::path::PathBuf>, secs: f64, reopen_tx: u64) -> anyhow::Result<()> {
+fn durable(
+    as_json: bool,
+    data_dir: Option<std::path::PathBuf>,
+    secs: f64,
+    reopen_tx: u64,
+    checkpoint_every: Option<u64>,
+) -> anyhow::Result<()> {
+    let policy = match checkpoint_every {
+        None => tidegate_runtime::CheckpointPolicy::default(),
+        Some(0) => tidegate_runtime::CheckpointPolicy::never(),
+        Some(n) => tidegate_runtime::CheckpointPolicy { every_events: Some(n), ..Default::default() },
+    };
     let (dir, temporary) = match data_dir {
         Some(d) => (d, false),
         None => (std::env::temp_dir().join(format!("tidegate-bench-{}", std::process::id())), true),
@@ -238,7 +255,7 @@ fn durable(as_json: bool, data_dir: Option<std::path::PathBuf>, secs: f64, reope
             let sub = dir.join(format!("ledger-{clients}"));
             let _ = std::fs::remove_dir_all(&sub);
             let store = Arc::new(tidegate_storage::SqliteStore::open(&sub)?);
-            let tg = Tidegate::builder().store(store.clone()).build()?;
+            let tg = Tidegate::builder().store(store.clone()).checkpoints(policy).build()?;
             let syncs_before = store.stats().syncs;
             let (tps, mut lat) = durable_clients(&tg, &gated, clients, secs).await?;
             let syncs_per_tx = (store.stats().syncs - syncs_before) as f64 / lat.len().max(1) as f64;
@@ -261,6 +278,7 @@ fn durable(as_json: bool, data_dir: Option<std::path::PathBuf>, secs: f64, reope
         "p99_commit_ms_64": (r[1].1 * 100.0).round() / 100.0,
         "syncs_per_tx_1": (r[0].2 * 1000.0).round() / 1000.0,
         "syncs_per_tx_64": (r[1].2 * 1000.0).round() / 1000.0,
+        "checkpoint_every_events": policy.every_events,
         "ratio_1_to_fsync": (r[0].0 / fsync * 100.0).round() / 100.0,
         "ratio_64_to_fsync": (r[1].0 / fsync * 100.0).round() / 100.0,
         "transaction": "begin, read, one gated effect, seal, commit (SQLite WAL, synchronous=FULL)",

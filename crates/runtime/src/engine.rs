@@ -524,11 +524,21 @@ impl Tidegate {
         let r = f(&mut g.core);
         let mut lsn = 0;
         if g.core.has_events() {
-            match self.inner.store.append(&mut g.core.take_events()) {
-                Ok(l) => {
+            // With automatic checkpoints, the batch is also handed to the replaying shadow
+            // (one clone per event, in ledger order, instead of re-reading the store).
+            let fed = self.inner.checkpointer.as_ref().filter(|ck| ck.feeding());
+            let appended = match fed {
+                None => self.inner.store.append(&mut g.core.take_events()).map(|l| (l, None)),
+                Some(_) => {
+                    let batch: Vec<tidegate_core::Event> = g.core.take_events().collect();
+                    self.inner.store.append(&mut batch.iter().cloned()).map(|l| (l, Some(batch)))
+                }
+            };
+            match appended {
+                Ok((l, batch)) => {
                     lsn = l;
                     if let Some(ck) = &self.inner.checkpointer {
-                        ck.appended(l);
+                        ck.appended(l, batch);
                     }
                 }
                 Err(e) => {
