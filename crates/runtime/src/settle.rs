@@ -25,21 +25,13 @@ impl Tidegate {
                     loop {
                         match tool.invoke(r.args.clone()).await {
                             Ok(v) => break Ok(std::sync::Arc::new(v)),
-                            // An unknown outcome is never retried blindly (firing twice is
-                            // worse): the tool's probe decides; one that did not happen may be
-                            // tried again within the attempts.
+                            // An unknown outcome is never retried (firing twice is worse): the
+                            // tool's probe, if any, says whether it happened.
                             Err(e) if e.outcome_unknown => match tool.probe_call(r.args.clone()) {
                                 Some(p) => match p.await {
                                     Probe::Happened(v) => break Ok(std::sync::Arc::new(v)),
-                                    Probe::DidNotHappen if attempt < self.inner.retry.attempts => {
-                                        self.backoff(attempt).await;
-                                        attempt += 1;
-                                    }
                                     Probe::DidNotHappen => {
-                                        break Err((
-                                            format!("{} (probe: did not happen; after {attempt} attempts)", e.message),
-                                            false,
-                                        ));
+                                        break Err((format!("{} (probe: did not happen)", e.message), false));
                                     }
                                     Probe::Unknown => {
                                         break Err((
