@@ -181,6 +181,7 @@ impl Builder {
     /// small runtime of its own.
     pub fn build(mut self) -> Result<Tidegate> {
         self.cfg.trace = self.trace.is_some();
+        let level = self.cfg.level;
         let (handle, own) = match tokio::runtime::Handle::try_current() {
             Ok(h) => (h, None),
             Err(_) => {
@@ -243,6 +244,7 @@ impl Builder {
                 trace: self.trace,
                 turnstile: Notify::new(),
                 turnstile_used: AtomicBool::new(false),
+                level,
                 waits: Default::default(),
                 wait_ns: Default::default(),
                 handle,
@@ -288,6 +290,8 @@ pub(crate) struct Inner {
     /// Set once a call has waited at the turnstile, so that engines that never need it skip
     /// the wake-ups.
     pub(crate) turnstile_used: AtomicBool,
+    /// The level (fixed at build), read on the call path without the engine lock.
+    pub(crate) level: Level,
     /// Commits that had to wait, and their total wait in clock nanoseconds.
     pub(crate) waits: std::sync::atomic::AtomicU64,
     pub(crate) wait_ns: std::sync::atomic::AtomicU64,
@@ -431,7 +435,7 @@ impl Tidegate {
 
     /// The level the engine runs at.
     pub fn level(&self) -> Level {
-        self.inner.shared.lock().core.level()
+        self.inner.level
     }
 
     /// Flushes the trace sink, if tracing.

@@ -203,7 +203,7 @@ impl Transaction {
     /// them concurrently. Below L3 it returns at once.
     async fn turnstile(&self, effect: tidegate_core::EffectId) {
         let inner = &self.engine.inner;
-        if inner.shared.lock().core.level() < tidegate_core::Level::L3 {
+        if inner.level < tidegate_core::Level::L3 {
             return;
         }
         loop {
