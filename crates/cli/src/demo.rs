@@ -153,12 +153,17 @@ async fn story(dir: Option<crate::data_dir::DataDir>, opts: DemoOptions) -> anyh
     }
     let recovered = tg.recover().await?;
     match (&store, &dir) {
-        (Some(s), Some(d)) => println!(
-            "Ledger: {} ({} events from earlier runs replayed; {})\n",
-            d.path()?.display(),
-            recovered.events,
-            s.open_report()
-        ),
+        (Some(s), Some(d)) => {
+            let open = tg.open_report();
+            let rebuilt = match (open.checkpoint_lsn, &open.checkpoint_fallback) {
+                (_, Some(why)) => format!("checkpoint not used ({why}); {} events replayed", open.replayed_events),
+                (Some(lsn), None) => {
+                    format!("rebuilt from the checkpoint at LSN {lsn} plus {} later events", open.replayed_events)
+                }
+                (None, None) => format!("{} events from earlier runs replayed", open.replayed_events),
+            };
+            println!("Ledger: {} ({rebuilt}; {})\n", d.path()?.display(), s.open_report());
+        }
         _ => println!("Ledger: in memory (--memory)\n"),
     }
     if recovered.unfinished > 0 {
