@@ -60,7 +60,7 @@ impl Core {
     /// made on the old state. Below L1 it sees the version as stamped.
     pub(super) fn visible_version(&self, tx: TxId, scope: &Scope) -> crate::ids::Version {
         let version = self.index.version(scope);
-        if !self.validates_reads() || self.committing.is_empty() {
+        if !self.validates_reads() || !self.may_see_unsettled(tx, scope) {
             return version;
         }
         let unreleased = self
@@ -81,11 +81,33 @@ impl Core {
         }
     }
 
+    /// Whether a decided, unsettled commit may have written something overlapping `scope`
+    /// that `tx` can observe. Such a commit still claims its footprint in the scope index, and
+    /// under the epoch-order frontier it has an earlier epoch than any reader whose claim
+    /// covers the scope (a later writer would have waited for the reader), so one index query
+    /// answers "no" for the common disjoint case without scanning the committing set.
+    fn may_see_unsettled(&self, tx: TxId, scope: &Scope) -> bool {
+        if self.committing.is_empty() {
+            return false;
+        }
+        let epoch_ordered = self.cfg.ordering == super::Ordering::EpochOrder
+            && self.cfg.level >= Level::L1
+            && !self.cfg.ablation.no_frontier;
+        match self.txs.get(&tx) {
+            Some(t) if epoch_ordered => {
+                self.undeclared.first_key_value().is_some_and(|(e, _)| *e < t.epoch)
+                    || self.index.blocked_before(scope, t.epoch)
+            }
+            _ => true,
+        }
+    }
+
     /// Records what a read of `scope` observed beyond its version: the unsettled commits whose
     /// writes it saw (its causal predecessors) and the registry pin.
     pub(super) fn observe(&mut self, tx: TxId, scope: &Scope) {
         let mut found: SmallVec<[TxId; 2]> = SmallVec::new();
-        for &c in &self.committing {
+        let scan = self.may_see_unsettled(tx, scope);
+        for &c in self.committing.iter().filter(|_| scan) {
             if c == tx {
                 continue;
             }
