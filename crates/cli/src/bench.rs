@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use tidegate_core::engine::{BeginRequest, Decision, Settlement};
 use tidegate_core::{Core, CoreConfig, EffectDecl, Event, Scope, ScopeRegistry, Timestamp};
-use tidegate_runtime::{EffectClass, Isolation, Level, Tidegate, Tool, TxOptions};
+use tidegate_runtime::{CheckpointPolicy, EffectClass, Isolation, Level, Tidegate, Tool, TxOptions};
 use tidegate_storage::{LedgerStore, MemoryStore};
 
 /// Which benchmark to run.
@@ -382,13 +382,18 @@ async fn measure_tx(
 
 fn engine() -> anyhow::Result<Tidegate> {
     // The in-memory ledger counts events without keeping them, so a million-transaction
-    // history measures the engine, not the growth of a Vec of events.
-    Ok(Tidegate::builder().store(Arc::new(MemoryStore::new().retain_events(false))).build()?)
+    // history measures the engine, not the growth of a Vec of events. Such a ledger cannot be
+    // replayed, so projection checkpoints (a durability feature) are off.
+    Ok(Tidegate::builder()
+        .store(Arc::new(MemoryStore::new().retain_events(false)))
+        .checkpoints(CheckpointPolicy::never())
+        .build()?)
 }
 
 fn engine_at(level: Level, isolation: Isolation) -> anyhow::Result<Tidegate> {
     Ok(Tidegate::builder()
         .store(Arc::new(MemoryStore::new().retain_events(false)))
+        .checkpoints(CheckpointPolicy::never())
         .level(level)
         .isolation(isolation)
         .build()?)
