@@ -1905,13 +1905,12 @@ fn check_reason(id: TxId, t: &LTx, rec: &TxRec, groups: &[GroupRec], txs: &BTree
         AbortReason::ProtocolViolation { .. } => rec.violated,
         AbortReason::Explicit { .. } => rec.aborted_by_agent,
         // L2: the predecessor's commit was retracted, and this transaction read a scope that
-        // commit wrote while the commit was decided (at or after its stamp, or just below it
-        // while its held effects there were unreleased; before the retraction's fresh version).
+        // commit wrote before the retraction's fresh version (the version each read recorded,
+        // including the one just below an unreleased commit's stamp, is checked exactly in
+        // `check_decisions`).
         AbortReason::CascadingAbort { predecessor } => txs.get(predecessor).is_some_and(|p| {
-            let (Some(stamp), Some(retracted)) = (p.stamp(), p.retract_stamp) else { return false };
-            t.reads.iter().any(|(s, v)| {
-                (stamp - 1..retracted).contains(v) && p.writes().iter().any(|w| reference::overlaps(w, s))
-            })
+            let (Some(_), Some(retracted)) = (p.stamp(), p.retract_stamp) else { return false };
+            t.reads.iter().any(|(s, v)| *v < retracted && p.writes().iter().any(|w| reference::overlaps(w, s)))
         }),
         other => return Err(format!("{id} aborted for a reason this model does not know: {other}")),
     };
