@@ -144,6 +144,15 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
+/// The smallest of 1, 2, 2.5 and 5 times a power of ten that is at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    if !(raw.is_finite() && raw > 0.0) {
+        return 1.0;
+    }
+    let pow = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * pow).find(|s| *s >= raw).unwrap_or(10.0 * pow)
+}
+
 /// Renders a plot as a standalone SVG (hand-written; no plotting dependency).
 pub fn svg(p: &Plot) -> String {
     let (w, h, left, right, top, bottom) = (760.0, 420.0, 70.0, 210.0, 40.0, 60.0);
@@ -181,8 +190,11 @@ pub fn svg(p: &Plot) -> String {
         top + ph / 2.0,
         esc(&p.y_label),
     );
-    for i in 0..=4 {
-        let y = ymax / 1.1 * f64::from(i) / 4.0;
+    // Gridlines at a "nice" step (1, 2, 2.5 or 5 times a power of ten), about four of them.
+    let step = nice_step(ymax / 1.1 / 4.0);
+    let ticks = (ymax / step).floor().clamp(1.0, 20.0) as u32;
+    for i in 0..=ticks {
+        let y = step * f64::from(i);
         let _ = writeln!(
             s,
             "<line x1=\"{left}\" y1=\"{0:.1}\" x2=\"{1}\" y2=\"{0:.1}\" stroke=\"#ddd\"/><text x=\"{2}\" y=\"{3:.1}\" text-anchor=\"end\">{4}</text>",
@@ -234,9 +246,11 @@ pub fn svg(p: &Plot) -> String {
         for (si, (_, v)) in p.series.iter().enumerate() {
             let c = PALETTE[si % PALETTE.len()];
             let path: Vec<String> = v.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
+            // Later series are dashed, so a series drawn over an equal one leaves it visible.
+            let dash = ["", "8,4", "3,3", "12,4,3,4"][si % 4];
             let _ = writeln!(
                 s,
-                "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>",
+                "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" stroke-dasharray=\"{dash}\" points=\"{}\"/>",
                 path.join(" ")
             );
             for &(x, y) in v {
