@@ -158,7 +158,13 @@ impl Transaction {
             compensable: tool.compensable(),
         };
         let now = self.engine.inner.clock.now();
-        let (recorded, lsn) = self.engine.with_core(|c| c.record_effect(self.id, decl, now))?;
+        // Under L3 a call waits for the calls this transaction issued before it (asked under
+        // the same lock, so the usual one-call-at-a-time path costs no second lock).
+        let ((recorded, must_wait), lsn) = self.engine.with_core(|c| {
+            let r = c.record_effect(self.id, decl, now)?;
+            let wait = matches!(r, Recorded::Execute(id) if c.earlier_in_flight(self.id, id));
+            Ok((r, wait))
+        })?;
         let id = match recorded {
             // A held effect needs no sync before its acknowledgement: until the commit decision
             // is durable, a crash only means the transaction never commits.
@@ -175,7 +181,9 @@ impl Transaction {
                 id
             }
         };
-        self.turnstile(id).await;
+        if must_wait {
+            self.turnstile(id).await;
+        }
         let result = self.engine.execute(tool, args).await;
         let exec = self.engine.with_core(|c| c.executed(self.id, id, result.clone()));
         if self.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
@@ -200,12 +208,9 @@ impl Transaction {
 
     /// L3: waits until every eager call this transaction issued before `effect` has
     /// returned, so that calls reach the world in issuance order even when the agent issues
-    /// them concurrently. Below L3 it returns at once.
+    /// them concurrently (`Core::earlier_in_flight` is false below L3).
     async fn turnstile(&self, effect: tidegate_core::EffectId) {
         let inner = &self.engine.inner;
-        if inner.level < tidegate_core::Level::L3 {
-            return;
-        }
         loop {
             // Announced before the check, so the call that returns after it wakes us.
             inner.turnstile_used.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -4,7 +4,7 @@
 //! |-------|------|-------|
 //! | L0 | nothing: commits neither wait nor validate | [`Core::admissible`] |
 //! | L1 | stale-generation prevention ([`Isolation`]) and the epoch-order frontier | [`Core::validate`] |
-//! | L2 | wait for unsettled predecessors; cascade a retraction | [`Core::observe`], [`Core::retract`] |
+//! | L2 | wait for unsettled predecessors; cascade a retraction | [`Core::sight`], [`Core::retract`] |
 //! | L3 | a transaction's calls reach the world in issuance order | [`Core::earlier_in_flight`] |
 //! | L4 | commit validates the registry pins | [`Core::validate`] |
 
@@ -18,6 +18,15 @@ use crate::error::{EngineError, TxState};
 use crate::ids::{EffectId, Epoch, TxId};
 use crate::scope::Scope;
 use crate::trace::{TRACE_SCHEMA_VERSION, TraceRead, TraceRecord, TraceTool};
+
+/// What one read sees: see [`Core::sight`].
+#[derive(Debug)]
+pub(super) struct Sight {
+    /// The version the read records.
+    pub(super) version: crate::ids::Version,
+    /// Unsettled (or, below L2, retracted) commits whose writes overlap the scope.
+    pub(super) writers: SmallVec<[TxId; 2]>,
+}
 
 impl Core {
     /// The level in force.
@@ -52,33 +61,51 @@ impl Core {
         Err(EngineError::LockConflict { tx, scope })
     }
 
-    /// The version a read of `scope` by `tx` observes. A commit that is decided but whose held
-    /// effects on the scope have not all reached the world yet is not visible: the world does
-    /// not show it, so a plan built on what the agent reads there would be built on the state
-    /// before it. The read therefore records a version just below that commit's stamp, and
-    /// the reader's commit aborts `stale_read` (at L1 and above) instead of committing a plan
-    /// made on the old state. Below L1 it sees the version as stamped.
-    pub(super) fn visible_version(&self, tx: TxId, scope: &Scope) -> crate::ids::Version {
-        let version = self.index.version(scope);
-        if !self.validates_reads() || !self.may_see_unsettled(tx, scope) {
-            return version;
+    /// What a read of `scope` by `tx` sees, in one pass over the unsettled commits.
+    ///
+    /// * Its **version**. A commit that is decided but whose held effects on the scope have
+    ///   not all reached the world yet is not visible: the world does not show it, so a plan
+    ///   built on what the agent reads there would be built on the state before it. At L1 and
+    ///   above (validated reads) the read therefore records a version just below that
+    ///   commit's stamp, and the reader's commit aborts `stale_read` instead of committing a
+    ///   plan made on the old state.
+    /// * Its **predecessors**: the unsettled commits whose writes overlap the scope, and,
+    ///   below L2, the writer of a retracted version.
+    pub(super) fn sight(&self, tx: TxId, scope: &Scope) -> Sight {
+        let committed = self.index.version(scope);
+        let mut sight = Sight { version: committed, writers: SmallVec::new() };
+        if let Some(&w) = self.retracted.get(&committed.0) {
+            sight.writers.push(w);
         }
-        let unreleased = self
-            .committing
-            .iter()
-            .filter(|c| **c != tx)
-            .filter_map(|c| self.txs.get(c))
-            .filter(|w| {
-                w.effects
-                    .iter()
-                    .any(|e| matches!(e.status, EffStatus::Held(_)) && e.scopes.iter().any(|s| s.overlaps(scope)))
-            })
-            .filter_map(|w| w.lv.stamp)
-            .min();
-        match unreleased {
-            Some(s) if s <= version.0 => crate::ids::Version(s - 1),
-            _ => version,
+        if !self.may_see_unsettled(tx, scope) {
+            return sight;
         }
+        let hide = self.validates_reads();
+        let mut unreleased: Option<u64> = None;
+        for &c in self.committing.iter().filter(|c| **c != tx) {
+            let Some(w) = self.txs.get(&c) else { continue };
+            let mut wrote = false;
+            for e in w.effects.iter().filter(|e| e.status != EffStatus::Replayed) {
+                if e.scopes.iter().any(|s| s.overlaps(scope)) {
+                    wrote = true;
+                    if hide
+                        && matches!(e.status, EffStatus::Held(_))
+                        && let Some(st) = w.lv.stamp
+                    {
+                        unreleased = Some(unreleased.map_or(st, |u| u.min(st)));
+                    }
+                }
+            }
+            if wrote && !sight.writers.contains(&c) {
+                sight.writers.push(c);
+            }
+        }
+        if let Some(s) = unreleased
+            && s <= committed.0
+        {
+            sight.version = crate::ids::Version(s - 1);
+        }
+        sight
     }
 
     /// Whether a decided, unsettled commit may have written something overlapping `scope`
@@ -102,31 +129,14 @@ impl Core {
         }
     }
 
-    /// Records what a read of `scope` observed beyond its version: the unsettled commits whose
-    /// writes it saw (its causal predecessors) and the registry pin.
-    pub(super) fn observe(&mut self, tx: TxId, scope: &Scope) {
-        let mut found: SmallVec<[TxId; 2]> = SmallVec::new();
-        let scan = self.may_see_unsettled(tx, scope);
-        for &c in self.committing.iter().filter(|_| scan) {
-            if c == tx {
-                continue;
-            }
-            if let Some(w) = self.txs.get(&c)
-                && w.effects
-                    .iter()
-                    .any(|e| e.status != EffStatus::Replayed && e.scopes.iter().any(|s| s.overlaps(scope)))
-            {
-                found.push(c);
-            }
-        }
-        let stamp = self.stamp;
-        let reg = self.registry.version;
-        let retracted = self.index.version(scope).0;
-        let retracted_by = self.retracted.get(&retracted).copied();
+    /// Records what a new read observed beyond its version: its logical time, its causal
+    /// predecessors ([`Core::sight`]) and the registry pin.
+    pub(super) fn observe(&mut self, tx: TxId, writers: &[TxId]) {
+        let (stamp, reg) = (self.stamp, self.registry.version);
         let Some(t) = self.txs.get_mut(&tx) else { return };
         t.lv.read_at.push(stamp);
         t.lv.reg_seen.get_or_insert(reg);
-        for c in found.into_iter().chain(retracted_by) {
+        for &c in writers {
             if !t.lv.preds.contains(&c) {
                 t.lv.preds.push(c);
             }
@@ -162,8 +172,10 @@ impl Core {
         }
     }
 
-    /// Level checks at the commit decision, after the frontier let it through (or, for the
-    /// read-only bypass, instead of it). `Some(reason)`: abort.
+    /// Level checks at the commit decision, made before the frontier is consulted: every
+    /// reason found here persists (versions and signatures only grow, a doomed reader stays
+    /// doomed), so a transaction that would fail them aborts without waiting. Skipped by the
+    /// read-only bypass. `Some(reason)`: abort.
     pub(super) fn validate(&self, t: &Tx) -> Option<AbortReason> {
         let lvl = self.cfg.level;
         if lvl >= Level::L2
@@ -213,12 +225,6 @@ impl Core {
         None
     }
 
-    /// Whether the stale-read check would abort `t` now (used to wake it early).
-    pub(super) fn doomed_now(&self, t: &Tx) -> bool {
-        (self.cfg.level >= Level::L2 && t.lv.doomed.is_some())
-            || (self.validates_reads() && t.reads.iter().any(|(s, v)| self.index.version(s) > *v))
-    }
-
     /// Snapshot isolation's read-only bypass: a transaction with no effects commits at once.
     pub(super) fn read_only_bypass(&self, t: &Tx) -> bool {
         self.cfg.level >= Level::L1 && self.cfg.isolation == Isolation::SnapshotIsolation && t.effects.is_empty()
@@ -237,9 +243,12 @@ impl Core {
         if self.cfg.level < Level::L3 {
             return false;
         }
-        self.txs
-            .get(&tx)
-            .is_some_and(|t| t.effects.iter().take(effect.0 as usize).any(|e| e.status == EffStatus::InFlight))
+        self.txs.get(&tx).is_some_and(|t| {
+            // The common case, one call at a time: only `effect` itself is in flight.
+            let own = t.effects.get(effect.0 as usize).is_some_and(|e| e.status == EffStatus::InFlight);
+            t.in_flight > u32::from(own)
+                && t.effects.iter().take(effect.0 as usize).any(|e| e.status == EffStatus::InFlight)
+        })
     }
 
     /// Under a global frontier: whether an unfinished transaction with a smaller epoch exists.

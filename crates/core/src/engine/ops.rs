@@ -219,7 +219,8 @@ impl Core {
     pub fn read(&mut self, tx: TxId, scope: &Scope, now: Timestamp) -> Result<ReadResult, EngineError> {
         self.check_touch(tx, scope, "read of", now)?;
         self.lock_check(tx, scope)?;
-        let version = self.visible_version(tx, scope);
+        let sight = self.sight(tx, scope);
+        let version = sight.version;
         let t = self.txs.get_mut(&tx).expect("checked by check_touch");
         let staged = t
             .effects
@@ -230,7 +231,7 @@ impl Core {
         if !t.reads.iter().any(|(s, v)| s == scope && *v == version) {
             t.reads.push((scope.clone(), version));
             self.events.push(Event::Read { tx, scope: scope.as_arc(), version });
-            self.observe(tx, scope);
+            self.observe(tx, &sight.writers);
         }
         Ok(ReadResult { version, staged })
     }

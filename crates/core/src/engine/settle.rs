@@ -201,21 +201,15 @@ impl Core {
         }
         let epoch = t.epoch;
         if !self.read_only_bypass(t) {
-            // A stale read can only get staler (and a doomed reader stays doomed): abort it
-            // now rather than after waiting.
-            if self.doomed_now(t)
-                && let Some(reason) = self.validate(t)
-            {
+            // Every reason `validate` finds only persists (versions and signatures only grow,
+            // a doomed reader stays doomed): abort now rather than after waiting.
+            if let Some(reason) = self.validate(t) {
                 self.waiting.remove(&(epoch, tx));
                 return Ok(Decision::Abort(self.abort(tx, reason)?));
             }
             if !self.admissible(t) {
                 self.waiting.insert((epoch, tx));
                 return Ok(Decision::Wait);
-            }
-            if let Some(reason) = self.validate(t) {
-                self.waiting.remove(&(epoch, tx));
-                return Ok(Decision::Abort(self.abort(tx, reason)?));
             }
         }
         self.waiting.remove(&(epoch, tx));
@@ -671,7 +665,7 @@ impl Core {
         };
         for &(e, w) in self.waiting.range((from, TxId(0))..) {
             let Some(t) = self.txs.get(&w) else { continue };
-            if self.doomed_now(t) || self.admissible(t) {
+            if self.validate(t).is_some() || self.admissible(t) {
                 woken.push((e, w));
             }
         }
