@@ -931,6 +931,10 @@ class Transaction:
         except TidegateError as e:
             self._record_abort(e)
             raise
+        return self._ack(tool, kind, eff, out)
+
+    def _ack(self, tool: Tool, kind: int, eff: int, out: Any) -> Any:
+        """The agent's answer: the output of an executed or replayed call, else a :class:`Held`."""
         if kind == 0 or kind == 3:
             return out
         held = Held(tool.name, eff, _KINDS[kind])
@@ -962,11 +966,7 @@ class Transaction:
         except TidegateError as e:
             self._record_abort(e)
             raise
-        if kind == 0 or kind == 3:
-            return out
-        held = Held(tool.name, eff, _KINDS[kind])
-        self._held.append(held)
-        return held
+        return self._ack(tool, kind, eff, out)
 
     # -- settlement ---------------------------------------------------------------------------
 

@@ -55,6 +55,16 @@ impl Mode {
         Mode::Tidegate(TgConfig { level: l, ..TgConfig::FULL })
     }
 
+    /// Tidegate at each level below the full engine (L1 with each strategy), lowest first.
+    pub const TX_LEVELS: [Mode; 6] = [
+        Mode::tx_level(TgLevel::L0),
+        Mode::tx_level(TgLevel::L1),
+        Mode::tx_level(TgLevel::L1Snapshot),
+        Mode::tx_level(TgLevel::L1Pessimistic),
+        Mode::tx_level(TgLevel::L2),
+        Mode::tx_level(TgLevel::L3),
+    ];
+
     /// Tidegate with an adapter mistake.
     pub const fn tx_annotation(a: Annotation) -> Mode {
         Mode::Tidegate(TgConfig { annotation: a, ..TgConfig::FULL })

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::order_body;
 use crate::fault::FaultProfile;
-use crate::mech::tidegate::{TgAblation, TgLevel};
+use crate::mech::tidegate::TgAblation;
 use crate::mech::{TaskSpec, run_task};
 use crate::report::{Plot, Report, Table, ms};
 use crate::stats::Rate;
@@ -133,13 +133,10 @@ pub fn ablation_modes() -> Vec<Mode> {
         Mode::tx_ablation(TgAblation::NoStaleReadAbort),
         Mode::tx_ablation(TgAblation::NoFrontier),
         Mode::tx_ablation(TgAblation::GlobalFrontier),
-        Mode::tx_level(TgLevel::L0),
-        Mode::tx_level(TgLevel::L1),
-        Mode::tx_level(TgLevel::L1Snapshot),
-        Mode::tx_level(TgLevel::L1Pessimistic),
-        Mode::tx_level(TgLevel::L2),
-        Mode::tx_level(TgLevel::L3),
     ]
+    .into_iter()
+    .chain(Mode::TX_LEVELS)
+    .collect()
 }
 
 /// Runs the workload.

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::order_body;
 use crate::fault::{FaultClass, FaultProfile};
 use crate::mech::tcc::Wiring;
-use crate::mech::tidegate::{TgAblation, TgLevel};
+use crate::mech::tidegate::TgAblation;
 use crate::mech::{TaskSpec, run_task};
 use crate::report::{Plot, Report, Table, ms};
 use crate::sinks::Sink;
@@ -35,13 +35,10 @@ pub fn modes() -> Vec<Mode> {
         Mode::tx_ablation(TgAblation::NoStaleReadAbort),
         Mode::PerCallLock,
         Mode::CheckpointReplay,
-        Mode::tx_level(TgLevel::L0),
-        Mode::tx_level(TgLevel::L1),
-        Mode::tx_level(TgLevel::L1Snapshot),
-        Mode::tx_level(TgLevel::L1Pessimistic),
-        Mode::tx_level(TgLevel::L2),
-        Mode::tx_level(TgLevel::L3),
     ]
+    .into_iter()
+    .chain(Mode::TX_LEVELS)
+    .collect()
 }
 
 /// The fault regimes (columns).
