@@ -51,7 +51,9 @@ from langgraph.prebuilt.tool_node import ToolRuntime
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from .core import EFFECTS, Held, Tidegate, Tool, default_engine
+from .engine import Tidegate, default_engine
+from .outcome import Held
+from .tools import EFFECTS, Tool
 from .errors import Aborted, InvalidArgument, KeyUnresolved, TidegateError, ToolFailed, Vetoed
 
 __all__ = ["ToolNode", "Declaration", "effect"]
@@ -527,30 +529,11 @@ class ToolNode(_StockToolNode):
 
 
 def _call(tx: Any, adapter: Tool, call: Dict[str, Any], scopes: List[str], key: Optional[str]) -> Any:
-    native = tx._tx()
-    h = tx._engine._handles.get(adapter) or tx._engine.register(adapter)
-    kind, eff, out = native.call(h, (), {"call": _json_call(call)}, scopes, key)
-    return _ack(tx, adapter, kind, eff, out)
+    return tx._call(adapter, (), {"call": _json_call(call)}, scopes, key)
 
 
 async def _acall(tx: Any, adapter: Tool, call: Dict[str, Any], scopes: List[str], key: Optional[str]) -> Any:
-    import asyncio
-
-    native = tx._tx()
-    h = tx._engine._handles.get(adapter) or tx._engine.register(adapter)
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-    native.call_async(h, (), {"call": _json_call(call)}, scopes, key, loop, contextvars.copy_context(), fut)
-    kind, eff, out = await fut
-    return _ack(tx, adapter, kind, eff, out)
-
-
-def _ack(tx: Any, adapter: Tool, kind: int, eff: int, out: Any) -> Any:
-    if kind == 0 or kind == 3:
-        return out
-    held = Held(adapter.name, eff, "staged" if kind == 1 else "queued")
-    tx._held.append(held)
-    return held
+    return await tx._acall(adapter, (), {"call": _json_call(call)}, scopes, key)
 
 
 def _json_call(call: Dict[str, Any]) -> Dict[str, Any]:
