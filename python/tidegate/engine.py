@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
-from . import _context, _native
+from . import _context
+from . import _native
 from .errors import InvalidArgument, TidegateError
 from .outcome import RunResult
 from .speculation import Speculation

@@ -123,7 +123,8 @@ class PartialCommit(TidegateError):
     """The transaction committed, but only part of its held effects reached the world: a
     release failed after retries once earlier ones had fired (an irreversible effect cannot be
     taken back). ``outcome.partial`` names what was released, what failed and what was never
-    attempted; each effect is tagged ``partial-commit``. Not retryable: what fired stays fired.
+    attempted; the failed effect and those after it are tagged ``partial-commit``. Not
+    retryable: what fired stays fired.
     Raised by ``commit()`` and when a ``with`` block commits, as an abort would be, so that it
     cannot go unnoticed."""
 

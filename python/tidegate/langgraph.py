@@ -156,7 +156,7 @@ _nodes: Dict[str, "ToolNode"] = {}
 
 def _node(full: str) -> "ToolNode":
     turn = _turn.get()
-    if turn is not None and full.startswith(turn.node.name + "/"):
+    if turn is not None and full.startswith(f"{turn.node.name}/"):
         return turn.node
     return _nodes[full]
 
@@ -368,12 +368,12 @@ class ToolNode(_StockToolNode):
         engine = self.engine
         plan: List[_Planned] = []
         for tc in tool_calls:
-            call: Dict[str, Any] = dict(tc)
-            name = call["name"]
+            c: Dict[str, Any] = dict(tc)
+            name = c["name"]
             if name not in self.tools_by_name:
-                plan.append(_Planned(call, None, [], None))
+                plan.append(_Planned(c, None, [], None))
                 continue
-            plan.append(_Planned(call, self._adapter(engine, name), self._scopes(name, call.get("args", {})), self._key(name, call, config)))
+            plan.append(_Planned(c, self._adapter(engine, name), self._scopes(name, c.get("args", {})), self._key(name, c, config)))
         may_touch = sorted({s for p in plan if p.adapter is not None for s in p.scopes})
         return list(tool_calls), input_type, turn, plan, may_touch
 
@@ -438,7 +438,7 @@ class ToolNode(_StockToolNode):
         if verdict is not True:
             raise _Rejected(str(verdict))
 
-    def _func(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:  # type: ignore[override]
+    def _func(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:
         tool_calls, input_type, turn, plan, may_touch = self._prepare(input, config, runtime, aio=False)
         try:
             self._approve_turn(plan)  # may raise GraphInterrupt: nothing has run yet
@@ -477,7 +477,7 @@ class ToolNode(_StockToolNode):
         outputs = self._messages(plan, acks, turn, tx, failure)
         return self._combine_tool_outputs(outputs, input_type)  # type: ignore[arg-type]
 
-    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:  # type: ignore[override]
+    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:
         tool_calls, input_type, turn, plan, may_touch = self._prepare(input, config, runtime, aio=True)
         try:
             await self._aapprove_turn(plan)  # may raise GraphInterrupt: nothing has run yet

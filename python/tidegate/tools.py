@@ -255,7 +255,7 @@ class Tool:
 class AsyncTool(Tool):
     """A :class:`Tool` wrapping a coroutine function: ``await`` its calls."""
 
-    async def __call__(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tx = _context.current.get()
         if tx is not None:
             return await tx.acall(self, *args, **kwargs)
