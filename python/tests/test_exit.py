@@ -18,6 +18,9 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAM = os.path.join(HERE, "exit_program.py")
+# How many processes each of the three programs runs (python/run-tests.sh uses fewer on the
+# other interpreters it tests).
+RUNS = int(os.environ.get("TIDEGATE_EXIT_RUNS", "50"))
 
 
 def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -37,11 +40,11 @@ def forked_statuses(mode: str, n: int, *extra: str) -> Counter:
 @pytest.mark.parametrize("mode", ["async_graph", "sync_graph"])
 def test_langgraph_program_exits_with_status_zero_fifty_times(mode):
     pytest.importorskip("langgraph")
-    forked_statuses(mode, 50)
+    forked_statuses(mode, RUNS)
 
 
 def test_plain_async_transaction_program_exits_with_status_zero_fifty_times():
-    forked_statuses("async_tx", 50)
+    forked_statuses("async_tx", RUNS)
 
 
 def test_async_graph_exits_cleanly_in_fresh_interpreters():

@@ -48,13 +48,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.runnables.config import get_config_list
+from langchain_core.runnables.config import get_config_list, set_config_context
 from langchain_core.tools import BaseTool
 from langgraph.prebuilt import ToolNode as _StockToolNode
 from langgraph.prebuilt.tool_node import ToolRuntime
@@ -427,11 +428,18 @@ class ToolNode(_StockToolNode):
         if verdict is not True:
             raise _Rejected(str(verdict))
 
-    async def _aapprove_turn(self, plan: List[_Planned]) -> None:
+    async def _aapprove_turn(self, plan: List[_Planned], config: RunnableConfig) -> None:
         approver = self._approver(plan)
         if approver is None:
             return
-        answer = approver(self.plan_view(plan))
+        if sys.version_info < (3, 11):
+            # Before 3.11 asyncio tasks cannot carry LangGraph's config context, so interrupt()
+            # cannot find it (stock LangGraph's async interrupt fails the same way); give it
+            # the node's config explicitly.
+            with set_config_context(config) as ctx:
+                answer = ctx.run(approver, self.plan_view(plan))
+        else:
+            answer = approver(self.plan_view(plan))
         if inspect.isawaitable(answer):
             answer = await answer
         verdict = _verdict(answer)
@@ -480,7 +488,7 @@ class ToolNode(_StockToolNode):
     async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:
         tool_calls, input_type, turn, plan, may_touch = self._prepare(input, config, runtime, aio=True)
         try:
-            await self._aapprove_turn(plan)  # may raise GraphInterrupt: nothing has run yet
+            await self._aapprove_turn(plan, config)  # may raise GraphInterrupt: nothing has run yet
         except _Rejected as r:
             return self._combine_tool_outputs(self._rejected(plan, str(r)), input_type)  # type: ignore[arg-type]
         token = _turn.set(turn)
