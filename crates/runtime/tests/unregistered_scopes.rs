@@ -15,7 +15,7 @@ fn charge() -> Tool {
         .scope(|a| format!("stripe:charge:{}", a["id"].as_str().unwrap_or_default()))
         .call(|_| async { Ok(json!("charged")) })
         .build()
-        .unwrap()
+        .expect("a valid tool")
 }
 
 fn aborted_kind(err: &Error) -> Option<&'static str> {
