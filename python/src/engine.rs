@@ -140,7 +140,14 @@ impl Engine {
             });
         let trace = match &trace {
             Some(path) => {
-                let t = Arc::new(FileTrace::create(path).map_err(|e| to_pyerr(py, &e, None))?);
+                let t = Arc::new(FileTrace::create(path).map_err(|e| {
+                    invalid(
+                        py,
+                        "trace",
+                        &format!("{:?}", path.display().to_string()),
+                        &format!("a file that can be created ({e})"),
+                    )
+                })?);
                 TRACES.lock().push(Arc::downgrade(&t));
                 b = b.trace(t.clone());
                 Some(t)

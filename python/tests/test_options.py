@@ -100,6 +100,12 @@ def test_trace_file_holds_one_record_per_transaction_and_tidegate_check_reads_it
     assert report["records"] == 4, report
 
 
+def test_unwritable_trace_path_is_refused_naming_it(tmp_path):
+    with pytest.raises(InvalidArgument) as info:
+        tidegate.open(trace=tmp_path / "no" / "such" / "dir.jsonl")
+    assert info.value.argument == "trace" and "dir.jsonl" in str(info.value)
+
+
 def test_trace_is_flushed_at_interpreter_exit(tmp_path):
     path = tmp_path / "exit.jsonl"
     program = (
