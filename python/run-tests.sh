@@ -1,23 +1,60 @@
 #!/usr/bin/env bash
-# Builds and installs the `tidegate` Python package from this directory, installs the pinned
-# test dependencies, and runs the Python test suites. Works on a fresh machine with Python >= 3.9,
-# pip and a Rust toolchain (PyPI reachable). Called by scripts/test.sh after `cargo test`.
+# Builds and tests the `tidegate` Python package in the repository's own virtual environments
+# (never the system Python): .venv/ at the repository root is created on first use and reused,
+# the pinned dependencies are installed into it when python/requirements-*.txt change, the
+# wheel is built once (release, cached in python/target) and installed, and pytest runs from
+# it. Then the same wheel is tested on the oldest and newest supported CPython found on this
+# machine (3.10 and 3.13; see scripts/python-env.sh for where it looks), each in its own
+# environment under .venv/versions/.
 #
-#   python/run-tests.sh            # build (release, cached in python/target) + all tests
-#   python/run-tests.sh -k order   # extra arguments go to pytest
+#   python/run-tests.sh              # everything (called by scripts/test.sh)
+#   python/run-tests.sh -k order     # extra arguments go to pytest (main interpreter only)
+#   PYTHON=python3.12 python/run-tests.sh     # another main interpreter (for a new .venv/)
+#   TIDEGATE_PYTHON_VERSIONS="" ...           # only the main interpreter
+#   TIDEGATE_REQUIRE_PYTHON_VERSIONS=1 ...    # fail (not skip) when one is missing (.ci/run)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-py="${PYTHON:-python3}"
+# shellcheck source=../scripts/python-env.sh
+source "$here/../scripts/python-env.sh"
+venv="$tidegate_venv"
 
-# Pinned so that the LangGraph tests run against one known release of langgraph.
-"$py" -m pip install --quiet --disable-pip-version-check \
-    "maturin==1.16.0" "pytest==9.2.0" "hypothesis==6.170.15" \
-    "langgraph==1.2.22" "langgraph-prebuilt==1.1.2" "langgraph-checkpoint==4.3.2" \
-    "langgraph-checkpoint-sqlite==3.1.2" "langchain-core==1.7.2"
+tidegate_make_venv "${PYTHON:-python3}" "$venv"
+tidegate_install_requirements "$venv" "$here/requirements-dev.txt"
+tidegate_install_requirements "$venv" "$here/requirements-test.txt"
 
-# The wheel build reuses python/target between runs, so only the first build is slow.
-"$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$here"
+# One abi3 wheel for every interpreter; cargo's incremental build in python/target makes an
+# unchanged tree cost a few seconds.
+wheels="$here/target/wheels-test"
+rm -rf "$wheels"
+(cd "$here" && "$venv/bin/maturin" build --release --quiet --out "$wheels" >/dev/null)
+wheel="$(ls "$wheels"/tidegate-*.whl)"
+"$venv/bin/python" -m pip install --require-virtualenv --quiet --disable-pip-version-check \
+    --force-reinstall --no-deps "$wheel"
 
-# Run from a directory that does not contain the source package, so the installed one is tested.
+# Tests run from python/tests, which does not contain the source package, so the installed one
+# is tested. mypy and the API reference check are tests there (tests/test_docs.py).
 cd "$here/tests"
-exec "$py" -m pytest -q -p no:cacheprovider "$@" .
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" .
+
+missing=()
+for v in $TIDEGATE_PYTHON_VERSIONS; do
+    if ! py="$(tidegate_find_python "$v")"; then
+        missing+=("$v")
+        continue
+    fi
+    env_dir="$venv/versions/$v"
+    echo "== CPython $v ($py)"
+    tidegate_make_venv "$py" "$env_dir"
+    tidegate_install_requirements "$env_dir" "$here/requirements-test.txt"
+    "$env_dir/bin/python" -m pip install --require-virtualenv --quiet --disable-pip-version-check \
+        --force-reinstall --no-deps "$wheel"
+    TIDEGATE_EXIT_RUNS="${TIDEGATE_EXIT_RUNS:-10}" "$env_dir/bin/python" -m pytest -q -p no:cacheprovider .
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    msg="CPython ${missing[*]} not found on this machine (PATH, pyenv, or uv: .ci/run installs them with uv)"
+    if [ "${TIDEGATE_REQUIRE_PYTHON_VERSIONS:-0}" = 1 ]; then
+        echo "error: $msg" >&2
+        exit 1
+    fi
+    echo "warning: $msg; their tests were skipped" >&2
+fi

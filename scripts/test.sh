@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command (README "Quick start"): the Rust workspace, then the Python package.
+# The project's test command (README "Quick start"): the Rust workspace, then the Python
+# package in the repository's own virtual environment (.venv/, created on first use; the
+# system Python is never installed into). .ci/run runs the same command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace
+# The CLI binary the workspace tests built: the Python tests check their trace with it.
+export TIDEGATE_BIN="$PWD/target/debug/tidegate"
 if [ -f python/run-tests.sh ]; then
     bash python/run-tests.sh
 fi

@@ -13,8 +13,9 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule, PyTuple};
-use tidegate_runtime::hooks::{PreCommitHook, Verdict};
 use tokio::sync::oneshot;
+
+use crate::interp;
 
 /// The asyncio side of a call: the caller's event loop and its `contextvars` context.
 pub(crate) struct Aio {
@@ -25,16 +26,23 @@ pub(crate) struct Aio {
 /// The context of one engine operation driven from Python.
 #[derive(Default)]
 pub(crate) struct CallCtx {
-    /// The Python arguments of the eager call in progress (`args`, `kwargs`).
-    pub(crate) live: Option<(Py<PyTuple>, Option<Py<PyDict>>)>,
+    /// The Python arguments of the eager call in progress.
+    pub(crate) live: Option<LiveArgs>,
     /// The live output of that call.
     pub(crate) output: Mutex<Option<Py<PyAny>>>,
     /// The last exception a callback raised (chained as the cause of the engine's error).
     pub(crate) error: Mutex<Option<Py<PyAny>>>,
     /// Outputs of held effects released during a commit, in release (issuance) order.
-    pub(crate) released: Mutex<Vec<(String, Py<PyAny>)>>,
+    pub(crate) released: Mutex<Vec<Py<PyAny>>>,
     /// Set for asyncio callers.
     pub(crate) aio: Option<Aio>,
+}
+
+/// The arguments of the eager call in progress, as the caller passed them, and its call id.
+pub(crate) struct LiveArgs {
+    pub(crate) args: Py<PyTuple>,
+    pub(crate) kwargs: Option<Py<PyDict>>,
+    pub(crate) call_id: Option<String>,
 }
 
 tokio::task_local! {
@@ -88,7 +96,7 @@ pub(crate) async fn invoke(
     let aio = ctx.as_ref().and_then(|c| c.aio.as_ref());
     let Some(aio) = aio else {
         // Sync caller (or no caller: recovery, lease expiry): call inline.
-        return Python::attach(|py| {
+        return interp::attach(|py| {
             let run = || -> PyResult<Py<PyAny>> {
                 let (a, k) = build(py)?;
                 if is_async {
@@ -102,7 +110,7 @@ pub(crate) async fn invoke(
     };
     if is_async {
         let (tx, rx) = oneshot::channel();
-        let scheduled = Python::attach(|py| -> Result<(), Py<PyAny>> {
+        let scheduled = interp::attach(|py| -> Result<(), Py<PyAny>> {
             let go = || -> PyResult<()> {
                 let (a, k) = build(py)?;
                 let done = Py::new(py, Completion { tx: Mutex::new(Some(tx)) })?;
@@ -121,14 +129,14 @@ pub(crate) async fn invoke(
         scheduled?;
         return match rx.await {
             Ok(r) => r,
-            Err(_) => Err(Python::attach(|py| {
+            Err(_) => Err(interp::attach(|py| {
                 exception_object(py, pyo3::exceptions::PyRuntimeError::new_err("the event loop dropped the call"))
             })),
         };
     }
-    let (context, event_loop) = Python::attach(|py| (aio.context.clone_ref(py), aio.event_loop.clone_ref(py)));
+    let (context, event_loop) = interp::attach(|py| (aio.context.clone_ref(py), aio.event_loop.clone_ref(py)));
     let joined = tokio::task::spawn_blocking(move || {
-        Python::attach(|py| {
+        interp::attach(|py| {
             let run = || -> PyResult<Py<PyAny>> {
                 let (a, k) = build(py)?;
                 Ok(bridge(py)?
@@ -142,7 +150,7 @@ pub(crate) async fn invoke(
     .await;
     match joined {
         Ok(r) => r,
-        Err(e) => Err(Python::attach(|py| {
+        Err(e) => Err(interp::attach(|py| {
             exception_object(py, pyo3::exceptions::PyRuntimeError::new_err(format!("callback thread failed: {e}")))
         })),
     }
@@ -164,60 +172,16 @@ pub(crate) fn is_error(py: Python<'_>, exc: &Py<PyAny>, name: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// A Python pre-commit hook: `fn(view) -> True | None` approves, `False` or a string (the
-/// reason) vetoes; an exception vetoes and becomes the cause of the `Vetoed` error.
-pub(crate) struct PyHook {
-    pub(crate) name: String,
-    pub(crate) f: Arc<Py<PyAny>>,
-    pub(crate) is_async: bool,
+/// `repr()` of a value for error messages.
+pub(crate) fn repr(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unrepresentable>".to_owned())
 }
 
-impl PreCommitHook for PyHook {
-    fn name(&self) -> &str {
-        &self.name
+/// Refuses a non-callable `field` with `InvalidArgument`.
+pub(crate) fn is_callable(py: Python<'_>, field: &str, f: &Py<PyAny>, optional: bool) -> PyResult<()> {
+    if f.bind(py).is_callable() {
+        return Ok(());
     }
-
-    fn check<'a>(&'a self, view: &'a tidegate_core::engine::SealedView) -> futures_boxed::BoxFuture<'a, Verdict> {
-        let ctx = current();
-        let view = view.clone();
-        let f = self.f.clone();
-        let is_async = self.is_async;
-        Box::pin(async move {
-            let build: ArgBuilder = Box::new(move |py| {
-                let v = crate::view_to_py(py, &view)?;
-                Ok((PyTuple::new(py, [v])?.unbind(), None))
-            });
-            match invoke(f, is_async, build, ctx.clone()).await {
-                Ok(v) => Python::attach(|py| {
-                    let v = v.bind(py);
-                    if v.is_none() {
-                        return Verdict::Approve;
-                    }
-                    if let Ok(reason) = v.extract::<String>() {
-                        return Verdict::Veto(reason);
-                    }
-                    match v.is_truthy() {
-                        Ok(true) => Verdict::Approve,
-                        _ => Verdict::Veto("rejected".to_owned()),
-                    }
-                }),
-                Err(exc) => {
-                    let reason = Python::attach(|py| describe(py, &exc));
-                    if let Some(c) = &ctx {
-                        *c.error.lock() = Some(exc);
-                    }
-                    Verdict::Veto(reason)
-                }
-            }
-        })
-    }
-}
-
-/// `futures::future::BoxFuture` without depending on `futures`.
-pub(crate) mod futures_boxed {
-    use std::future::Future;
-    use std::pin::Pin;
-
-    /// A boxed, sendable future.
-    pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+    let expected = if optional { "a callable or None" } else { "a callable" };
+    Err(crate::errors::invalid(py, field, &repr(f.bind(py)), expected))
 }

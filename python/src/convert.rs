@@ -112,6 +112,13 @@ pub(crate) fn bind_args(
             let Ok(key) = k.extract::<String>() else {
                 return Err(bad(&k, "a keyword name of type str"));
             };
+            if key == CALL_ID {
+                return Err(NotJson {
+                    path: key,
+                    type_name: "reserved".to_owned(),
+                    why: "a keyword name other than `$call_id` (Tidegate records call ids under it)",
+                });
+            }
             let value = to_json(&v).map_err(|e| prefix(e, &key))?;
             map.insert(key, value);
         }
@@ -119,17 +126,23 @@ pub(crate) fn bind_args(
     Ok(Value::Object(map))
 }
 
-/// The inverse of [`bind_args`]: positional arguments and keyword arguments for a call.
+/// Where a call's id is recorded with its arguments (only for tools whose functions take a
+/// `call_id`; see `tool.rs`). Not a valid Python identifier, so no parameter can clash.
+pub(crate) const CALL_ID: &str = "$call_id";
+
+/// The inverse of [`bind_args`]: positional arguments and keyword arguments for a call, and
+/// the call id recorded with them (removed from the keyword arguments).
 pub(crate) fn unbind_args<'py>(
     py: Python<'py>,
     args: &Value,
     names: &[String],
-) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyDict>)> {
+) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyDict>, Option<String>)> {
     let kwargs = PyDict::new(py);
     let mut positional: Vec<Bound<'py, PyAny>> = Vec::new();
     let Value::Object(map) = args else {
-        return Ok((PyTuple::new(py, [to_py(py, args)?])?, kwargs));
+        return Ok((PyTuple::new(py, [to_py(py, args)?])?, kwargs, None));
     };
+    let call_id = map.get(CALL_ID).and_then(Value::as_str).map(str::to_owned);
     if let Some(Value::Array(extra)) = map.get("*args") {
         // Every named parameter was passed positionally.
         for n in names {
@@ -139,16 +152,18 @@ pub(crate) fn unbind_args<'py>(
             positional.push(to_py(py, v)?);
         }
         for (k, v) in map {
-            if k != "*args" && !names.contains(k) {
+            if k != "*args" && k != CALL_ID && !names.contains(k) {
                 kwargs.set_item(k, to_py(py, v)?)?;
             }
         }
     } else {
         for (k, v) in map {
-            kwargs.set_item(k, to_py(py, v)?)?;
+            if k != CALL_ID {
+                kwargs.set_item(k, to_py(py, v)?)?;
+            }
         }
     }
-    Ok((PyTuple::new(py, positional)?, kwargs))
+    Ok((PyTuple::new(py, positional)?, kwargs, call_id))
 }
 
 /// Converts JSON to the natural Python value (`dict`, `list`, `str`, `int`, `float`, `bool`,

@@ -54,6 +54,16 @@ fn classify(err: &Error) -> (&'static str, String) {
     }
 }
 
+/// The argument a bad-input error names (`may_touch[0]` is `may_touch`).
+fn argument_of(err: &Error) -> Option<String> {
+    let field = match err {
+        Error::Engine(EngineError::Scope { field, .. }) => field.as_str(),
+        Error::Engine(EngineError::InvalidArgument { field, .. }) | Error::InvalidArgument { field, .. } => field,
+        _ => return None,
+    };
+    Some(field.split(['[', ' ']).next().unwrap_or(field).to_owned())
+}
+
 /// Builds the Python exception for `err`, chaining `cause` (the exception a tool raised).
 pub(crate) fn to_pyerr(py: Python<'_>, err: &Error, cause: Option<Py<PyAny>>) -> PyErr {
     match build(py, err, cause) {
@@ -72,6 +82,9 @@ fn build(py: Python<'_>, err: &Error, cause: Option<Py<PyAny>>) -> PyResult<PyEr
     if let Some(o) = err.outcome() {
         let v = serde_json::to_value(o).unwrap_or_default();
         kw.set_item("outcome", to_py(py, &v)?)?;
+    }
+    if let Some(field) = argument_of(err) {
+        kw.set_item("argument", field)?;
     }
     let exc = cls.call((err.to_string(),), Some(&kw))?;
     if let Some(c) = cause {

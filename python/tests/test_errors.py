@@ -54,9 +54,9 @@ def test_wrong_types_for_engine_and_transaction_arguments(tg):
         tg.speculate(0)
     assert info.value.argument == "branches"
     with pytest.raises(InvalidScope) as info:
-        with tg.transaction(may_touch=["nosuchtype:x"]):
+        with tg.transaction(may_touch=["no type here"]):
             pass
-    assert "nosuchtype" in str(info.value)
+    assert "no type here" in str(info.value) and info.value.argument == "may_touch"
 
 
 def test_raising_scope_function_records_nothing(tg):
@@ -75,8 +75,8 @@ def test_raising_scope_function_records_nothing(tg):
     assert calls == [] and tx.outcome.committed and tx.outcome.effects == ()
 
 
-def test_scope_of_unknown_type_records_nothing(tg):
-    t = tidegate.tool(lambda order: order, scope=lambda order: f"bogus:{order}", effect="gated", name="t")
+def test_malformed_scope_records_nothing(tg):
+    t = tidegate.tool(lambda order: order, scope=lambda order: f"bo gus:{order}", effect="gated", name="t")
     with tg.transaction() as tx:
         with pytest.raises(InvalidScope):
             t("W1")

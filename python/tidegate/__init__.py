@@ -9,37 +9,22 @@ tagged. This package binds the Rust engine (``tidegate._native``) and adds a Pyt
 
     tg = tidegate.open()                      # in memory; tidegate.open("data") persists
 
-    @tidegate.tool(scope=lambda order_id, **_: f"retail:order:{order_id}",
+    @tidegate.tool(scope=lambda order_id, **_: f"shop:order:{order_id}",
                    effect="reversible", compensate=lambda result, order_id, **_: cancel(result))
     def refund(order_id: str, amount: int) -> dict: ...
 
-    with tg.transaction(agent="support", may_touch=["retail:order:W1"]) as tx:
-        tx.read("retail:order:W1")
+    with tg.transaction(agent="support", may_touch=["shop:order:W1"]) as tx:
+        tx.read("shop:order:W1")
         refund("W1", 20)
     print(tx.outcome.is_clean)
 
-See ``tidegate.langgraph`` for the LangGraph ``ToolNode`` drop-in.
+Modules: :mod:`tidegate.engine` (``open``, ``Tidegate``), :mod:`tidegate.transaction`,
+:mod:`tidegate.tools` (``tool``), :mod:`tidegate.speculation`, :mod:`tidegate.outcome`,
+:mod:`tidegate.errors`; :mod:`tidegate.langgraph` for the LangGraph ``ToolNode`` drop-in.
+Everything public is re-exported here.
 """
 
-from .core import (
-    EFFECTS,
-    AsyncTool,
-    EffectOutcome,
-    Happened,
-    Held,
-    Outcome,
-    ReadResult,
-    RunResult,
-    Speculation,
-    SpeculationOutcome,
-    Tidegate,
-    Tool,
-    Transaction,
-    current_transaction,
-    default_engine,
-    open,
-    tool,
-)
+from .engine import ISOLATIONS, LEVELS, ScopeType, Tidegate, default_engine, open
 from .errors import (
     Aborted,
     InvalidArgument,
@@ -49,6 +34,7 @@ from .errors import (
     LeaseExpired,
     LostBranch,
     OutcomeUnknown,
+    PartialCommit,
     ProtocolViolation,
     ReleaseFailed,
     SpeculationError,
@@ -62,11 +48,17 @@ from .errors import (
     WaitTimeout,
     WrongState,
 )
+from .outcome import EffectOutcome, Happened, Held, Outcome, ReadResult, RunResult, SpeculationOutcome
+from .speculation import Speculation
+from .tools import EFFECTS, AsyncTool, Tool, tool
+from .transaction import Transaction, current_transaction
 
 __version__ = "0.1.0"
 
 __all__ = [
     "EFFECTS",
+    "LEVELS",
+    "ISOLATIONS",
     "AsyncTool",
     "EffectOutcome",
     "Happened",
@@ -74,6 +66,7 @@ __all__ = [
     "Outcome",
     "ReadResult",
     "RunResult",
+    "ScopeType",
     "Speculation",
     "SpeculationOutcome",
     "Tidegate",
@@ -91,6 +84,7 @@ __all__ = [
     "LeaseExpired",
     "LostBranch",
     "OutcomeUnknown",
+    "PartialCommit",
     "ProtocolViolation",
     "ReleaseFailed",
     "SpeculationError",

@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Optional, Tuple
 
 
 def schedule(loop: asyncio.AbstractEventLoop, ctx: contextvars.Context, fn: Callable[..., Any],
-             args: tuple, kwargs: Any, done: Any) -> None:
+             args: Tuple[Any, ...], kwargs: Any, done: Any) -> None:
     """Runs coroutine function ``fn`` on ``loop`` in a copy of ``ctx``; reports to ``done``."""
     loop.call_soon_threadsafe(_start, loop, ctx, fn, args, kwargs or {}, done)
 
 
 def _start(loop: asyncio.AbstractEventLoop, ctx: contextvars.Context, fn: Callable[..., Any],
-           args: tuple, kwargs: dict, done: Any) -> None:
+           args: Tuple[Any, ...], kwargs: Dict[str, Any], done: Any) -> None:
     ctx = ctx.copy()
     try:
         coro = ctx.run(fn, *args, **kwargs)
@@ -39,7 +39,7 @@ def _start(loop: asyncio.AbstractEventLoop, ctx: contextvars.Context, fn: Callab
 
 
 def call_in(ctx: contextvars.Context, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
-            args: tuple, kwargs: Any) -> Any:
+            args: Tuple[Any, ...], kwargs: Any) -> Any:
     """Calls a plain function in a copy of the caller's context (from a worker thread). If it
     returns a coroutine, the coroutine runs on the caller's loop and this thread waits."""
     c = ctx.copy()
@@ -49,7 +49,7 @@ def call_in(ctx: contextvars.Context, loop: asyncio.AbstractEventLoop, fn: Calla
     return result
 
 
-def run_blocking(fn: Callable[..., Any], args: tuple, kwargs: Any) -> Any:
+def run_blocking(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Any) -> Any:
     """Runs coroutine function ``fn`` to completion from synchronous code."""
     try:
         asyncio.get_running_loop()
@@ -59,7 +59,7 @@ def run_blocking(fn: Callable[..., Any], args: tuple, kwargs: Any) -> Any:
     if not running:
         return asyncio.run(_await(fn, args, kwargs))
     # A loop runs on this thread (a sync tool API used inside async code): use another thread.
-    box: dict = {}
+    box: Dict[str, Any] = {}
 
     def target() -> None:
         try:
@@ -75,7 +75,7 @@ def run_blocking(fn: Callable[..., Any], args: tuple, kwargs: Any) -> Any:
     return box.get("ok")
 
 
-async def _await(fn: Callable[..., Any], args: tuple, kwargs: Any) -> Any:
+async def _await(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Any) -> Any:
     return await fn(*args, **(kwargs or {}))
 
 

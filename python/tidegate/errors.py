@@ -5,15 +5,20 @@ Every exception derives from :class:`TidegateError` and carries:
 * ``kind``: the engine's machine name (``"stale_read"``, ``"vetoed"``, ``"invalid_argument"``...);
 * ``retryable``: whether running the same work again (in a new transaction, for aborts) may
   succeed;
-* ``outcome``: for aborts, the :class:`~tidegate.Outcome` with every effect's settlement tag.
+* ``outcome``: for aborts and partial commits, the :class:`~tidegate.Outcome` with every
+  effect's settlement tag.
 
-Aborts derive from :class:`Aborted`. Bad input derives from :class:`InvalidArgument`, which is
+Aborts derive from :class:`Aborted`; a commit that released only some of its held effects
+raises :class:`PartialCommit`. Bad input derives from :class:`InvalidArgument`, which is
 also a :class:`ValueError` and names the argument.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+if TYPE_CHECKING:
+    from .outcome import Outcome
 
 __all__ = [
     "TidegateError",
@@ -26,6 +31,7 @@ __all__ = [
     "LostBranch",
     "LeaseExpired",
     "WaitTimeout",
+    "PartialCommit",
     "InvalidArgument",
     "InvalidScope",
     "WrongState",
@@ -44,7 +50,7 @@ class TidegateError(Exception):
 
     kind: str
     retryable: bool
-    outcome: Optional["Any"]
+    outcome: Optional["Outcome"]
     argument: Optional[str]
 
     def __init__(
@@ -53,7 +59,7 @@ class TidegateError(Exception):
         *,
         kind: str = "engine",
         retryable: bool = False,
-        outcome: Optional[dict] = None,
+        outcome: Optional[Dict[str, Any]] = None,
         argument: Optional[str] = None,
     ) -> None:
         super().__init__(message)
@@ -61,14 +67,14 @@ class TidegateError(Exception):
         self.retryable = retryable
         self.argument = argument
         if outcome is not None:
-            from .core import Outcome
+            from .outcome import Outcome
 
             self.outcome = Outcome._from_dict(outcome)
         else:
             self.outcome = None
 
     @property
-    def reason(self) -> Optional[dict]:
+    def reason(self) -> Optional[Dict[str, Any]]:
         """The abort reason as the engine records it (``{"kind": ..., ...}``), for aborts."""
         return self.outcome.reason if self.outcome is not None else None
 
@@ -113,12 +119,23 @@ class WaitTimeout(Aborted):
     """The commit could not be decided within ``wait_timeout``. Retryable."""
 
 
+class PartialCommit(TidegateError):
+    """The transaction committed, but only part of its held effects reached the world: a
+    release failed after retries once earlier ones had fired (an irreversible effect cannot be
+    taken back). ``outcome.partial`` names what was released, what failed and what was never
+    attempted; the failed effect and those after it are tagged ``partial-commit``. Not
+    retryable: what fired stays fired.
+    Raised by ``commit()`` and when a ``with`` block commits, as an abort would be, so that it
+    cannot go unnoticed."""
+
+
 class InvalidArgument(TidegateError, ValueError):
     """A malformed argument; ``argument`` names it. Nothing was registered or recorded."""
 
 
 class InvalidScope(InvalidArgument):
-    """A scope could not be canonicalised (unknown type, empty, control characters)."""
+    """A scope could not be canonicalised (empty, no type, control characters, too long or
+    too deep, ``..`` above the root); the message names the scope and the rule."""
 
 
 class WrongState(TidegateError):

@@ -7,64 +7,82 @@ ToolNode``. The node takes the same arguments, plus:
 * ``effects``: ``{tool_name: declaration}`` where a declaration is an effect class string
   (``"gated"``), a dict / :func:`effect` with ``effect``, ``scope``, ``compensate``, ``key``,
   ``probe``. Tools declared with ``@tidegate.tool`` need no entry;
-* ``approve``: a human approval before the turn commits, through LangGraph's ``interrupt()``:
-  ``True`` (every turn with effects), a collection of tool names (turns calling one of them),
-  or your own hook ``fn(view) -> bool | str`` (it may call ``interrupt()`` itself).
+* ``approve``: a human approval of the turn before any of its calls runs, through LangGraph's
+  ``interrupt()``: ``True`` (every turn with tool calls), a collection of tool names (turns
+  calling one of them), or your own function ``fn(view) -> bool | str | None`` (it may call
+  ``interrupt()`` itself; ``view`` is described at :meth:`ToolNode.plan_view`).
 
 Semantics of one turn (the tool calls of the last AI message):
 
 * one transaction; the tool calls are issued to the engine in the order the model issued
   them, and their side effects reach the outside world in that order: eager tools (declared
   reversible/idempotent, and undeclared tools) execute one after another in issuance order;
-  gated and bufferable tools are held and fire only when the turn commits, in issuance order.
-  The stock node runs calls concurrently and externalises them in completion order;
+  gated and bufferable tools are held and fire only when the turn commits, in issuance order,
+  after every eager call of the turn. The stock node runs calls concurrently and externalises
+  them in completion order;
 * returned ``ToolMessage``\\ s keep issuance order; held calls report their result after the
   commit;
 * a failing tool aborts the turn: what ran is compensated in reverse order, held calls never
   fire, and every ``ToolMessage`` reports the failure (status ``"error"``);
-* an approval rejected through ``interrupt()`` aborts the turn: nothing held fires and eager
-  effects are compensated. (LangGraph re-runs an interrupted node from its start when the
-  graph resumes, so the first pass's transaction is aborted when ``interrupt()`` suspends it;
-  the resumed pass runs the turn again.)
-* idempotency keys are ``"{thread_id}:{tool_call_id}"``: a graph resumed from a checkpoint
-  after a crash gets the recorded output of a call that already committed instead of
-  firing it again.
+* a commit that fires some held calls and then fails to release another (after retries) is a
+  partial commit: the fired calls report their results, the failed and later ones an error;
+* **approval runs before anything executes.** LangGraph re-runs an interrupted node from its
+  start when the graph resumes, so the node asks for approval first: the first pass calls
+  ``interrupt()`` with the planned calls (names, arguments, effect classes, scopes) and nothing
+  has run when it suspends; the resumed pass gets the answer, and an approved turn then runs
+  once, a rejected one not at all. Eager effects are therefore never executed twice across an
+  approval, even if the process restarts between the interrupt and the resume (the engine holds
+  no transaction open across the interrupt). The price: the approver sees what the turn will
+  do, not the outputs of its eager calls;
+* idempotency keys are ``"lg:{thread_id}:{tool_call_id}"``: a graph resumed from a checkpoint
+  after a crash gets the recorded output of a call that already committed instead of firing it
+  again. Keys are engine-wide: the same thread and tool call id on the same engine replay;
 * undeclared tools run eagerly in issuance order; on abort they cannot be undone and are
   tagged ``unresolved``, with a one-time warning naming them.
+* a declaration's ``compensate`` and ``probe`` that take a ``call_id`` keyword get the tool call's
+  id (also when recovery runs them in a later process).
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
+import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.runnables.config import get_config_list
+from langchain_core.runnables.config import get_config_list, set_config_context
 from langchain_core.tools import BaseTool
-from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt import ToolNode as _StockToolNode
 from langgraph.prebuilt.tool_node import ToolRuntime
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from .core import EFFECTS, Held, Tidegate, Tool, default_engine
-from .errors import Aborted, InvalidArgument, KeyUnresolved, TidegateError, ToolFailed, Vetoed
+from .engine import Tidegate, default_engine
+from .errors import Aborted, InvalidArgument, KeyUnresolved, PartialCommit, TidegateError, ToolFailed
+from .outcome import Held
+from .tools import EFFECTS, Tool, _takes_call_id
+from .transaction import Transaction
 
 __all__ = ["ToolNode", "Declaration", "effect"]
+
+ScopeDecl = Union[None, str, Sequence[str], Callable[..., Any]]
+Approver = Callable[[Dict[str, Any]], Any]
 
 
 @dataclass(frozen=True)
 class Declaration:
     """How a LangGraph tool's calls settle. ``scope``, ``key`` and ``probe`` are called with
     the tool call's arguments by name; ``compensate(result, **args)`` gets the tool's output
-    (the ``ToolMessage`` content)."""
+    (the ``ToolMessage`` content). ``compensate`` and ``probe`` also get ``call_id=<tool call
+    id>`` if they declare that keyword."""
 
     effect: str
-    scope: Union[None, str, Sequence[str], Callable[..., Any]] = None
+    scope: ScopeDecl = None
     compensate: Optional[Callable[..., Any]] = None
     key: Optional[Callable[..., str]] = None
     probe: Optional[Callable[..., Any]] = None
@@ -73,7 +91,7 @@ class Declaration:
 def effect(
     effect: str,
     *,
-    scope: Union[None, str, Sequence[str], Callable[..., Any]] = None,
+    scope: ScopeDecl = None,
     compensate: Optional[Callable[..., Any]] = None,
     key: Optional[Callable[..., str]] = None,
     probe: Optional[Callable[..., Any]] = None,
@@ -82,47 +100,33 @@ def effect(
     return _declaration("effect", {"effect": effect, "scope": scope, "compensate": compensate, "key": key, "probe": probe})
 
 
+def _invalid(message: str, argument: str = "effects") -> InvalidArgument:
+    return InvalidArgument(message, kind="invalid_argument", argument=argument)
+
+
 def _declaration(name: str, d: Any) -> Declaration:
     if isinstance(d, Declaration):
         return d
     if isinstance(d, str):
         d = {"effect": d}
     if not isinstance(d, Mapping):
-        raise InvalidArgument(
-            f"invalid `effects[{name!r}]` = {d!r}: expected an effect class string, a dict or tidegate.langgraph.effect(...)",
-            kind="invalid_argument",
-            argument="effects",
+        raise _invalid(
+            f"invalid `effects[{name!r}]` = {d!r}: expected an effect class string, a dict or tidegate.langgraph.effect(...)"
         )
     unknown = set(d) - {"effect", "scope", "compensate", "key", "probe"}
     if unknown:
-        raise InvalidArgument(
-            f"invalid `effects[{name!r}]`: unknown fields {sorted(unknown)}; expected effect, scope, compensate, key, probe",
-            kind="invalid_argument",
-            argument="effects",
-        )
+        raise _invalid(f"invalid `effects[{name!r}]`: unknown fields {sorted(unknown)}; expected effect, scope, compensate, key, probe")
     eff = d.get("effect")
     if eff not in EFFECTS:
-        raise InvalidArgument(
-            f"invalid `effects[{name!r}].effect` = {eff!r}: expected one of {', '.join(map(repr, EFFECTS))}",
-            kind="invalid_argument",
-            argument="effects",
-        )
+        raise _invalid(f"invalid `effects[{name!r}].effect` = {eff!r}: expected one of {', '.join(map(repr, EFFECTS))}")
     scope = d.get("scope")
     if scope is not None and not (isinstance(scope, (str, list, tuple)) or callable(scope)):
-        raise InvalidArgument(
-            f"invalid `effects[{name!r}].scope` = {scope!r}: expected a str, a list of str or a function",
-            kind="invalid_argument",
-            argument="effects",
-        )
+        raise _invalid(f"invalid `effects[{name!r}].scope` = {scope!r}: expected a str, a list of str or a function")
     for f in ("compensate", "key", "probe"):
         v = d.get(f)
         if v is not None and not callable(v):
-            raise InvalidArgument(
-                f"invalid `effects[{name!r}].{f}` = {v!r}: expected a callable or None",
-                kind="invalid_argument",
-                argument="effects",
-            )
-    return Declaration(eff, scope, d.get("compensate"), d.get("key"), d.get("probe"))
+            raise _invalid(f"invalid `effects[{name!r}].{f}` = {v!r}: expected a callable or None")
+    return Declaration(str(eff), scope, d.get("compensate"), d.get("key"), d.get("probe"))
 
 
 class _Turn:
@@ -136,15 +140,24 @@ class _Turn:
         self.live: Dict[str, Any] = {}
 
 
+class _Planned(NamedTuple):
+    """One tool call of the turn: the adapter is ``None`` for a tool the node does not have."""
+
+    call: Dict[str, Any]
+    adapter: Optional[Tool]
+    scopes: List[str]
+    key: Optional[str]
+
+
 _turn: "contextvars.ContextVar[Optional[_Turn]]" = contextvars.ContextVar("tidegate_lg_turn", default=None)
 
-_warned: set = set()
+_warned: Set[Tuple[str, str]] = set()
 _nodes: Dict[str, "ToolNode"] = {}
 
 
 def _node(full: str) -> "ToolNode":
     turn = _turn.get()
-    if turn is not None and full.startswith(turn.node.name + "/"):
+    if turn is not None and full.startswith(f"{turn.node.name}/"):
         return turn.node
     return _nodes[full]
 
@@ -158,19 +171,27 @@ def _run_adapter(full: str, name: str, call: Dict[str, Any]) -> Any:
         return _content(node.tools_by_name[name].invoke({**call, "type": "tool_call"}))
     rt = turn.runtimes[cid]
     if turn.aio:
-        return node._afinish(turn, cid, node._arun_one(call, turn.input_type, rt))  # type: ignore[arg-type]
-    return node._finish(turn, cid, node._run_one(call, turn.input_type, rt))  # type: ignore[arg-type]
+        return node._afinish(turn, str(cid), node._arun_one(call, turn.input_type, rt))  # type: ignore[arg-type]
+    return node._finish(turn, str(cid), node._run_one(call, turn.input_type, rt))  # type: ignore[arg-type]
+
+
+def _with_call_id(fn: Callable[..., Any], call: Dict[str, Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    if _takes_call_id(fn):
+        return {**kwargs, "call_id": call.get("id")}
+    return kwargs
 
 
 def _compensate_adapter(full: str, name: str, result: Any, call: Dict[str, Any]) -> Any:
-    decl = _node(full)._decls[name]
+    comp = _node(full)._decls[name].compensate
+    assert comp is not None
     content = result.get("content") if isinstance(result, dict) else result
-    return decl.compensate(content, **call.get("args", {}))  # type: ignore[misc]
+    return comp(content, **_with_call_id(comp, call, call.get("args", {})))
 
 
 def _probe_adapter(full: str, name: str, call: Dict[str, Any]) -> Any:
-    decl = _node(full)._decls[name]
-    return decl.probe(**call.get("args", {}))  # type: ignore[misc]
+    probe = _node(full)._decls[name].probe
+    assert probe is not None
+    return probe(**_with_call_id(probe, call, call.get("args", {})))
 
 
 def _content(msg: Any) -> Dict[str, Any]:
@@ -187,8 +208,23 @@ class _Unknown:
         self.detail = detail
 
 
+class _Rejected(Exception):
+    """The turn's approval was refused; nothing ran."""
+
+
 class _ToolError(Exception):
     """A tool reported an error (a ToolMessage with status "error")."""
+
+
+def _verdict(answer: Any) -> Union[bool, str]:
+    """An approver's answer: ``True`` approves; ``False`` or a reason (str) rejects."""
+    if answer is None or answer is True:
+        return True
+    if isinstance(answer, dict):
+        answer = answer.get("approved", answer.get("approve"))
+    if isinstance(answer, str):
+        return True if answer.strip().lower() in ("y", "yes", "approve", "approved", "ok") else f"rejected: {answer}"
+    return True if bool(answer) else "rejected"
 
 
 class ToolNode(_StockToolNode):
@@ -201,42 +237,30 @@ class ToolNode(_StockToolNode):
         *,
         engine: Optional[Tidegate] = None,
         effects: Optional[Mapping[str, Any]] = None,
-        approve: Union[None, bool, Collection[str], Callable[[Dict[str, Any]], Any]] = None,
+        approve: Union[None, bool, Collection[str], Approver] = None,
         **kwargs: Any,
     ) -> None:
         decls: Dict[str, Declaration] = {}
         plain: List[Any] = []
         for t in tools:
             if isinstance(t, Tool):
-                decls[t.name] = Declaration(t.effect, t.scope, _wrap_comp(t.compensate), t.key, t.probe)
+                decls[t.name] = Declaration(t.effect, t.scope, t.compensate, t.key, t.probe)
                 plain.append(t.fn)
             else:
                 plain.append(t)
         super().__init__(plain, **kwargs)
         if effects is not None:
             if not isinstance(effects, Mapping):
-                raise InvalidArgument(
-                    f"invalid `effects` = {effects!r}: expected a mapping of tool name to declaration",
-                    kind="invalid_argument",
-                    argument="effects",
-                )
+                raise _invalid(f"invalid `effects` = {effects!r}: expected a mapping of tool name to declaration")
             for name, d in effects.items():
                 if name not in self.tools_by_name:
-                    raise InvalidArgument(
-                        f"invalid `effects` key {name!r}: no such tool; tools are {sorted(self.tools_by_name)}",
-                        kind="invalid_argument",
-                        argument="effects",
-                    )
+                    raise _invalid(f"invalid `effects` key {name!r}: no such tool; tools are {sorted(self.tools_by_name)}")
                 decls[name] = _declaration(name, d)
         if engine is not None and not isinstance(engine, Tidegate):
-            raise InvalidArgument(
-                f"invalid `engine` = {engine!r}: expected a tidegate.Tidegate", kind="invalid_argument", argument="engine"
-            )
+            raise _invalid(f"invalid `engine` = {engine!r}: expected a tidegate.Tidegate", "engine")
         if approve is not None and not (isinstance(approve, bool) or callable(approve) or isinstance(approve, Collection)):
-            raise InvalidArgument(
-                f"invalid `approve` = {approve!r}: expected True, a collection of tool names or a hook function",
-                kind="invalid_argument",
-                argument="approve",
+            raise _invalid(
+                f"invalid `approve` = {approve!r}: expected True, a collection of tool names or a function", "approve"
             )
         if isinstance(approve, str):
             approve = {approve}
@@ -268,11 +292,9 @@ class ToolNode(_StockToolNode):
         t = cache.get(full)
         if t is not None:
             if (t.effect, t.compensate is not None, t.probe is not None) != (eff, has_comp, has_probe):
-                raise InvalidArgument(
+                raise _invalid(
                     f"invalid `effects[{name!r}]`: tool `{full}` is already registered on this engine as "
-                    f"{t.effect!r} by another ToolNode named {self.name!r}; give this node another name=...",
-                    kind="invalid_argument",
-                    argument="effects",
+                    f"{t.effect!r} by another ToolNode named {self.name!r}; give this node another name=..."
                 )
             return t
         t = Tool(
@@ -307,19 +329,17 @@ class ToolNode(_StockToolNode):
             return [f"tool:{name}"]
         if isinstance(scope, str):
             return [scope]
-        if isinstance(scope, (list, tuple)):
+        if not callable(scope):
             return list(scope)
         try:
             s = scope(**args)
         except Exception as e:
-            raise InvalidArgument(
-                f"invalid `scope` of tool `{name}`: the scope function raised {type(e).__name__}: {e}",
-                kind="invalid_argument",
-                argument="scope",
+            raise _invalid(
+                f"invalid `scope` of tool `{name}`: the scope function raised {type(e).__name__}: {e}", "scope"
             ) from e
         return [s] if isinstance(s, str) else list(s)
 
-    def _key(self, name: str, call: Dict[str, Any], config: Any) -> Optional[str]:
+    def _key(self, name: str, call: Mapping[str, Any], config: Any) -> Optional[str]:
         decl = self._decls.get(name)
         if decl is not None and decl.key is not None:
             return str(decl.key(**call.get("args", {})))
@@ -328,13 +348,13 @@ class ToolNode(_StockToolNode):
             return None
         return f"lg:{thread}:{call['id']}"
 
-    def _prepare(self, input: Any, config: Any, runtime: Any, aio: bool) -> Any:
+    def _prepare(self, input: Any, config: Any, runtime: Any, aio: bool) -> Tuple[List[Any], str, _Turn, List[_Planned], List[str]]:
         tool_calls, input_type = self._parse_input(input)
         config_list = get_config_list(config, len(tool_calls))
         runtimes: Dict[str, Any] = {}
         for call, cfg in zip(tool_calls, config_list):
             state = self._extract_state(input, cfg)
-            runtimes[call["id"]] = ToolRuntime(
+            runtimes[call["id"] or ""] = ToolRuntime(
                 state=state,
                 tool_call_id=call["id"],
                 config=cfg,
@@ -347,65 +367,106 @@ class ToolNode(_StockToolNode):
             )
         turn = _Turn(self, input_type, runtimes, aio)
         engine = self.engine
-        plan = []
-        for call in tool_calls:
-            name = call["name"]
+        plan: List[_Planned] = []
+        for tc in tool_calls:
+            c: Dict[str, Any] = dict(tc)
+            name = c["name"]
             if name not in self.tools_by_name:
-                plan.append((call, None, None, None))
+                plan.append(_Planned(c, None, [], None))
                 continue
-            plan.append((call, self._adapter(engine, name), self._scopes(name, call.get("args", {})), self._key(name, call, config)))
-        may_touch = sorted({s for _, a, sc, _ in plan if a is not None for s in sc})
-        return tool_calls, input_type, turn, plan, may_touch
+            plan.append(_Planned(c, self._adapter(engine, name), self._scopes(name, c.get("args", {})), self._key(name, c, config)))
+        may_touch = sorted({s for p in plan if p.adapter is not None for s in p.scopes})
+        return list(tool_calls), input_type, turn, plan, may_touch
 
-    def _hook(self, plan: List[Any]) -> Optional[Callable[[Dict[str, Any]], Any]]:
+    def plan_view(self, plan: Sequence[Any]) -> Dict[str, Any]:
+        """What an approver judges, before anything runs: ``{"tidegate": "approve_turn",
+        "agent": node name, "calls": [{"name", "args", "id"}], "effects": [{"tool", "effect",
+        "scopes", "args", "id"}]}`` (``effects`` lists the calls of tools the node has, with
+        their declared effect class; undeclared tools are ``"reversible"`` and cannot be
+        undone)."""
+        return {
+            "tidegate": "approve_turn",
+            "agent": self.name,
+            "calls": [{"name": p.call["name"], "args": p.call.get("args", {}), "id": p.call.get("id")} for p in plan],
+            "effects": [
+                {
+                    "tool": p.call["name"],
+                    "effect": p.adapter.effect,
+                    "scopes": list(p.scopes),
+                    "args": p.call.get("args", {}),
+                    "id": p.call.get("id"),
+                }
+                for p in plan
+                if p.adapter is not None
+            ],
+        }
+
+    def _approver(self, plan: List[_Planned]) -> Optional[Approver]:
         a = self._approve
-        if a is None or a is False:
+        if a is None or a is False or not any(p.adapter is not None for p in plan):
             return None
         if callable(a):
             return a
-        names = {c["name"] for c, ad, _, _ in plan if ad is not None}
+        names = {p.call["name"] for p in plan if p.adapter is not None}
         if a is not True and not (names & set(a)):
             return None
+        return interrupt
 
-        def approve_turn(view: Dict[str, Any]) -> Any:
-            answer = interrupt(
-                {
-                    "tidegate": "approve_turn",
-                    "tx": view["tx"],
-                    "calls": [{"name": c["name"], "args": c.get("args", {}), "id": c.get("id")} for c, *_ in plan],
-                    "effects": [{"tool": e["tool"], "effect": e["effect"], "scopes": e["scopes"]} for e in view["effects"]],
-                }
-            )
-            if isinstance(answer, dict):
-                answer = answer.get("approved", answer.get("approve"))
-            if isinstance(answer, str):
-                return answer.strip().lower() in ("y", "yes", "approve", "approved", "ok") or f"rejected: {answer}"
-            return bool(answer)
+    def _approve_turn(self, plan: List[_Planned]) -> None:
+        approver = self._approver(plan)
+        if approver is None:
+            return
+        answer = approver(self.plan_view(plan))
+        if inspect.isawaitable(answer):
+            from ._bridge import run_blocking
 
-        return approve_turn
+            async def wait() -> Any:
+                return await answer
+
+            answer = run_blocking(wait, (), None)
+        verdict = _verdict(answer)
+        if verdict is not True:
+            raise _Rejected(str(verdict))
+
+    async def _aapprove_turn(self, plan: List[_Planned], config: RunnableConfig) -> None:
+        approver = self._approver(plan)
+        if approver is None:
+            return
+        if sys.version_info < (3, 11):
+            # Before 3.11 asyncio tasks cannot carry LangGraph's config context, so interrupt()
+            # cannot find it (stock LangGraph's async interrupt fails the same way); give it
+            # the node's config explicitly.
+            with set_config_context(config) as ctx:
+                answer = ctx.run(approver, self.plan_view(plan))
+        else:
+            answer = approver(self.plan_view(plan))
+        if inspect.isawaitable(answer):
+            answer = await answer
+        verdict = _verdict(answer)
+        if verdict is not True:
+            raise _Rejected(str(verdict))
 
     def _func(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:
         tool_calls, input_type, turn, plan, may_touch = self._prepare(input, config, runtime, aio=False)
-        engine = self.engine
-        token = _turn.set(turn)
         try:
-            tx = engine.begin(agent=self.name, may_touch=may_touch)
-            hook = self._hook(plan)
-            if hook is not None:
-                tx.add_hook(hook, name="approval")
-            acks: List[Any] = []
-            failure: Optional[BaseException] = None
-            for call, adapter, scopes, key in plan:
-                if adapter is None:
+            self._approve_turn(plan)  # may raise GraphInterrupt: nothing has run yet
+        except _Rejected as r:
+            return self._combine_tool_outputs(self._rejected(plan, str(r)), input_type)  # type: ignore[arg-type]
+        token = _turn.set(turn)
+        acks: List[Any] = []
+        failure: Optional[BaseException] = None
+        try:
+            tx = self.engine.begin(agent=self.name or "tools", may_touch=may_touch)
+            for p in plan:
+                if p.adapter is None:
                     acks.append(None)
                     continue
                 try:
-                    acks.append(_call(tx, adapter, call, scopes, key))
+                    acks.append(tx._call(p.adapter, (), {"call": _json_call(p.call)}, p.scopes, p.key))
                 except KeyUnresolved as e:
                     # Interrupted by a crash with an unknown outcome: never repeated.
                     acks.append(_Unknown(str(e)))
                 except Aborted as e:
-                    tx._record_abort(e)
                     failure = e
                     break
                 except BaseException:
@@ -415,41 +476,35 @@ class ToolNode(_StockToolNode):
             if failure is None:
                 try:
                     tx.commit()
-                except Vetoed as e:
-                    if isinstance(e.__cause__, GraphBubbleUp):
-                        raise e.__cause__ from None
-                    failure = e
-                except Aborted as e:
+                except (Aborted, PartialCommit) as e:
                     failure = e
             elif tx.state is not None:
                 tx.abort(f"{failure}")
         finally:
             _turn.reset(token)
-        outputs = self._messages(tool_calls, plan, acks, turn, tx, failure)
+        outputs = self._messages(plan, acks, turn, tx, failure)
         return self._combine_tool_outputs(outputs, input_type)  # type: ignore[arg-type]
 
     async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:
         tool_calls, input_type, turn, plan, may_touch = self._prepare(input, config, runtime, aio=True)
-        engine = self.engine
-        token = _turn.set(turn)
         try:
-            tx = engine.begin(agent=self.name, may_touch=may_touch)
-            hook = self._hook(plan)
-            if hook is not None:
-                tx.add_hook(hook, name="approval")
-            acks: List[Any] = []
-            failure: Optional[BaseException] = None
-            for call, adapter, scopes, key in plan:
-                if adapter is None:
+            await self._aapprove_turn(plan, config)  # may raise GraphInterrupt: nothing has run yet
+        except _Rejected as r:
+            return self._combine_tool_outputs(self._rejected(plan, str(r)), input_type)  # type: ignore[arg-type]
+        token = _turn.set(turn)
+        acks: List[Any] = []
+        failure: Optional[BaseException] = None
+        try:
+            tx = self.engine.begin(agent=self.name or "tools", may_touch=may_touch)
+            for p in plan:
+                if p.adapter is None:
                     acks.append(None)
                     continue
                 try:
-                    acks.append(await _acall(tx, adapter, call, scopes, key))
+                    acks.append(await tx._acall(p.adapter, (), {"call": _json_call(p.call)}, p.scopes, p.key))
                 except KeyUnresolved as e:
-                    # Interrupted by a crash with an unknown outcome: never repeated.
                     acks.append(_Unknown(str(e)))
                 except Aborted as e:
-                    tx._record_abort(e)
                     failure = e
                     break
                 except BaseException:
@@ -459,60 +514,100 @@ class ToolNode(_StockToolNode):
             if failure is None:
                 try:
                     await tx.acommit()
-                except Vetoed as e:
-                    if isinstance(e.__cause__, GraphBubbleUp):
-                        raise e.__cause__ from None
-                    failure = e
-                except Aborted as e:
+                except (Aborted, PartialCommit) as e:
                     failure = e
             elif tx.state is not None:
                 await tx.aabort(f"{failure}")
         finally:
             _turn.reset(token)
-        outputs = self._messages(tool_calls, plan, acks, turn, tx, failure)
+        outputs = self._messages(plan, acks, turn, tx, failure)
         return self._combine_tool_outputs(outputs, input_type)  # type: ignore[arg-type]
 
-    def _messages(
-        self, tool_calls: List[Any], plan: List[Any], acks: List[Any], turn: _Turn, tx: Any, failure: Optional[BaseException]
-    ) -> List[Any]:
+    def _rejected(self, plan: List[_Planned], reason: str) -> List[Any]:
+        out: List[Any] = []
+        for p in plan:
+            if p.adapter is None:
+                msg = self._validate_tool_call(p.call)  # type: ignore[arg-type]
+                out.append(msg if msg is not None else _error_msg(p.call, f"Tool {p.call['name']} is not available"))
+            else:
+                out.append(_error_msg(p.call, f"Not applied: the turn was {reason}; none of its calls ran."))
+        return out
+
+    def _warn_undeclared(self, tx: Transaction) -> None:
         outcome = tx.outcome
-        if failure is not None and outcome is not None:
-            undeclared = sorted(
-                {e.tool.split("/", 1)[-1] for e in outcome.effects if e.tag == "unresolved" and e.tool.split("/", 1)[-1] not in self._decls}
+        if outcome is None:
+            return
+        undeclared = sorted(
+            {
+                e.tool.split("/", 1)[-1]
+                for e in outcome.effects
+                if e.tag == "unresolved" and e.tool.split("/", 1)[-1] not in self._decls
+            }
+        )
+        fresh = [n for n in undeclared if (self.name or "", n) not in _warned]
+        if fresh:
+            _warned.update((self.name or "", n) for n in fresh)
+            warnings.warn(
+                f"tidegate ToolNode {self.name!r}: undeclared tools {fresh} ran eagerly and could not be undone "
+                "when the turn aborted (tagged 'unresolved'); declare them with effects={...}",
+                RuntimeWarning,
+                stacklevel=4,
             )
-            fresh = [n for n in undeclared if (self.name, n) not in _warned]
-            if fresh:
-                _warned.update((self.name, n) for n in fresh)
-                warnings.warn(
-                    f"tidegate ToolNode {self.name!r}: undeclared tools {fresh} ran eagerly and could not be undone "
-                    "when the turn aborted (tagged 'unresolved'); declare them with effects={...}",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+
+    def _messages(
+        self, plan: List[_Planned], acks: List[Any], turn: _Turn, tx: Transaction, failure: Optional[BaseException]
+    ) -> List[Any]:
+        aborted = failure is not None and not isinstance(failure, PartialCommit)
+        if aborted:
+            self._warn_undeclared(tx)
         failed_id = None
         if isinstance(failure, ToolFailed) and len(acks) < len(plan):
             # The failing call is the first one without an acknowledgement.
-            failed_id = plan[len(acks)][0].get("id")
+            failed_id = plan[len(acks)].call.get("id")
         out: List[Any] = []
-        for i, (call, adapter, _, _) in enumerate(plan):
+        for i, p in enumerate(plan):
+            call = p.call
             cid = call.get("id")
-            if adapter is None:
-                msg = self._validate_tool_call(call)
+            if p.adapter is None:
+                msg = self._validate_tool_call(call)  # type: ignore[arg-type]
                 out.append(msg if msg is not None else _error_msg(call, f"Tool {call['name']} is not available"))
                 continue
-            if failure is not None:
+            if aborted:
+                assert failure is not None
                 if cid == failed_id:
-                    live = turn.live.get(cid)
+                    live = turn.live.get(str(cid))
                     text = live.content if isinstance(live, ToolMessage) else _cause_text(failure)
                     out.append(_error_msg(call, f"Error: {text}\nThe turn was aborted; effects of the other calls were undone."))
                 else:
-                    out.append(_error_msg(call, f"Not applied: the turn was aborted ({_failure_text(failure)}); this call's effect was undone or never fired."))
+                    out.append(
+                        _error_msg(
+                            call,
+                            f"Not applied: the turn was aborted ({_failure_text(failure)}); this call's effect was undone or never fired.",
+                        )
+                    )
                 continue
             ack = acks[i]
             if isinstance(ack, _Unknown):
-                out.append(_error_msg(call, f"Outcome unknown: this call was interrupted by a crash and is not repeated ({ack.detail}). An operator must resolve it."))
+                out.append(
+                    _error_msg(
+                        call,
+                        f"Outcome unknown: this call was interrupted by a crash and is not repeated ({ack.detail}). An operator must resolve it.",
+                    )
+                )
                 continue
-            live = turn.live.get(cid)
+            if isinstance(ack, Held) and not ack.released:
+                # Only after a partial commit: this held call failed to release or never was.
+                e = tx.outcome.effect(ack.effect) if tx.outcome is not None else None
+                what = e.disposition if e is not None else "not released"
+                out.append(
+                    _error_msg(
+                        call,
+                        f"Not applied: the turn committed only in part ({what.replace('_', ' ')}: {_partial_text(failure)}); "
+                        "calls reported without an error did take effect.",
+                    )
+                )
+                continue
+            live = turn.live.get(str(cid))
             if isinstance(live, (ToolMessage, list)) or (live is not None and not isinstance(live, dict)):
                 out.append(live)
                 continue
@@ -526,44 +621,23 @@ class ToolNode(_StockToolNode):
         return out
 
 
-def _call(tx: Any, adapter: Tool, call: Dict[str, Any], scopes: List[str], key: Optional[str]) -> Any:
-    native = tx._tx()
-    h = tx._engine._handles.get(adapter) or tx._engine.register(adapter)
-    kind, eff, out = native.call(h, (), {"call": _json_call(call)}, scopes, key)
-    return _ack(tx, adapter, kind, eff, out)
-
-
-async def _acall(tx: Any, adapter: Tool, call: Dict[str, Any], scopes: List[str], key: Optional[str]) -> Any:
-    import asyncio
-
-    native = tx._tx()
-    h = tx._engine._handles.get(adapter) or tx._engine.register(adapter)
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-    native.call_async(h, (), {"call": _json_call(call)}, scopes, key, loop, contextvars.copy_context(), fut)
-    kind, eff, out = await fut
-    return _ack(tx, adapter, kind, eff, out)
-
-
-def _ack(tx: Any, adapter: Tool, kind: int, eff: int, out: Any) -> Any:
-    if kind == 0 or kind == 3:
-        return out
-    held = Held(adapter.name, eff, "staged" if kind == 1 else "queued")
-    tx._held.append(held)
-    return held
-
-
-def _json_call(call: Dict[str, Any]) -> Dict[str, Any]:
+def _json_call(call: Mapping[str, Any]) -> Dict[str, Any]:
     return {"name": call["name"], "args": call.get("args", {}), "id": call.get("id"), "type": "tool_call"}
 
 
-def _error_msg(call: Dict[str, Any], text: str) -> ToolMessage:
+def _error_msg(call: Mapping[str, Any], text: str) -> ToolMessage:
     return ToolMessage(content=text, name=call["name"], tool_call_id=call.get("id"), status="error")
 
 
 def _cause_text(e: BaseException) -> str:
     c = e.__cause__
     return str(c) if c is not None else str(e)
+
+
+def _partial_text(e: Optional[BaseException]) -> str:
+    if isinstance(e, TidegateError) and e.outcome is not None and e.outcome.partial:
+        return str(e.outcome.partial.get("error"))
+    return str(e)
 
 
 def _failure_text(e: BaseException) -> str:
@@ -576,6 +650,3 @@ def _failure_text(e: BaseException) -> str:
         return str(r.get("kind"))
     return str(e)
 
-
-def _wrap_comp(comp: Optional[Callable[..., Any]]) -> Optional[Callable[..., Any]]:
-    return comp

@@ -1,23 +1,49 @@
 //! Scopes: typed, path-shaped names of resources, and when two of them overlap.
 //!
-//! A scope is written `type:path`, for example `fs:/repo/src/app.py`, `retail:order:W123` or
-//! `db:tpcc:stock:w=1:i=42:s_quantity`. Every scope is canonicalised before the engine uses it,
-//! by the rules its type declares in a [`ScopeRegistry`]:
+//! A scope is written `type:path`, for example `fs:/repo/src/app.py`, `stripe:charge:ch_1`,
+//! `github:repo:org/name` or `db:tpcc:stock:w=1:i=42:s_quantity`. **Any well-formed
+//! `type:path` is a scope**: nobody has to register its type first. Every scope is
+//! canonicalised before the engine uses it, by its type's rule: the rule registered for the
+//! type in the engine's [`ScopeRegistry`], or else the default rule. Registering a type only
+//! changes how its scopes are canonicalised.
+//!
+//! # The rules
+//!
+//! **Type.** Everything before the first `:`: 1–64 ASCII letters, digits, `_` or `-`,
+//! compared case-insensitively (the canonical type is lowercase: `Stripe:x` is `stripe:x`).
+//!
+//! **Default rule** (every type without a registered rule): [`PathStyle::Colon`],
+//! [`CaseRule::Sensitive`]. The built-in rules of [`ScopeRegistry::default`] are `fs`
+//! (Posix, case-sensitive), and `mail` and `db` (Colon, case-insensitive: mailboxes and SQL
+//! identifiers).
 //!
 //! | style   | separator | canonicalisation                                                    |
 //! |---------|-----------|---------------------------------------------------------------------|
-//! | `Posix` | `/`       | absolute; `\` becomes `/`; duplicate separators, `.` and a trailing `/` are dropped; `..` removes the previous segment (never above the root) |
-//! | `Colon` | `:`       | empty segments (duplicate or trailing `:`) are dropped                |
+//! | `Colon` | `:`       | empty segments (a leading, doubled or trailing `:`) are dropped; every other character, `/`, `\`, `.` included, belongs to its segment, and `.`/`..` segments are ordinary names (nothing is resolved) |
+//! | `Posix` | `/`       | absolute (must start with `/`); `\` is read as `/`; empty segments (doubled or trailing `/`) and `.` are dropped; `..` removes the previous segment and is refused above the root |
 //!
-//! In both styles whitespace around each segment is trimmed, so a canonical text always
-//! parses back to itself.
+//! So under the default rule `github:repo:org/name` has the two segments `repo` and
+//! `org/name` (write `github:repo:org:name` if the organisation should be a parent of its
+//! repositories), and `web:https://a.io/x/` keeps its trailing `/`: the adapter chooses the
+//! spelling, and one adapter should use one spelling per resource.
 //!
-//! Each type is case-sensitive or case-insensitive (insensitive paths are lowercased). A segment
-//! that is exactly `*` is a declared wildcard: it matches any one segment.
+//! In both styles whitespace around each segment (and around the whole text) is trimmed;
+//! control characters are refused. With [`CaseRule::Insensitive`] the path is lowercased
+//! (Unicode lowercase). A canonical text always parses back to itself.
 //!
-//! Two scopes **overlap** iff they have the same type and, segment by segment over the shorter
-//! of the two, every pair of segments is equal or one of them is `*`. So `fs:/a/b` overlaps
-//! `fs:/a/b/c` (segment prefix) but not `fs:/a/bc` (a string prefix only).
+//! **Wildcard.** A segment that is exactly `*` is a declared wildcard: it matches any one
+//! segment. `*` inside a segment (`W*`) is an ordinary character.
+//!
+//! **Overlap.** Two scopes overlap iff they have the same type and, segment by segment over
+//! the shorter of the two, every pair of segments is equal or one of them is `*`. So
+//! `fs:/a/b` overlaps `fs:/a/b/c` (segment prefix) but not `fs:/a/bc` (a string prefix only),
+//! and `stripe:charge` overlaps `stripe:charge:ch_1` but not `stripe:charges:ch_1`.
+//!
+//! **Limits.** The text as given, and its canonical form, are each at most
+//! [`MAX_SCOPE_BYTES`] bytes, and the canonical path has at most [`MAX_SCOPE_SEGMENTS`]
+//! segments. A longer or deeper scope is refused with [`ScopeError::TooLong`] or
+//! [`ScopeError::TooDeep`], naming the scope (its first [`SHOWN_CHARS`] characters), its
+//! size and the limit.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -63,10 +89,31 @@ pub struct ScopeRule {
     pub case: CaseRule,
 }
 
-/// The scope types an engine accepts, with their rules. Unknown types are refused.
+/// The longest scope accepted, in bytes (of the text as given and of its canonical form).
+pub const MAX_SCOPE_BYTES: usize = 4096;
+
+/// The most segments a canonical scope path may have.
+pub const MAX_SCOPE_SEGMENTS: usize = 256;
+
+/// How many characters of an over-long scope an error shows.
+pub const SHOWN_CHARS: usize = 64;
+
+impl ScopeRule {
+    /// The rule of every type nobody registered: `:`-separated, case-sensitive.
+    pub const DEFAULT: ScopeRule = ScopeRule { style: PathStyle::Colon, case: CaseRule::Sensitive };
+}
+
+impl Default for ScopeRule {
+    fn default() -> Self {
+        ScopeRule::DEFAULT
+    }
+}
+
+/// The canonicalisation rules of an engine's scope types. Every well-formed type is
+/// accepted; a type with no registered rule gets [`ScopeRule::DEFAULT`].
 ///
-/// The default registry knows `fs` (Posix, case-sensitive), `db` and `mail` (Colon,
-/// case-insensitive), and `kv`, `retail`, `travel`, `web`, `ui`, `bench` (Colon, case-sensitive).
+/// [`ScopeRegistry::default`] has the built-in rules of `fs` (Posix, case-sensitive), `mail`
+/// and `db` (Colon, case-insensitive). [`ScopeRegistry::empty`] has none.
 #[derive(Debug, Clone)]
 pub struct ScopeRegistry {
     rules: HashMap<Box<str>, ScopeRule>,
@@ -74,27 +121,23 @@ pub struct ScopeRegistry {
 
 impl Default for ScopeRegistry {
     fn default() -> Self {
-        let mut reg = ScopeRegistry { rules: HashMap::new() };
-        let posix = |case| ScopeRule { style: PathStyle::Posix, case };
-        let colon = |case| ScopeRule { style: PathStyle::Colon, case };
-        reg.rules.insert("fs".into(), posix(CaseRule::Sensitive));
-        reg.rules.insert("db".into(), colon(CaseRule::Insensitive));
-        reg.rules.insert("mail".into(), colon(CaseRule::Insensitive));
-        for name in ["kv", "retail", "travel", "web", "ui", "bench"] {
-            reg.rules.insert(name.into(), colon(CaseRule::Sensitive));
-        }
+        let mut reg = ScopeRegistry::empty();
+        reg.rules.insert("fs".into(), ScopeRule { style: PathStyle::Posix, case: CaseRule::Sensitive });
+        reg.rules.insert("db".into(), ScopeRule { style: PathStyle::Colon, case: CaseRule::Insensitive });
+        reg.rules.insert("mail".into(), ScopeRule { style: PathStyle::Colon, case: CaseRule::Insensitive });
         reg
     }
 }
 
 impl ScopeRegistry {
-    /// An empty registry (no type is accepted until registered).
+    /// A registry without built-in rules: every type gets [`ScopeRule::DEFAULT`] until
+    /// registered.
     pub fn empty() -> Self {
         ScopeRegistry { rules: HashMap::new() }
     }
 
-    /// Registers (or replaces) a scope type. The name must be lowercase ASCII letters, digits,
-    /// `_` or `-`.
+    /// Registers (or replaces) the rule of a scope type. The name must be 1-64 lowercase ASCII
+    /// letters, digits, `_` or `-`. Only how the type's scopes are canonicalised changes.
     pub fn register(&mut self, name: &str, rule: ScopeRule) -> Result<(), ScopeError> {
         if !valid_type_name(name) || name.bytes().any(|b| b.is_ascii_uppercase()) {
             return Err(ScopeError::BadType { scope: name.to_owned() });
@@ -103,13 +146,47 @@ impl ScopeRegistry {
         Ok(())
     }
 
-    /// The rule of a type, if registered.
+    /// The rule registered for a type, if any (see [`ScopeRegistry::rule_of`]).
     pub fn rule(&self, kind: &str) -> Option<ScopeRule> {
         self.rules.get(kind).copied()
     }
 
-    /// Canonicalises `text` into a [`Scope`], or says precisely why it cannot.
+    /// The rule a type's scopes are canonicalised by: the registered one, else the default.
+    pub fn rule_of(&self, kind: &str) -> ScopeRule {
+        self.rule(kind).unwrap_or(ScopeRule::DEFAULT)
+    }
+
+    /// The types with a registered rule, sorted.
+    pub fn registered(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.rules.keys().map(|k| &**k).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Canonicalises `text` into a [`Scope`], or says precisely why it cannot (see the module
+    /// docs for the rules and the limits).
     pub fn parse(&self, text: &str) -> Result<Scope, ScopeError> {
+        if text.len() > MAX_SCOPE_BYTES {
+            return Err(ScopeError::TooLong { scope: shown(text), bytes: text.len(), limit: MAX_SCOPE_BYTES });
+        }
+        let scope = self.canonicalise(text)?;
+        if scope.text.len() > MAX_SCOPE_BYTES {
+            return Err(ScopeError::TooLong { scope: shown(text), bytes: scope.text.len(), limit: MAX_SCOPE_BYTES });
+        }
+        Ok(scope)
+    }
+
+    /// [`ScopeRegistry::parse`] without the size limits, for scopes already recorded in a
+    /// ledger (written before the limits existed): what was accepted once still replays.
+    pub fn parse_logged(&self, text: &str) -> Result<Scope, ScopeError> {
+        self.canonicalise_with(text, usize::MAX)
+    }
+
+    fn canonicalise(&self, text: &str) -> Result<Scope, ScopeError> {
+        self.canonicalise_with(text, MAX_SCOPE_SEGMENTS)
+    }
+
+    fn canonicalise_with(&self, text: &str, max_segments: usize) -> Result<Scope, ScopeError> {
         let trimmed = text.trim();
         if trimmed.is_empty() {
             return Err(ScopeError::Empty);
@@ -124,11 +201,7 @@ impl ScopeRegistry {
             return Err(ScopeError::BadType { scope: text.to_owned() });
         }
         let kind = kind_raw.to_ascii_lowercase();
-        let Some(rule) = self.rules.get(kind.as_str()).copied() else {
-            let mut known: Vec<&str> = self.rules.keys().map(|k| &**k).collect();
-            known.sort_unstable();
-            return Err(ScopeError::UnknownType { scope: text.to_owned(), kind, known: known.join(", ") });
-        };
+        let rule = self.rule_of(&kind);
         let mut out = String::with_capacity(trimmed.len() + 1);
         out.push_str(&kind);
         out.push(':');
@@ -157,6 +230,9 @@ impl ScopeRegistry {
                         s => segments.push(s),
                     }
                 }
+                if segments.len() > max_segments {
+                    return Err(too_deep(text, segments.len(), max_segments));
+                }
                 out.push('/');
                 push_joined(&mut out, &segments, '/', rule.case);
             }
@@ -164,6 +240,9 @@ impl ScopeRegistry {
                 segments.extend(path.split(':').filter(|s| !s.trim().is_empty()).map(str::trim));
                 if segments.is_empty() {
                     return Err(ScopeError::EmptyPath { scope: text.to_owned() });
+                }
+                if segments.len() > max_segments {
+                    return Err(too_deep(text, segments.len(), max_segments));
                 }
                 push_joined(&mut out, &segments, ':', rule.case);
             }
@@ -173,6 +252,18 @@ impl ScopeRegistry {
             PathStyle::Colon => kind_len,
         };
         Ok(Scope { text: Arc::from(out), kind_len: kind_len as u32, segs_start: segs_start as u32, style: rule.style })
+    }
+}
+
+fn too_deep(text: &str, segments: usize, limit: usize) -> ScopeError {
+    ScopeError::TooDeep { scope: shown(text), segments, limit }
+}
+
+/// The first [`SHOWN_CHARS`] characters of `text`, with `…` if there were more.
+fn shown(text: &str) -> String {
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
     }
 }
 
@@ -317,7 +408,7 @@ pub enum ScopeError {
     #[error("scope is empty; expected `type:path`, e.g. `fs:/repo/app.py`")]
     Empty,
     /// No `type:` prefix.
-    #[error("scope `{scope}` has no type; expected `type:path`, e.g. `retail:order:W1`")]
+    #[error("scope `{scope}` has no type; expected `type:path`, e.g. `stripe:charge:ch_1`")]
     MissingType {
         /// The text given.
         scope: String,
@@ -329,16 +420,6 @@ pub enum ScopeError {
     BadType {
         /// The text given.
         scope: String,
-    },
-    /// The type is not registered.
-    #[error("scope `{scope}` has unknown type `{kind}`; known types: {known}")]
-    UnknownType {
-        /// The text given.
-        scope: String,
-        /// The type found.
-        kind: String,
-        /// The registered types, comma-separated.
-        known: String,
     },
     /// A Posix path that does not start with `/`.
     #[error("scope `{scope}` is not absolute; expected a path starting with `/`")]
@@ -365,5 +446,25 @@ pub enum ScopeError {
         scope: String,
         /// The character.
         ch: char,
+    },
+    /// The text, or its canonical form, is longer than [`MAX_SCOPE_BYTES`].
+    #[error("scope `{scope}` is {bytes} bytes long; the limit is {limit} bytes")]
+    TooLong {
+        /// The text given, cut to its first [`SHOWN_CHARS`] characters.
+        scope: String,
+        /// Its length in bytes.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The canonical path has more than [`MAX_SCOPE_SEGMENTS`] segments.
+    #[error("scope `{scope}` has {segments} segments; the limit is {limit}")]
+    TooDeep {
+        /// The text given, cut to its first [`SHOWN_CHARS`] characters.
+        scope: String,
+        /// How many segments its canonical path has.
+        segments: usize,
+        /// The limit.
+        limit: usize,
     },
 }

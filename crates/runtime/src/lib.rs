@@ -51,6 +51,7 @@ pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
 pub use recover::RecoveryReport;
 pub use run::DEFAULT_ATTEMPTS;
+pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};
 pub use tidegate_core::{
     Ablation, AbortReason, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, Isolation, Level,
     Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,

@@ -367,9 +367,9 @@ async fn transient_tool_errors_are_retried_with_backoff() {
 #[tokio::test]
 async fn bad_scopes_are_refused_naming_the_field_and_value() {
     let (tg, w) = (engine(), World::new());
-    let err = tg.begin_with(TxOptions::agent("a").may_touch(["nope:x"])).unwrap_err();
+    let err = tg.begin_with(TxOptions::agent("a").may_touch(["nope-x"])).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("may_touch[0]") && msg.contains("nope:x") && msg.contains("unknown type"), "{msg}");
+    assert!(msg.contains("may_touch[0]") && msg.contains("nope-x") && msg.contains("has no type"), "{msg}");
     let tx = tg.begin("a").unwrap();
     let msg = tx.read("fs:relative/path").unwrap_err().to_string();
     assert!(msg.contains("read scope") && msg.contains("not absolute"), "{msg}");

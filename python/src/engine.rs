@@ -1,0 +1,344 @@
+//! `Engine`: one `tidegate_runtime::Tidegate`, built from `tidegate.open(...)`'s options.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tidegate_core::scope::{CaseRule, PathStyle, ScopeRule};
+use tidegate_runtime::trace::TraceSink;
+use tidegate_runtime::{Error, FileTrace, Isolation, Level, Ordering, RetryPolicy, ScopeRegistry, Tidegate, TxOptions};
+
+use crate::calls::{CallCtx, is_callable};
+use crate::errors::{invalid, to_pyerr};
+use crate::hooks::PyHook;
+use crate::live::LiveTable;
+use crate::rt::{block, runtime};
+use crate::spec::Spec;
+use crate::tool::{Declared, PyFn, ToolHandle, WantsId, build, parse_class};
+use crate::tx::Tx;
+
+/// Trace files of every engine, flushed at interpreter exit (an engine still referenced from
+/// a module global is never dropped, so its `FileTrace` would not flush on drop).
+static TRACES: Mutex<Vec<Weak<FileTrace>>> = Mutex::new(Vec::new());
+
+/// Flushes every trace file still open (called at interpreter exit).
+pub(crate) fn flush_traces() {
+    let traces: Vec<Arc<FileTrace>> = TRACES.lock().iter().filter_map(Weak::upgrade).collect();
+    for t in traces {
+        let _ = t.flush();
+    }
+}
+
+pub(crate) fn duration(py: Python<'_>, field: &str, seconds: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|_| invalid(py, field, &seconds.to_string(), "a non-negative number of seconds"))
+}
+
+/// The scope registry: the engine's built-in types plus `scope_types`, each `(name, style,
+/// case)` with style `"colon"` or `"posix"` and case `"sensitive"` or `"insensitive"`.
+fn registry(py: Python<'_>, types: Vec<(String, String, String)>) -> PyResult<ScopeRegistry> {
+    let mut reg = ScopeRegistry::default();
+    for (name, style, case) in types {
+        let style = match style.as_str() {
+            "colon" => PathStyle::Colon,
+            "posix" => PathStyle::Posix,
+            other => {
+                return Err(invalid(
+                    py,
+                    "scope_types",
+                    &format!("{name:?}: style {other:?}"),
+                    "\"colon\" or \"posix\"",
+                ));
+            }
+        };
+        let case = match case.as_str() {
+            "sensitive" => CaseRule::Sensitive,
+            "insensitive" => CaseRule::Insensitive,
+            other => {
+                return Err(invalid(
+                    py,
+                    "scope_types",
+                    &format!("{name:?}: case {other:?}"),
+                    "\"sensitive\" or \"insensitive\"",
+                ));
+            }
+        };
+        reg.register(&name, ScopeRule { style, case })
+            .map_err(|e| invalid(py, "scope_types", &format!("{name:?}"), &format!("a valid scope type name ({e})")))?;
+    }
+    Ok(reg)
+}
+
+/// Opens the embedded SQLite ledger in `dir`. (The one place that names the SQLite store.)
+fn open_store(dir: &std::path::Path) -> Result<Arc<dyn tidegate_storage::LedgerStore>, Error> {
+    Ok(Arc::new(tidegate_storage::SqliteStore::open(dir).map_err(Error::Store)?))
+}
+
+/// The engine: one per `tidegate.open()`.
+#[pyclass(frozen, module = "tidegate._native")]
+pub(crate) struct Engine {
+    tg: RwLock<Option<Tidegate>>,
+    live: Arc<LiveTable>,
+    trace: Option<Arc<FileTrace>>,
+    scopes: ScopeRegistry,
+    level: Level,
+    isolation: Isolation,
+    /// Whether the ledger is durable (calls then wait for syncs: release the interpreter).
+    durable: bool,
+}
+
+impl Engine {
+    fn tg(&self, py: Python<'_>) -> PyResult<Tidegate> {
+        self.tg.read().clone().ok_or_else(|| to_pyerr(py, &Error::Store(tidegate_storage::StoreError::Closed), None))
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (data_dir=None, lease=30.0, first_committer_wins=false, retry_attempts=4, retry_backoff=0.02,
+                        level="L4", isolation="serializable", trace=None, scope_types=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        data_dir: Option<PathBuf>,
+        lease: f64,
+        first_committer_wins: bool,
+        retry_attempts: u32,
+        retry_backoff: f64,
+        level: &str,
+        isolation: &str,
+        trace: Option<PathBuf>,
+        scope_types: Vec<(String, String, String)>,
+    ) -> PyResult<Engine> {
+        let lease_d = duration(py, "lease", lease)?;
+        if lease_d.is_zero() {
+            return Err(invalid(py, "lease", &lease.to_string(), "a positive number of seconds"));
+        }
+        if retry_attempts == 0 {
+            return Err(invalid(py, "retry_attempts", "0", "at least 1"));
+        }
+        let backoff = duration(py, "retry_backoff", retry_backoff)?;
+        let level: Level = level.parse().map_err(|e| to_pyerr(py, &Error::Engine(e), None))?;
+        let isolation: Isolation = isolation.parse().map_err(|e| to_pyerr(py, &Error::Engine(e), None))?;
+        let scopes = registry(py, scope_types)?;
+        let rt = runtime(py)?;
+        let _guard = rt.enter();
+        let mut b = Tidegate::builder()
+            .lease(lease_d)
+            .scopes(scopes.clone())
+            .level(level)
+            .isolation(isolation)
+            .ordering(if first_committer_wins { Ordering::FirstCommitterWins } else { Ordering::EpochOrder })
+            .retry(RetryPolicy {
+                attempts: retry_attempts,
+                initial_backoff: backoff,
+                max_backoff: backoff.max(Duration::from_secs(1)),
+            });
+        let trace = match &trace {
+            Some(path) => {
+                let t = Arc::new(FileTrace::create(path).map_err(|e| {
+                    invalid(
+                        py,
+                        "trace",
+                        &format!("{:?}", path.display().to_string()),
+                        &format!("a file that can be created ({e})"),
+                    )
+                })?);
+                TRACES.lock().push(Arc::downgrade(&t));
+                b = b.trace(t.clone());
+                Some(t)
+            }
+            None => None,
+        };
+        if let Some(dir) = &data_dir {
+            let store = py.detach(|| open_store(dir)).map_err(|e| to_pyerr(py, &e, None))?;
+            b = b.store(store);
+        }
+        let tg = b.build().map_err(|e| to_pyerr(py, &e, None))?;
+        tg.spawn_reaper();
+        Ok(Engine {
+            tg: RwLock::new(Some(tg)),
+            live: Arc::default(),
+            trace,
+            scopes,
+            level,
+            isolation,
+            durable: data_dir.is_some(),
+        })
+    }
+
+    /// Declares a tool with this engine. All arguments are validated before anything is
+    /// registered. `wants_call_id` says which of (call, compensate, probe) take `call_id`.
+    #[pyo3(signature = (name, effect, call, names, call_async=false, compensate=None, compensate_async=false,
+                        probe=None, probe_async=false, wants_call_id=(false, false, false)))]
+    #[allow(clippy::too_many_arguments)]
+    fn tool(
+        &self,
+        py: Python<'_>,
+        name: String,
+        effect: &str,
+        call: Py<PyAny>,
+        names: Vec<String>,
+        call_async: bool,
+        compensate: Option<Py<PyAny>>,
+        compensate_async: bool,
+        probe: Option<Py<PyAny>>,
+        probe_async: bool,
+        wants_call_id: (bool, bool, bool),
+    ) -> PyResult<ToolHandle> {
+        let class = parse_class(py, effect)?;
+        is_callable(py, "call", &call, false)?;
+        if let Some(c) = &compensate {
+            is_callable(py, "compensate", c, true)?;
+        }
+        if let Some(p) = &probe {
+            is_callable(py, "probe", p, true)?;
+        }
+        let tg = self.tg(py)?;
+        let wants = WantsId { call: wants_call_id.0, compensate: wants_call_id.1, probe: wants_call_id.2 };
+        let names = Arc::new(names);
+        let declared = Declared {
+            name: name.clone(),
+            class,
+            names: names.clone(),
+            call: PyFn { f: Arc::new(call), is_async: call_async, wants_id: wants.call },
+            compensate: compensate.map(|f| PyFn {
+                f: Arc::new(f),
+                is_async: compensate_async,
+                wants_id: wants.compensate,
+            }),
+            probe: probe.map(|f| PyFn { f: Arc::new(f), is_async: probe_async, wants_id: wants.probe }),
+        };
+        let tool = build(declared, self.live.clone()).map_err(|e| to_pyerr(py, &e, None))?;
+        tg.register(&tool).map_err(|e| to_pyerr(py, &e, None))?;
+        Ok(ToolHandle { tool, names, wants, name, effect: effect.to_owned() })
+    }
+
+    /// Begins a transaction.
+    #[pyo3(signature = (agent="agent", may_touch=None, lease=None))]
+    fn begin(&self, py: Python<'_>, agent: &str, may_touch: Option<Vec<String>>, lease: Option<f64>) -> PyResult<Tx> {
+        let tg = self.tg(py)?;
+        let mut opts = TxOptions::agent(agent);
+        opts.may_touch = may_touch;
+        if let Some(l) = lease {
+            opts.lease = Some(duration(py, "lease", l)?);
+        }
+        let tx = tg.begin_with(opts).map_err(|e| to_pyerr(py, &e, None))?;
+        Ok(Tx::new(tx, self.live.clone(), self.durable))
+    }
+
+    /// Begins a speculation group of `branches` transactions sharing one epoch.
+    #[pyo3(signature = (branches, agent="agent", may_touch=None, lease=None))]
+    fn speculate(
+        &self,
+        py: Python<'_>,
+        branches: usize,
+        agent: &str,
+        may_touch: Option<Vec<String>>,
+        lease: Option<f64>,
+    ) -> PyResult<Spec> {
+        if branches == 0 {
+            return Err(invalid(py, "branches", "0", "at least one branch"));
+        }
+        let tg = self.tg(py)?;
+        let mut opts = TxOptions::agent(agent);
+        opts.may_touch = may_touch;
+        if let Some(l) = lease {
+            opts.lease = Some(duration(py, "lease", l)?);
+        }
+        let spec = tg.speculate(opts, branches).map_err(|e| to_pyerr(py, &e, None))?;
+        Spec::new(py, spec, self.live.clone(), self.durable)
+    }
+
+    /// Finishes what a previous process left unfinished (register every tool first).
+    fn recover(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let tg = self.tg(py)?;
+        let ctx = Arc::new(CallCtx::default());
+        let report = block(py, ctx.clone(), async move { tg.recover().await })?
+            .map_err(|e| to_pyerr(py, &e, ctx.error.lock().take()))?;
+        let d = PyDict::new(py);
+        let pairs = |v: &[(tidegate_runtime::TxId, tidegate_runtime::EffectId)]| {
+            v.iter().map(|(t, e)| (t.0, e.0)).collect::<Vec<_>>()
+        };
+        d.set_item("events", report.events)?;
+        d.set_item("unfinished", report.unfinished)?;
+        d.set_item("probed_happened", pairs(&report.probed_happened))?;
+        d.set_item("probed_not_happened", pairs(&report.probed_not_happened))?;
+        d.set_item("unresolved", pairs(&report.unresolved))?;
+        d.set_item("commits_resumed", report.commits_resumed.iter().map(|t| t.0).collect::<Vec<_>>())?;
+        d.set_item("aborts_resumed", report.aborts_resumed.iter().map(|t| t.0).collect::<Vec<_>>())?;
+        d.set_item("expired", report.expired.iter().map(|t| t.0).collect::<Vec<_>>())?;
+        d.set_item("orphans", report.orphans.iter().map(|t| t.0).collect::<Vec<_>>())?;
+        Ok(d.into_any().unbind())
+    }
+
+    /// The committed version of a scope.
+    fn version(&self, py: Python<'_>, scope: &str) -> PyResult<u64> {
+        self.tg(py)?.version(scope).map(|v| v.0).map_err(|e| to_pyerr(py, &e, None))
+    }
+
+    /// The canonical form of a scope (how the engine names it), or `InvalidScope`.
+    fn canonical_scope(&self, py: Python<'_>, scope: &str) -> PyResult<String> {
+        self.scopes.parse(scope).map(|s| s.as_str().to_owned()).map_err(|e| {
+            to_pyerr(py, &Error::Engine(tidegate_core::EngineError::Scope { field: "scope".into(), source: e }), None)
+        })
+    }
+
+    /// Monitoring counters.
+    fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let v = serde_json::to_value(self.tg(py)?.stats()).unwrap_or_default();
+        Ok(crate::convert::to_py(py, &v)?.unbind())
+    }
+
+    /// The consistency level and isolation strategy the engine runs at.
+    fn settings(&self) -> (&'static str, &'static str) {
+        let isolation = match self.isolation {
+            Isolation::Serializable => "serializable",
+            Isolation::SnapshotIsolation => "snapshot",
+            Isolation::Pessimistic => "pessimistic",
+        };
+        (self.level.as_str(), isolation)
+    }
+
+    /// The engine's integrity check; raises `TidegateError` naming the violated invariant.
+    fn check_integrity(&self, py: Python<'_>) -> PyResult<()> {
+        self.tg(py)?.check_integrity().map_err(|msg| {
+            let e = Error::InvalidArgument {
+                field: "engine state",
+                value: msg,
+                expected: "the engine's invariants to hold",
+            };
+            to_pyerr(py, &e, None)
+        })
+    }
+
+    /// Adds a pre-commit hook run on every transaction.
+    #[pyo3(signature = (name, hook, is_async=false))]
+    fn add_hook(&self, py: Python<'_>, name: String, hook: Py<PyAny>, is_async: bool) -> PyResult<()> {
+        is_callable(py, "hook", &hook, false)?;
+        self.tg(py)?.add_hook(Arc::new(PyHook { name, f: Arc::new(hook), is_async }));
+        Ok(())
+    }
+
+    /// Writes buffered operation records to the trace file.
+    fn flush_trace(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(t) = &self.trace {
+            t.flush().map_err(|e| {
+                invalid(py, "trace", &t.path().display().to_string(), &format!("a writable file ({e})"))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Drops this handle's reference to the engine (the store closes once no transaction
+    /// holds it any more) and flushes the trace file.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let tg = self.tg.write().take();
+        drop(tg);
+        self.flush_trace(py)
+    }
+}

@@ -1,0 +1,262 @@
+//! Declared tools: the engine `Tool` whose call, compensation and probe run Python functions.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use serde_json::Value;
+use tidegate_runtime::{Compensation, EffectClass, Probe, ToolError};
+
+use crate::calls::{ArgBuilder, CallCtx, current, describe, invoke, is_error};
+use crate::convert::{output_to_json, to_py, unbind_args};
+use crate::errors::invalid;
+use crate::interp;
+use crate::live::LiveTable;
+
+/// Which of a tool's functions take the call id (a `call_id` keyword).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WantsId {
+    pub(crate) call: bool,
+    pub(crate) compensate: bool,
+    pub(crate) probe: bool,
+}
+
+impl WantsId {
+    /// Whether calls of the tool record a call id with their arguments.
+    pub(crate) fn any(self) -> bool {
+        self.call || self.compensate || self.probe
+    }
+}
+
+/// A declared tool registered with one engine.
+#[pyclass(frozen, module = "tidegate._native")]
+pub(crate) struct ToolHandle {
+    pub(crate) tool: tidegate_runtime::Tool,
+    pub(crate) names: Arc<Vec<String>>,
+    pub(crate) wants: WantsId,
+    /// The tool's name.
+    #[pyo3(get)]
+    pub(crate) name: String,
+    /// Its effect class.
+    #[pyo3(get)]
+    pub(crate) effect: String,
+}
+
+#[pymethods]
+impl ToolHandle {
+    fn __repr__(&self) -> String {
+        format!("<tidegate tool {:?} ({})>", self.name, self.effect)
+    }
+}
+
+pub(crate) fn parse_class(py: Python<'_>, effect: &str) -> PyResult<EffectClass> {
+    Ok(match effect {
+        "reversible" => EffectClass::Reversible,
+        "reversible_with_cost" => EffectClass::ReversibleWithCost,
+        "bufferable" => EffectClass::Bufferable,
+        "gated" => EffectClass::Gated,
+        "idempotent" => EffectClass::Idempotent,
+        other => {
+            return Err(invalid(
+                py,
+                "effect",
+                &format!("{other:?}"),
+                "one of \"reversible\", \"reversible_with_cost\", \"bufferable\", \"gated\", \"idempotent\"",
+            ));
+        }
+    })
+}
+
+/// A Python function the engine calls, and how.
+#[derive(Clone)]
+pub(crate) struct PyFn {
+    pub(crate) f: Arc<Py<PyAny>>,
+    pub(crate) is_async: bool,
+    pub(crate) wants_id: bool,
+}
+
+/// Everything `Engine.tool` validated, ready to build the engine's `Tool`.
+pub(crate) struct Declared {
+    pub(crate) name: String,
+    pub(crate) class: EffectClass,
+    pub(crate) names: Arc<Vec<String>>,
+    pub(crate) call: PyFn,
+    pub(crate) compensate: Option<PyFn>,
+    pub(crate) probe: Option<PyFn>,
+}
+
+/// Builds the engine tool. Scopes and keys are computed in Python and passed with every call.
+pub(crate) fn build(d: Declared, live: Arc<LiveTable>) -> Result<tidegate_runtime::Tool, tidegate_runtime::Error> {
+    let tool_name = d.name.clone();
+    let names = d.names.clone();
+    let call = d.call;
+    let mut builder = tidegate_runtime::Tool::builder(d.name, d.class)
+        .scope(move |_| format!("tool:{tool_name}"))
+        .call(move |args: Arc<Value>| {
+            let ctx = current();
+            let f = call.clone();
+            let names = names.clone();
+            async move { run_call(f, args, names, ctx).await }
+        });
+    if let Some(comp) = d.compensate {
+        let names = d.names.clone();
+        builder = builder.compensate(move |args: Arc<Value>, output: Arc<Value>| {
+            let ctx = current();
+            let f = comp.clone();
+            let live = live.clone();
+            let names = names.clone();
+            async move { run_compensation(f, args, output, names, live, ctx).await }
+        });
+    }
+    if let Some(p) = d.probe {
+        let names = d.names.clone();
+        builder = builder.probe(move |args: Arc<Value>| {
+            let ctx = current();
+            let f = p.clone();
+            let names = names.clone();
+            async move { run_probe(f, args, names, ctx).await }
+        });
+    }
+    builder.build()
+}
+
+/// `kwargs` with `call_id` added when the function takes it.
+fn with_call_id(
+    py: Python<'_>,
+    kwargs: Option<Py<PyDict>>,
+    call_id: Option<&str>,
+    wants: bool,
+) -> PyResult<Option<Py<PyDict>>> {
+    let (true, Some(id)) = (wants, call_id) else { return Ok(kwargs) };
+    let d = match &kwargs {
+        Some(k) => k.bind(py).copy()?,
+        None => PyDict::new(py),
+    };
+    d.set_item("call_id", id)?;
+    Ok(Some(d.unbind()))
+}
+
+fn tool_error(py: Python<'_>, exc: &Py<PyAny>) -> ToolError {
+    let msg = describe(py, exc);
+    if is_error(py, exc, "TransientError") {
+        ToolError::transient(msg)
+    } else if is_error(py, exc, "OutcomeUnknown") {
+        ToolError::unknown(msg)
+    } else {
+        ToolError::failed(msg)
+    }
+}
+
+/// Runs the tool. An eager call gets the caller's live arguments (from the call context); a
+/// held effect released at commit gets its recorded JSON arguments, and its return value is
+/// collected for the caller's `Held` acknowledgement.
+async fn run_call(
+    f: PyFn,
+    args: Arc<Value>,
+    names: Arc<Vec<String>>,
+    ctx: Option<Arc<CallCtx>>,
+) -> Result<Value, ToolError> {
+    let live = ctx.as_ref().and_then(|c| {
+        c.live.as_ref().map(|l| {
+            interp::attach(|py| (l.args.clone_ref(py), l.kwargs.as_ref().map(|k| k.clone_ref(py)), l.call_id.clone()))
+        })
+    });
+    let is_release = live.is_none();
+    let wants = f.wants_id;
+    let build: ArgBuilder = Box::new(move |py| match live {
+        Some((a, k, id)) => Ok((a, with_call_id(py, k, id.as_deref(), wants)?)),
+        None => {
+            let (a, k, id) = unbind_args(py, &args, &names)?;
+            Ok((a.unbind(), with_call_id(py, Some(k.unbind()), id.as_deref(), wants)?))
+        }
+    });
+    match invoke(f.f, f.is_async, build, ctx.clone()).await {
+        Ok(out) => interp::attach(|py| {
+            let json = output_to_json(out.bind(py));
+            if let Some(c) = &ctx {
+                if is_release {
+                    c.released.lock().push(out);
+                } else {
+                    *c.output.lock() = Some(out);
+                }
+            }
+            Ok(json)
+        }),
+        Err(exc) => Err(interp::attach(|py| {
+            let e = tool_error(py, &exc);
+            if let Some(c) = &ctx {
+                *c.error.lock() = Some(exc);
+            }
+            e
+        })),
+    }
+}
+
+/// Runs a compensation: `compensate(result, *args, **kwargs)` with the live output and
+/// arguments when this process made the call, else the recorded ones. `None` is a clean undo,
+/// a `str` is residue, an exception a failed compensation.
+async fn run_compensation(
+    f: PyFn,
+    args: Arc<Value>,
+    output: Arc<Value>,
+    names: Arc<Vec<String>>,
+    live: Arc<LiveTable>,
+    ctx: Option<Arc<CallCtx>>,
+) -> Result<Compensation, ToolError> {
+    let wants = f.wants_id;
+    let build: ArgBuilder = Box::new(move |py| {
+        let (out, a, k, id) = match live.get(py, &output) {
+            Some(l) => (l.output, l.args, l.kwargs, l.call_id),
+            None => {
+                let (a, k, id) = unbind_args(py, &args, &names)?;
+                (to_py(py, &output)?.unbind(), a.unbind(), Some(k.unbind()), id)
+            }
+        };
+        let mut items = vec![out.into_bound(py)];
+        items.extend(a.bind(py).iter());
+        Ok((PyTuple::new(py, items)?.unbind(), with_call_id(py, k, id.as_deref(), wants)?))
+    });
+    match invoke(f.f, f.is_async, build, ctx.clone()).await {
+        Ok(v) => interp::attach(|py| {
+            let v = v.bind(py);
+            match v.extract::<String>() {
+                Ok(residue) => Ok(Compensation::with_residue(residue)),
+                Err(_) => Ok(Compensation::clean()),
+            }
+        }),
+        Err(exc) => Err(interp::attach(|py| {
+            let e = ToolError::failed(format!("compensation raised {}", describe(py, &exc)));
+            if let Some(c) = &ctx {
+                *c.error.lock() = Some(exc);
+            }
+            e
+        })),
+    }
+}
+
+/// Runs a probe: `True` / `Happened(output)` happened, `False` did not, `None` (or an
+/// exception) still unknown.
+async fn run_probe(f: PyFn, args: Arc<Value>, names: Arc<Vec<String>>, ctx: Option<Arc<CallCtx>>) -> Probe {
+    let wants = f.wants_id;
+    let build: ArgBuilder = Box::new(move |py| {
+        let (a, k, id) = unbind_args(py, &args, &names)?;
+        Ok((a.unbind(), with_call_id(py, Some(k.unbind()), id.as_deref(), wants)?))
+    });
+    match invoke(f.f, f.is_async, build, ctx).await {
+        Ok(v) => interp::attach(|py| {
+            let v = v.bind(py);
+            if v.is_none() {
+                return Probe::Unknown;
+            }
+            if let Ok(out) = v.getattr("_tidegate_happened") {
+                return Probe::Happened(output_to_json(&out));
+            }
+            match v.is_truthy() {
+                Ok(true) => Probe::Happened(Value::Null),
+                Ok(false) => Probe::DidNotHappen,
+                Err(_) => Probe::Unknown,
+            }
+        }),
+        Err(_) => Probe::Unknown,
+    }
+}

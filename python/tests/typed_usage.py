@@ -1,0 +1,61 @@
+"""A client of the public API, type-checked with mypy --strict (tests/test_docs.py): the
+annotations a user sees must let typed code use the package without casts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import List, Optional
+
+import tidegate
+from tidegate import Held, Outcome, PartialCommit, RunResult, ScopeType, SpeculationOutcome, Tidegate, Tool
+
+
+def refund(order_id: str, amount: int) -> str:
+    return f"R-{order_id}-{amount}"
+
+
+def cancel(result: str, order_id: str, amount: int, call_id: str) -> Optional[str]:
+    return None
+
+
+refund_tool: Tool = tidegate.tool(refund, scope=lambda order_id, **_: f"shop:order:{order_id}", effect="reversible", compensate=cancel)
+
+
+@tidegate.tool(scope="mail:ann@example.com", effect="gated")
+def send(body: str) -> str:
+    return body
+
+
+def sync_client(tg: Tidegate) -> Outcome:
+    with tg.transaction(agent="support", may_touch=["shop:order:W1", "mail:ann@example.com"], lease=5.0) as tx:
+        tx.read("shop:order:W1")
+        tx.call(refund_tool, "W1", 20)
+        receipt = send("refunded")
+        assert isinstance(receipt, Held)
+    assert tx.outcome is not None
+    return tx.outcome
+
+
+def run_client(tg: Tidegate) -> int:
+    result: RunResult[int] = tg.run(lambda tx: 3, agent="runner", attempts=2)
+    return result.value + result.attempts
+
+
+async def async_client(tg: Tidegate) -> SpeculationOutcome:
+    async with tg.speculate(2, agent="planner") as spec:
+        for branch in spec.branches:
+            async with branch:
+                await branch.acall(refund_tool, "W2", 1)
+        return await spec.acommit(0)
+
+
+def main() -> List[str]:
+    tg = tidegate.open(level="L3", isolation="serializable", trace=None, scope_types={"shop": ScopeType(case="sensitive")})
+    try:
+        outcome = sync_client(tg)
+    except PartialCommit as e:
+        assert e.outcome is not None
+        outcome = e.outcome
+    run_client(tg)
+    won = asyncio.run(async_client(tg))
+    return [e.tag for e in outcome.effects] + [won.winner.agent, tg.canonical_scope("Shop:order:W1")]

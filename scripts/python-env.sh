@@ -1,0 +1,61 @@
+# Shell functions for the repository's own Python environments (sourced by python/run-tests.sh
+# and .ci/run). Nothing here installs into an interpreter's own site-packages: every install
+# goes into a virtual environment under .venv/ at the repository root, with pip's
+# --require-virtualenv as a second guard.
+#
+#   .venv/                  the main environment (python3, or $PYTHON): build and check tools,
+#                           test dependencies, the package
+#   .venv/versions/X.Y/     one environment per other CPython the tests run on
+
+tidegate_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tidegate_venv="$tidegate_root/.venv"
+
+# The CPython versions tested besides the main one: the oldest and the newest supported.
+TIDEGATE_PYTHON_VERSIONS="${TIDEGATE_PYTHON_VERSIONS-3.10 3.13}"
+
+# Creates the virtual environment $2 with interpreter $1 unless it exists. Fails with the
+# reason when the interpreter cannot create one (Debian/Ubuntu: the python3-venv package).
+tidegate_make_venv() {
+    local py="$1" dir="$2"
+    if [ -x "$dir/bin/python" ] && "$dir/bin/python" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+        return 0
+    fi
+    rm -rf "$dir"
+    if ! "$py" -m venv "$dir"; then
+        echo "error: '$py -m venv' cannot create $dir. On Debian/Ubuntu install python3-venv" \
+            "(.ci/run does it); elsewhere use a Python with the venv module." >&2
+        return 1
+    fi
+}
+
+# Installs requirement file $2 into environment $1 when it changed since the last install.
+tidegate_install_requirements() {
+    local dir="$1" req="$2" stamp
+    stamp="$dir/.installed-$(basename "$req")"
+    if cmp -s "$req" "$stamp"; then
+        return 0
+    fi
+    "$dir/bin/python" -m pip install --require-virtualenv --quiet --disable-pip-version-check -r "$req"
+    cp "$req" "$stamp"
+}
+
+# Prints the path of a CPython $1 (X.Y) on this machine: on PATH, under pyenv, or installed by
+# uv (`uv python install`). Fails if there is none.
+tidegate_find_python() {
+    local v="$1" p
+    local candidates=("$(command -v "python$v" 2>/dev/null || true)")
+    local root="${PYENV_ROOT:-$HOME/.pyenv}"
+    if [ -d "$root/versions" ]; then
+        candidates+=($(ls -d "$root/versions/$v".*/bin/"python$v" 2>/dev/null | sort -V | tail -1))
+    fi
+    if [ -x "$tidegate_venv/bin/uv" ]; then
+        candidates+=("$("$tidegate_venv/bin/uv" python find --managed-python --no-project "$v" 2>/dev/null || true)")
+    fi
+    for p in "${candidates[@]}"; do
+        if [ -n "$p" ] && "$p" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$v'.split('.'))))" 2>/dev/null; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
