@@ -63,7 +63,7 @@ pub enum ServerError {
         what: &'static str,
         /// The runtime's error.
         #[source]
-        source: tidegate_runtime::Error,
+        source: Box<tidegate_runtime::Error>,
     },
     /// A bad argument to a catalog operation (tenant name, role, key id).
     #[error("invalid {field} `{value}`: expected {expected}")]

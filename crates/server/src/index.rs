@@ -232,11 +232,7 @@ impl TxView {
                     r.unknown = *unknown;
                 }
             }
-            Event::Sealed { .. } => {
-                if self.phase == Phase::Open {
-                    self.phase = Phase::Sealed;
-                }
-            }
+            Event::Sealed { .. } if self.phase == Phase::Open => self.phase = Phase::Sealed,
             Event::Decided { commit, reason, .. } => {
                 self.decided = Some(*commit);
                 self.reason = reason.clone();

@@ -165,11 +165,10 @@ impl AppState {
 
     /// Authenticates `Authorization` header contents; opens the key's tenant if needed.
     pub async fn authenticate(&self, header: &str) -> std::result::Result<AuthContext, ApiError> {
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
-            .ok_or_else(|| ApiError::unauthenticated("the Authorization header is not `Bearer <key>`"))?
-            .trim();
+        let token = match header.split_once(' ') {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
+            _ => return Err(ApiError::unauthenticated("the Authorization header is not `Bearer <key>`")),
+        };
         let (id, secret) = parse_key(token).ok_or_else(|| ApiError::unauthenticated("the API key is malformed"))?;
         let ttl = Duration::from_millis(self.0.config.auth.cache_ttl_ms);
         let cached = self.0.key_cache.lock().get(id).filter(|(_, at)| at.elapsed() < ttl).map(|(r, _)| r.clone());

@@ -173,7 +173,7 @@ impl Tenant {
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Tenant>> {
         let name = record.name.clone();
-        let tenant_err = |what, source| ServerError::Tenant { tenant: name.clone(), what, source };
+        let tenant_err = |what, source| ServerError::Tenant { tenant: name.clone(), what, source: Box::new(source) };
         let (store, sqlite): (Arc<dyn LedgerStore>, Option<Arc<SqliteStore>>) = if settings.memory {
             (Arc::new(MemoryStore::new()), None)
         } else {

@@ -42,9 +42,26 @@ pub struct Problem {
     pub transaction: Option<Value>,
 }
 
-/// An API error: what every handler and extractor returns.
+/// An API error: what every handler and extractor returns (boxed, so results stay small).
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub struct ApiError(Box<ApiErrorData>);
+
+impl std::ops::Deref for ApiError {
+    type Target = ApiErrorData;
+    fn deref(&self) -> &ApiErrorData {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ApiError {
+    fn deref_mut(&mut self) -> &mut ApiErrorData {
+        &mut self.0
+    }
+}
+
+/// The parts of an [`ApiError`].
+#[derive(Debug, Clone)]
+pub struct ApiErrorData {
     /// Status.
     pub status: StatusCode,
     /// Machine-readable kind.
@@ -82,7 +99,7 @@ fn truncate(s: &str) -> String {
 impl ApiError {
     /// A bare error.
     pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> ApiError {
-        ApiError {
+        ApiError(Box::new(ApiErrorData {
             status,
             code,
             detail: detail.into(),
@@ -92,7 +109,7 @@ impl ApiError {
             retryable: false,
             retry_after: None,
             transaction: None,
-        }
+        }))
     }
 
     /// 400: `field` had `value`, expected `expected`.

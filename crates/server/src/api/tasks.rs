@@ -76,10 +76,8 @@ pub async fn poll(
     let _guard = if wait.is_zero() { None } else { Some(begin_wait(&state, &caller.slot)?) };
     let d = &caller.tenant.dispatcher;
     let stop = state.shutdown_token().clone();
-    let tasks = d
-        .queue()
-        .poll(&body.worker, &body.capabilities, max, wait, lease, d.attempts(), async move { stop.cancelled().await })
-        .await;
+    let p = crate::dispatch::queue::Poll { worker: body.worker, capabilities: body.capabilities, max, wait, lease };
+    let tasks = d.queue().poll(&p, d.attempts(), async move { stop.cancelled().await }).await;
     Ok(Json(PollOut { tasks }))
 }
 

@@ -96,6 +96,21 @@ struct State {
 /// Settled task ids remembered for late reports.
 const RECENT: usize = 10_000;
 
+/// A worker's poll.
+#[derive(Debug, Clone)]
+pub struct Poll {
+    /// The worker's name.
+    pub worker: String,
+    /// The capabilities it serves.
+    pub capabilities: Vec<String>,
+    /// Most tasks to lease.
+    pub max: usize,
+    /// How long to wait for one.
+    pub wait: Duration,
+    /// Lease override.
+    pub lease: Option<Duration>,
+}
+
 /// Why a worker's call was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaskRefusal {
@@ -230,19 +245,12 @@ impl TaskQueue {
         }
     }
 
-    /// Leases up to `max` queued tasks of `capabilities` to `worker`, waiting up to `wait` for
-    /// one to appear (or `stop` to resolve). `lease` overrides each task's lease.
-    pub async fn poll(
-        &self,
-        worker: &str,
-        capabilities: &[String],
-        max: usize,
-        wait: Duration,
-        lease: Option<Duration>,
-        log: &AttemptLog,
-        stop: impl std::future::Future<Output = ()>,
-    ) -> Vec<TaskView> {
-        let deadline = Instant::now() + wait;
+    /// Leases up to `p.max` queued tasks of `p.capabilities` to `p.worker`, waiting up to
+    /// `p.wait` for one to appear (or `stop` to resolve).
+    pub async fn poll(&self, p: &Poll, log: &AttemptLog, stop: impl std::future::Future<Output = ()>) -> Vec<TaskView> {
+        let Poll { worker, capabilities, max, wait, lease } = p;
+        let (max, lease) = (*max, *lease);
+        let deadline = Instant::now() + *wait;
         tokio::pin!(stop);
         loop {
             let notified = self.notify.notified();

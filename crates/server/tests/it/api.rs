@@ -72,6 +72,9 @@ async fn gated_release_reaches_the_webhook_once_with_the_effects_key_at_commit()
     assert_eq!(attempts.len(), 1, "{attempts:?}");
     assert_eq!(attempts[0]["result"], "done");
     assert_eq!(attempts[0]["key"], key.as_str());
+    for t in h.state.tenants() {
+        t.engine.check_integrity().unwrap();
+    }
     h.stop().await;
 }
 
@@ -423,5 +426,105 @@ async fn overload_answers_503_when_the_server_is_at_its_limit_but_health_still_a
     assert_eq!(h.req("GET", "/healthz", None, None).await.status, 200);
     assert_eq!(slow.await.unwrap(), 200);
     assert_eq!(h.req("GET", "/v1/whoami", Some(&k.agent), None).await.status, 200);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_does_not_cancel_its_effect_and_its_key_replays_the_result() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    sink.delay("slow/call", Duration::from_millis(500));
+    h.webhook_tool(&k.admin, &sink, "slow", "reversible", false, false).await;
+    let r = h.req("POST", "/v1/transactions", Some(&k.agent), Some(json!({"may_touch": ["kv:slow:*"]}))).await;
+    let tx = id(&r);
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(100)).build().unwrap();
+    let url = format!("{}/v1/transactions/{tx}/effects", h.base);
+    let body = json!({"tool": "slow", "args": {"id": "1"}});
+    let gone = impatient.post(&url).bearer_auth(&k.agent).header("Idempotency-Key", "e-1").json(&body).send().await;
+    assert!(gone.is_err(), "the client gave up");
+    // A retry while it runs is told to wait; after it finished, it gets the recorded answer.
+    let r = h
+        .req_with(
+            "POST",
+            &format!("/v1/transactions/{tx}/effects"),
+            Some(&k.agent),
+            Some(body.clone()),
+            &[("Idempotency-Key", "e-1")],
+        )
+        .await;
+    assert_eq!((r.status, r.body["code"].as_str()), (409, Some("idempotency_key_in_progress")), "{r:?}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let r = h
+        .req_with(
+            "POST",
+            &format!("/v1/transactions/{tx}/effects"),
+            Some(&k.agent),
+            Some(body),
+            &[("Idempotency-Key", "e-1")],
+        )
+        .await;
+    assert_eq!((r.status, r.body["ack"].as_str()), (200, Some("executed")), "{r:?}");
+    assert_eq!(r.headers["idempotent-replayed"], "true");
+    assert_eq!(sink.on("slow/call").len(), 1, "the call ran once");
+    let r = h.req("GET", &format!("/v1/transactions/{tx}"), Some(&k.agent), None).await;
+    assert_eq!(r.body["effects"].as_array().unwrap().len(), 1);
+    assert_eq!(r.body["effects"][0]["status"], "executed");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_whose_lease_ends_is_aborted_and_its_effects_compensated() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "hold", "reversible", true, false).await;
+    let r = h
+        .req("POST", "/v1/transactions", Some(&k.agent), Some(json!({"may_touch": ["kv:hold:*"], "lease_ms": 300})))
+        .await;
+    let tx = id(&r);
+    h.req(
+        "POST",
+        &format!("/v1/transactions/{tx}/effects"),
+        Some(&k.agent),
+        Some(json!({"tool": "hold", "args": {"id": "1"}})),
+    )
+    .await;
+    let r = h.req("GET", &format!("/v1/transactions/{tx}/outcome?timeout_ms=5000"), Some(&k.agent), None).await;
+    assert_eq!((r.status, r.body["state"].as_str()), (200, Some("aborted")), "{r:?}");
+    assert_eq!(r.body["outcome"]["reason"]["kind"], "lease_expired");
+    assert_eq!(sink.on("hold/undo").len(), 1);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settled_transactions_beyond_the_retained_ones_are_read_back_from_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::durable(dir, |c| c.limits.retain_settled = 2).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "n", "gated", false, false).await;
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let r = h.req("POST", "/v1/calls", Some(&k.agent), Some(json!({"tool": "n", "args": {"id": i}}))).await;
+        assert_eq!(r.body["transaction"]["state"], "committed", "{r:?}");
+        ids.push(r.body["transaction"]["id"].as_str().unwrap().to_owned());
+    }
+    assert!(h.state.tenants()[0].index.resident() <= 2, "only the retained settled ones stay in memory");
+    let r = h.req("GET", &format!("/v1/transactions/{}", ids[0]), Some(&k.agent), None).await;
+    assert_eq!(r.body["state"], "committed", "{r:?}");
+    assert_eq!(r.body["effects"][0]["disposition"], "fired");
+    assert_eq!(r.body["effects"][0]["args"], json!({"id": 0}));
+    let r = h.req("GET", &format!("/v1/transactions/{}/outcome?timeout_ms=10", ids[0]), Some(&k.agent), None).await;
+    assert_eq!(r.status, 200);
+    let r = h.req("GET", "/v1/transactions?state=committed&limit=4", Some(&k.agent), None).await;
+    assert_eq!(r.body["data"].as_array().unwrap().len(), 4);
+    assert_eq!(r.body["has_more"], true);
+    let next = r.body["next_cursor"].as_str().unwrap().to_owned();
+    let r =
+        h.req("GET", &format!("/v1/transactions?state=committed&limit=4&cursor={next}"), Some(&k.agent), None).await;
+    let rest: Vec<&str> = r.body["data"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!(rest, [ids[4].as_str(), ids[5].as_str()]);
+    assert_eq!(r.body["has_more"], false);
     h.stop().await;
 }

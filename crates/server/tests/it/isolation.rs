@@ -226,6 +226,9 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
     );
     let r = h.req("GET", &format!("/v1/transactions/{committing}"), Some(&a.agent), None).await;
     assert_eq!(r.body["state"], "committing");
+    for t in h.state.tenants() {
+        t.engine.check_integrity().unwrap();
+    }
     h.stop().await;
 }
 
