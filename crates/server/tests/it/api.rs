@@ -528,3 +528,37 @@ async fn settled_transactions_beyond_the_retained_ones_are_read_back_from_the_le
     assert_eq!(r.body["has_more"], false);
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_a_request_in_flight_and_refuses_new_ones() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    sink.delay("slow/call", Duration::from_millis(500));
+    h.webhook_tool(&k.admin, &sink, "slow", "reversible", false, false).await;
+    let r = h.req("POST", "/v1/transactions", Some(&k.agent), Some(json!({"may_touch": ["kv:slow:*"]}))).await;
+    let tx = id(&r);
+    let (c, base, key) = (h.http.clone(), h.base.clone(), k.agent.clone());
+    let in_flight = tokio::spawn(async move {
+        let r = c
+            .post(format!("{base}/v1/transactions/{tx}/effects"))
+            .bearer_auth(&key)
+            .json(&json!({"tool": "slow", "args": {"id": "1"}}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let state = h.state.clone();
+    let (fresh, base) = (reqwest::Client::new(), h.base.clone());
+    let stopping = tokio::spawn(h.stop());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(state.shutdown_token().is_cancelled());
+    let late = fresh.get(format!("{base}/v1/whoami")).bearer_auth(&k.agent).send().await;
+    assert!(late.as_ref().map_or(true, |r| r.status() == 503), "a new request during the drain: {late:?}");
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!((status, body["ack"].as_str()), (200, Some("executed")), "{body}");
+    stopping.await.unwrap();
+    assert_eq!(sink.on("slow/call").len(), 1);
+}
