@@ -6,7 +6,10 @@ mod check;
 mod data_dir;
 mod demo;
 mod eval;
+mod key;
 mod ledger;
+mod serve;
+mod tenant;
 
 use clap::{Parser, Subcommand};
 
@@ -47,6 +50,18 @@ enum Command {
     },
     /// Check a JSON Lines operation-record trace for anomalies A1-A6 and conflict cycles.
     Check(check::Args),
+    /// Run the server: the HTTP API, tenants, workers (docs/server.md).
+    Serve(serve::Args),
+    /// Tenants in the server's catalog.
+    Tenant {
+        #[command(subcommand)]
+        cmd: tenant::Cmd,
+    },
+    /// API keys in the server's catalog.
+    Key {
+        #[command(subcommand)]
+        cmd: key::Cmd,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -58,6 +73,9 @@ fn main() -> std::process::ExitCode {
         Command::Ledger { cmd } => ledger::run(cmd),
         Command::Bench { which } => eval::run(which),
         Command::Check(args) => return check::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Tenant { cmd } => tenant::run(cmd),
+        Command::Key { cmd } => key::run(cmd),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

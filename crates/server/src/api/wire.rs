@@ -1,0 +1,715 @@
+//! The API's wire types (kept apart from engine types; docs/server.md owns the format).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tidegate_runtime::{AbortReason, Tag};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::auth::Role;
+use crate::dispatch::Attempt;
+use crate::dispatch::queue::TaskView;
+use crate::ids;
+use crate::index::{EffectRecord, EffectStatus, TxView};
+use crate::registry::{CapabilitySpec, ToolDef, WireClass};
+use crate::tenant::Tenant;
+use crate::tools::open_envelope;
+
+/// A transaction's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TxStateOut {
+    /// Accepting reads and effects.
+    Open,
+    /// Footprint frozen.
+    Sealed,
+    /// Commit requested, not yet decided.
+    Waiting,
+    /// Commit decided; held effects being released.
+    Committing,
+    /// Abort decided; compensations running.
+    Aborting,
+    /// Settled: committed.
+    Committed,
+    /// Settled: aborted.
+    Aborted,
+}
+
+impl TxStateOut {
+    fn from_name(s: &str) -> TxStateOut {
+        match s {
+            "open" => TxStateOut::Open,
+            "sealed" => TxStateOut::Sealed,
+            "waiting" => TxStateOut::Waiting,
+            "committing" => TxStateOut::Committing,
+            "aborting" => TxStateOut::Aborting,
+            "committed" => TxStateOut::Committed,
+            _ => TxStateOut::Aborted,
+        }
+    }
+}
+
+/// A read.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ReadOut {
+    /// Canonical scope.
+    pub scope: String,
+    /// Version read.
+    pub version: u64,
+}
+
+/// An effect of a transaction.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EffectOut {
+    /// Issuance position (0-based).
+    pub effect: u32,
+    /// Tool.
+    pub tool: String,
+    /// Class.
+    pub class: Option<WireClass>,
+    /// Idempotency key.
+    pub key: String,
+    /// Canonical scopes.
+    pub scopes: Vec<String>,
+    /// Arguments.
+    #[schema(value_type = Object)]
+    pub args: Value,
+    /// `in_flight`, `executed`, `failed`, `held`, `releasing`, `released`, `release_failed`,
+    /// `compensated`, `compensation_failed`.
+    pub status: String,
+    /// Output of the call or release.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    /// Error text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Whether a failure's outcome is unknown.
+    pub outcome_unknown: bool,
+    /// Residue a compensation reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub residue: Option<String>,
+    /// Final disposition (`accepted`, `fired`, `compensated`, ...), once settled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disposition: Option<String>,
+    /// Settlement tag (`clean`, `leaked`, `unresolved`, `partial-commit`), once settled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+}
+
+/// Why a transaction aborted.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AbortReasonOut {
+    /// `stale_read`, `lease_expired`, `tool_failed`, `explicit`, ...
+    pub kind: String,
+    /// A sentence for people.
+    pub message: String,
+    /// The reason's fields (scope and versions of a stale read, the failing tool, ...).
+    #[schema(value_type = Object)]
+    pub details: Value,
+    /// Whether running the work again at a fresh epoch may succeed.
+    pub retryable: bool,
+}
+
+/// A settled transaction's outcome.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OutcomeOut {
+    /// Committed or aborted.
+    pub committed: bool,
+    /// Why it aborted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<AbortReasonOut>,
+    /// Whether every effect settled clean.
+    pub clean: bool,
+}
+
+/// A transaction.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TransactionOut {
+    /// `tx_<tag>_<n>`.
+    pub id: String,
+    /// Epoch.
+    pub epoch: u64,
+    /// Agent.
+    pub agent: String,
+    /// State.
+    pub state: TxStateOut,
+    /// Speculation group, if a branch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Declared may-touch scopes (`null`: undeclared).
+    pub may_touch: Option<Vec<String>>,
+    /// The lease deadline set at begin, Unix milliseconds (reads and effects renew it; the
+    /// renewal is not in the ledger).
+    pub lease_expires_at_ms: u64,
+    /// Whether this server can act on it (false for a transaction begun before a restart).
+    pub resumable: bool,
+    /// Reads.
+    pub reads: Vec<ReadOut>,
+    /// Effects.
+    pub effects: Vec<EffectOut>,
+    /// The outcome, once settled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<OutcomeOut>,
+}
+
+fn status_name(s: EffectStatus) -> &'static str {
+    match s {
+        EffectStatus::InFlight => "in_flight",
+        EffectStatus::Executed => "executed",
+        EffectStatus::Failed => "failed",
+        EffectStatus::Held => "held",
+        EffectStatus::Releasing => "releasing",
+        EffectStatus::Released => "released",
+        EffectStatus::ReleaseFailed => "release_failed",
+        EffectStatus::Compensated => "compensated",
+        EffectStatus::CompensationFailed => "compensation_failed",
+    }
+}
+
+fn name_of<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+/// An effect record on the wire.
+pub fn effect_out(r: &EffectRecord) -> EffectOut {
+    let (args, _) = open_envelope(&r.args);
+    EffectOut {
+        effect: r.id.0,
+        tool: r.tool.to_string(),
+        class: WireClass::from_engine(r.class),
+        key: r.key.to_string(),
+        scopes: r.scopes.iter().map(ToString::to_string).collect(),
+        args,
+        status: status_name(r.status).to_owned(),
+        output: r.output.as_ref().map(|o| (**o).clone()),
+        error: r.error.clone(),
+        outcome_unknown: r.unknown,
+        residue: r.residue.clone(),
+        disposition: r.settled.as_ref().map(|(d, _)| name_of(d)),
+        tag: r.settled.as_ref().map(|(_, t)| t.to_string()),
+    }
+}
+
+/// An abort reason on the wire.
+pub fn reason_out(r: &AbortReason) -> AbortReasonOut {
+    let mut details = serde_json::to_value(r).unwrap_or(Value::Null);
+    if let Some(o) = details.as_object_mut() {
+        o.remove("kind");
+    }
+    AbortReasonOut { kind: r.kind().to_owned(), message: r.to_string(), details, retryable: r.retryable() }
+}
+
+/// A transaction view on the wire.
+pub fn tx_out(tenant: &Tenant, v: &TxView) -> TransactionOut {
+    let settled = v.phase.settled();
+    TransactionOut {
+        id: ids::tx(&tenant.tag, v.tx),
+        epoch: v.epoch.0,
+        agent: v.agent.to_string(),
+        state: TxStateOut::from_name(v.state()),
+        group: v.group.map(|g| ids::format(ids::Kind::Group, &tenant.tag, g.0)),
+        may_touch: v.may_touch.clone(),
+        lease_expires_at_ms: v.lease_until.0 / 1_000_000,
+        resumable: !settled && tenant.live(v.tx).is_some(),
+        reads: v.reads.iter().map(|(s, ver)| ReadOut { scope: s.to_string(), version: *ver }).collect(),
+        effects: v.effects.iter().map(effect_out).collect(),
+        outcome: settled.then(|| OutcomeOut {
+            committed: v.phase == crate::index::Phase::Committed,
+            reason: v.reason.as_ref().map(reason_out),
+            clean: v.effects.iter().all(|e| e.settled.as_ref().is_none_or(|(_, t)| *t == Tag::Clean)),
+        }),
+    }
+}
+
+macro_rules! list_type {
+    ($name:ident, $item:ty, $doc:literal) => {
+        #[doc = $doc]
+        #[derive(Debug, Clone, Serialize, ToSchema)]
+        pub struct $name {
+            /// The page.
+            pub data: Vec<$item>,
+            /// Whether more follow.
+            pub has_more: bool,
+            /// Pass as `cursor` for the next page.
+            pub next_cursor: Option<String>,
+        }
+    };
+}
+
+list_type!(TransactionList, TransactionOut, "A page of transactions.");
+list_type!(ToolList, ToolOut, "Every tool.");
+list_type!(CapabilityList, CapabilityOut, "Every capability.");
+list_type!(TaskList, TaskView, "Unsettled worker tasks.");
+list_type!(KeyList, KeyOut, "The tenant's keys.");
+list_type!(LedgerEventList, LedgerEventOut, "A page of ledger events.");
+list_type!(AttentionList, AttentionOut, "A page of effects needing attention.");
+
+/// Begin a transaction.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BeginIn {
+    /// The agent's name (default `agent`), at most 256 bytes.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// Scopes the transaction may touch (at most 1024). Declaring them lets transactions on
+    /// other scopes commit without waiting for this one.
+    #[serde(default)]
+    pub may_touch: Option<Vec<String>>,
+    /// Lease in milliseconds (default `engine.lease_ms`; 1 to 604800000).
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+}
+
+/// Record a read.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadIn {
+    /// The scope read.
+    pub scope: String,
+}
+
+/// The result of a read.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ReadResultOut {
+    /// Canonical scope.
+    pub scope: String,
+    /// Its committed version.
+    pub version: u64,
+    /// What this transaction staged on an overlapping scope (read-your-writes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub staged: Option<Value>,
+}
+
+/// Call a server tool in a transaction.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EffectIn {
+    /// The tool's name.
+    pub tool: String,
+    /// The arguments (default `{}`).
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub args: Value,
+    /// The idempotency key (default: the tool's key template, else `<tx>:<tool>:<n>`), at
+    /// most 512 bytes.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Scopes overriding the tool's scope templates.
+    #[serde(default)]
+    pub scopes: Option<Vec<String>>,
+}
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// How the engine took an effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AckKind {
+    /// Executed now (server-executed eager effect); `output` holds the result.
+    Executed,
+    /// Bufferable: staged, applied at commit.
+    Staged,
+    /// Gated: queued, fired at commit.
+    Queued,
+    /// The key had executed before: the recorded output.
+    Replayed,
+}
+
+/// The acknowledgement of an effect.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EffectAckOut {
+    /// The transaction.
+    pub transaction: String,
+    /// How the engine took it.
+    pub ack: AckKind,
+    /// The output (executed and replayed effects).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    /// The effect as recorded.
+    pub effect: EffectOut,
+}
+
+/// Commit a transaction.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommitIn {
+    /// Seal first if still open (default false).
+    #[serde(default)]
+    pub seal: Option<bool>,
+    /// How long to wait for the settlement before answering 202 (default 30000, at most
+    /// `limits.max_wait_ms`).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+    /// Abort with `wait_timeout` if the commit cannot be decided within this many
+    /// milliseconds (default: wait as long as earlier transactions' leases allow).
+    #[serde(default)]
+    pub commit_timeout_ms: Option<u64>,
+}
+
+/// Abort a transaction.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AbortIn {
+    /// Why (recorded in the ledger), at most 1024 bytes.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// How long to wait for the compensations before answering 202 (default 30000).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// A one-call transaction.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CallIn {
+    /// The tool's name.
+    pub tool: String,
+    /// The arguments (default `{}`).
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub args: Value,
+    /// The idempotency key.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Scopes overriding the tool's templates.
+    #[serde(default)]
+    pub scopes: Option<Vec<String>>,
+    /// The agent.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// May-touch scopes (default: the call's scopes).
+    #[serde(default)]
+    pub may_touch: Option<Vec<String>>,
+    /// Lease in milliseconds.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+    /// How long to wait for the settlement before answering 202 (default 30000).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// The result of a one-call transaction.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CallOut {
+    /// The transaction (settled unless the answer is 202).
+    pub transaction: TransactionOut,
+    /// How the engine took the call.
+    pub ack: AckKind,
+    /// The call's output (eager effects).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+}
+
+/// Query of the transaction list.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListTxQuery {
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size (default 50).
+    pub limit: Option<usize>,
+    /// `unfinished`, `settled`, or a state (`open`, `sealed`, `waiting`, `committing`,
+    /// `aborting`, `committed`, `aborted`).
+    pub state: Option<String>,
+}
+
+/// Query of a long-poll.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WaitQuery {
+    /// How long to wait for the settlement (default 30000, at most `limits.max_wait_ms`).
+    pub timeout_ms: Option<u64>,
+}
+
+/// Query of a ledger page.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LedgerQuery {
+    /// Events after this LSN (default 0).
+    pub after_lsn: Option<u64>,
+    /// Page size (default 50).
+    pub limit: Option<usize>,
+}
+
+/// Query of the attention list.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AttentionQuery {
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size (default 50).
+    pub limit: Option<usize>,
+    /// `unresolved`, `leaked` or `partial-commit` (default: all three).
+    pub tag: Option<String>,
+}
+
+/// One ledger event.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LedgerEventOut {
+    /// Its position.
+    pub lsn: u64,
+    /// The event kind (`begin`, `read`, `effect_recorded`, `decided`, `settled`, ...).
+    pub event: String,
+    /// The transaction it belongs to (none for registry changes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transaction: Option<String>,
+    /// The event's fields as the ledger holds them (docs/ledger.md); transaction numbers
+    /// inside are the `<n>` of `tx_<tag>_<n>`.
+    #[schema(value_type = Object)]
+    pub data: Value,
+}
+
+/// A transaction's timeline.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TimelineOut {
+    /// The transaction.
+    pub transaction: String,
+    /// Its ledger events, in order.
+    pub events: Vec<LedgerEventOut>,
+    /// Every retained dispatch attempt of its effects.
+    pub attempts: Vec<Attempt>,
+    /// Whether more events follow.
+    pub has_more: bool,
+    /// Pass as `after_lsn` for the next page.
+    pub next_cursor: Option<String>,
+}
+
+/// An effect needing attention.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AttentionOut {
+    /// The transaction.
+    pub transaction: String,
+    /// Whether it committed.
+    pub committed: bool,
+    /// The `settled` event's LSN.
+    pub lsn: u64,
+    /// The tag.
+    pub tag: String,
+    /// The disposition.
+    pub disposition: String,
+    /// The effect.
+    pub effect: EffectOut,
+}
+
+/// A tool.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ToolOut {
+    /// Its name.
+    pub name: String,
+    /// The registry signature (the registry version that defined it).
+    pub signature: Option<u64>,
+    /// Its definition.
+    pub definition: ToolDef,
+}
+
+/// A capability.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CapabilityOut {
+    /// Its name.
+    pub name: String,
+    /// Its spec.
+    pub spec: CapabilitySpec,
+}
+
+/// Poll for worker tasks.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PollIn {
+    /// The worker's name (1-128 bytes).
+    pub worker: String,
+    /// Capabilities it serves (1-64).
+    pub capabilities: Vec<String>,
+    /// Most tasks to lease (default 1, at most 100).
+    #[serde(default)]
+    pub max_tasks: Option<usize>,
+    /// How long to wait for a task (default 30000, at most `limits.max_wait_ms`).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+    /// Lease override in milliseconds.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+}
+
+/// Leased tasks.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PollOut {
+    /// The tasks leased (empty when the wait ended without one).
+    pub tasks: Vec<TaskView>,
+}
+
+/// Extend a task's lease.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatIn {
+    /// The worker holding the lease.
+    pub worker: String,
+    /// New lease from now, in milliseconds (default: the task's lease).
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+}
+
+/// A worker's result.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TaskResultIn {
+    /// Done (for a probe: the call happened).
+    Done {
+        /// Output (for a probe: the call's output).
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        output: Option<Value>,
+        /// Residue of a compensation.
+        #[serde(default)]
+        residue: Option<String>,
+    },
+    /// Certainly not done (for a probe: the call did not happen).
+    Failed {
+        /// Why.
+        error: String,
+    },
+    /// The worker cannot tell whether it took effect.
+    Unknown {
+        /// Why.
+        error: String,
+    },
+}
+
+/// Report a task's result.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportIn {
+    /// The worker.
+    pub worker: String,
+    /// The result.
+    pub result: TaskResultIn,
+}
+
+/// A report's receipt.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ReportOut {
+    /// The task.
+    pub task: String,
+    /// `settled`.
+    pub state: String,
+}
+
+/// A speculation group to begin.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupIn {
+    /// Number of branches (2 to `limits.max_branches`).
+    pub branches: usize,
+    /// The agent.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// May-touch scopes shared by every branch.
+    #[serde(default)]
+    pub may_touch: Option<Vec<String>>,
+    /// Lease in milliseconds (accepted for symmetry; branches use the engine's lease).
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+}
+
+/// A speculation group.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct GroupOut {
+    /// `grp_<tag>_<n>`.
+    pub id: String,
+    /// `open` (some branch unsettled) or `settled`.
+    pub state: String,
+    /// The committed branch, once settled with a winner.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub winner: Option<String>,
+    /// Whether this server can act on it.
+    pub resumable: bool,
+    /// The branches.
+    pub branches: Vec<TransactionOut>,
+}
+
+/// Commit a group's winner.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupCommitIn {
+    /// The winning branch (`tx_...`).
+    pub winner: String,
+    /// How long to wait before answering 202 (default 30000).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// A key to create.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeyIn {
+    /// Its role.
+    pub role: Role,
+    /// A label for people (at most 256 bytes).
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+/// A key (never its secret).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct KeyOut {
+    /// `key_<id>`.
+    pub id: String,
+    /// Its role.
+    pub role: Role,
+    /// Its label.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Creation, Unix milliseconds.
+    pub created_at_ms: i64,
+    /// Revocation, Unix milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked_at_ms: Option<i64>,
+}
+
+/// A new key with its secret, shown once.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NewKeyOut {
+    /// The key record.
+    #[serde(flatten)]
+    pub record: KeyOut,
+    /// The full key: send it as `Authorization: Bearer <key>`. Not retrievable later.
+    pub key: String,
+}
+
+/// The caller.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WhoamiOut {
+    /// The tenant.
+    pub tenant: String,
+    /// The role.
+    pub role: Role,
+    /// The key's id.
+    pub key_id: String,
+}
+
+/// Readiness.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ReadyOut {
+    /// Whether the server is ready.
+    pub ready: bool,
+    /// Whether the catalog answers.
+    pub catalog: bool,
+    /// Tenants whose engine is open.
+    pub tenants: usize,
+    /// Of those, still recovering the previous process's work.
+    pub recovering: usize,
+    /// Tenants whose engine failed to open or recover.
+    pub failed: usize,
+}

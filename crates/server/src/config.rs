@@ -1,0 +1,354 @@
+//! The server's configuration: one TOML file, then `TIDEGATE_<SECTION>_<KEY>` environment
+//! variables, then flags (applied by the caller). Every default is set here and listed in
+//! docs/server.md and `tidegate.example.toml`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// The whole configuration. Every field has a default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Listening, data, shutdown.
+    pub server: ServerSection,
+    /// Bounds on what clients may ask.
+    pub limits: Limits,
+    /// Settings of every tenant's engine.
+    pub engine: EngineSection,
+    /// API key lookups.
+    pub auth: AuthSection,
+    /// Capability dispatch defaults.
+    pub dispatch: DispatchSection,
+    /// Logging.
+    pub log: LogSection,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address to listen on. Default `127.0.0.1:7878`.
+    pub listen: SocketAddr,
+    /// The catalog and the tenants' ledgers. Default: chosen by the command line
+    /// (`$TIDEGATE_DATA_DIR`, `$XDG_DATA_HOME/tidegate`, `~/.local/share/tidegate`).
+    pub data_dir: Option<PathBuf>,
+    /// Keep the catalog and every ledger in memory (tests). Default `false`.
+    pub memory: bool,
+    /// How long a shutdown waits for requests and settlement tasks. Default 30 000.
+    pub shutdown_drain_ms: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
+            data_dir: None,
+            memory: false,
+            shutdown_drain_ms: 30_000,
+        }
+    }
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request body in bytes (413 beyond). Default 1 MiB.
+    pub max_body_bytes: usize,
+    /// Requests in progress over all tenants (503 beyond). Default 1024.
+    pub max_concurrent_requests: usize,
+    /// Requests in progress per tenant (429 beyond). Default 256.
+    pub max_concurrent_per_tenant: usize,
+    /// Long-polls and SSE streams at once (429 beyond). Default 10 000.
+    pub max_waiters: usize,
+    /// Longest long-poll in milliseconds. Default 60 000.
+    pub max_wait_ms: u64,
+    /// Longest SSE stream in milliseconds. Default 3 600 000.
+    pub max_sse_ms: u64,
+    /// Largest page (`limit`). Default 500.
+    pub max_page_size: usize,
+    /// Most branches of a speculation group. Default 64.
+    pub max_branches: usize,
+    /// How long a completed idempotency record is kept, in seconds. Default 86 400.
+    pub idempotency_ttl_s: u64,
+    /// Idempotency records per tenant (oldest dropped first). Default 100 000.
+    pub idempotency_max_records: usize,
+    /// Settled transactions kept in memory per tenant. Default 10 000.
+    pub retain_settled: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 1 << 20,
+            max_concurrent_requests: 1024,
+            max_concurrent_per_tenant: 256,
+            max_waiters: 10_000,
+            max_wait_ms: 60_000,
+            max_sse_ms: 3_600_000,
+            max_page_size: 500,
+            max_branches: 64,
+            idempotency_ttl_s: 86_400,
+            idempotency_max_records: 100_000,
+            retain_settled: 10_000,
+        }
+    }
+}
+
+/// `[engine]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSection {
+    /// Consistency level `L0`..`L4`. Default `L4`.
+    pub level: String,
+    /// Default lease of a transaction in milliseconds. Default 30 000.
+    pub lease_ms: u64,
+    /// `epoch` or `first_committer_wins`. Default `epoch`.
+    pub ordering: String,
+    /// Projection checkpoint interval in events (0: only at shutdown). Default 200 000.
+    pub checkpoint_every_events: u64,
+    /// Scope types accepted besides the engine's defaults (`fs`, `db`, `mail`, `kv`,
+    /// `retail`, `travel`, `web`, `ui`, `bench`): name → `colon`, `colon_insensitive`,
+    /// `posix` or `posix_insensitive`. Default empty.
+    pub scope_types: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        EngineSection {
+            level: "L4".into(),
+            lease_ms: 30_000,
+            ordering: "epoch".into(),
+            checkpoint_every_events: 200_000,
+            scope_types: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    /// How long a key lookup is cached, in milliseconds. Default 1000.
+    pub cache_ttl_ms: u64,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        AuthSection { cache_ttl_ms: 1000 }
+    }
+}
+
+/// `[dispatch]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DispatchSection {
+    /// Default webhook timeout in milliseconds. Default 10 000.
+    pub webhook_timeout_ms: u64,
+    /// Default webhook attempts. Default 4.
+    pub webhook_attempts: u32,
+    /// Default backoff before the second attempt, in milliseconds. Default 100.
+    pub webhook_backoff_ms: u64,
+    /// Default worker task lease in milliseconds. Default 30 000.
+    pub task_lease_ms: u64,
+    /// Effect keys whose dispatch attempts are kept per tenant. Default 10 000.
+    pub attempts_retained: usize,
+    /// If non-empty, webhook URLs must name one of these hosts. Default empty (any).
+    pub allowed_webhook_hosts: Vec<String>,
+}
+
+impl Default for DispatchSection {
+    fn default() -> Self {
+        DispatchSection {
+            webhook_timeout_ms: 10_000,
+            webhook_attempts: 4,
+            webhook_backoff_ms: 100,
+            task_lease_ms: 30_000,
+            attempts_retained: 10_000,
+            allowed_webhook_hosts: Vec::new(),
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// `text` or `json`. Default `text`.
+    pub format: String,
+    /// A tracing filter (`RUST_LOG` syntax). Default `info`.
+    pub filter: String,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        LogSection { format: "text".into(), filter: "info".into() }
+    }
+}
+
+const SECTIONS: [&str; 6] = ["server", "limits", "engine", "auth", "dispatch", "log"];
+
+impl Config {
+    /// Parses a TOML document, then applies environment overrides from `env`
+    /// (`TIDEGATE_<SECTION>_<KEY>=value`; the value is read as a TOML value if it parses as
+    /// one, else as a string). `TIDEGATE_DATA_DIR` sets `server.data_dir`. Variables of
+    /// other prefixes are ignored; a variable naming a known section and an unknown key is
+    /// refused.
+    pub fn from_toml_and_env<I>(toml_text: Option<&str>, env: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        let mut doc: toml::Table = match toml_text {
+            Some(t) => t.parse::<toml::Table>().map_err(|e| ConfigError::Parse { detail: e.to_string() })?,
+            None => toml::Table::new(),
+        };
+        let mut vars: Vec<(String, String)> = env.into_iter().collect();
+        vars.sort();
+        for (name, value) in vars {
+            let Some(rest) = name.strip_prefix("TIDEGATE_") else { continue };
+            let (section, key) = if rest == "DATA_DIR" {
+                ("server".to_owned(), "data_dir".to_owned())
+            } else {
+                let lower = rest.to_ascii_lowercase();
+                let Some(section) = SECTIONS.iter().find(|s| lower.starts_with(&format!("{s}_"))) else { continue };
+                let key = lower[section.len() + 1..].to_owned();
+                ((*section).to_owned(), key)
+            };
+            let parsed = parse_env_value(&value);
+            let table = doc
+                .entry(section.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .ok_or_else(|| ConfigError::Parse { detail: format!("`{section}` must be a table") })?;
+            table.insert(key, parsed);
+        }
+        let cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
+            .map_err(|e| ConfigError::Invalid { key: e.path().to_string(), detail: e.inner().to_string() })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks values serde cannot (levels, orderings, zero limits).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, detail: String| Err(ConfigError::Invalid { key: key.into(), detail });
+        if self.level().is_err() {
+            return bad("engine.level", format!("`{}`: expected one of L0, L1, L2, L3, L4", self.engine.level));
+        }
+        if self.ordering().is_err() {
+            return bad(
+                "engine.ordering",
+                format!("`{}`: expected `epoch` or `first_committer_wins`", self.engine.ordering),
+            );
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return bad("log.format", format!("`{}`: expected `text` or `json`", self.log.format));
+        }
+        for (key, v) in [
+            ("limits.max_body_bytes", self.limits.max_body_bytes),
+            ("limits.max_concurrent_requests", self.limits.max_concurrent_requests),
+            ("limits.max_concurrent_per_tenant", self.limits.max_concurrent_per_tenant),
+            ("limits.max_waiters", self.limits.max_waiters),
+            ("limits.max_page_size", self.limits.max_page_size),
+            ("limits.max_branches", self.limits.max_branches),
+        ] {
+            if v == 0 {
+                return bad(key, "0: expected at least 1".into());
+            }
+        }
+        self.scopes()
+            .map_err(|(name, detail)| ConfigError::Invalid { key: format!("engine.scope_types.{name}"), detail })?;
+        if self.dispatch.webhook_attempts == 0 {
+            return bad("dispatch.webhook_attempts", "0: expected at least 1".into());
+        }
+        if self.engine.lease_ms == 0 {
+            return bad("engine.lease_ms", "0: expected a positive number of milliseconds".into());
+        }
+        Ok(())
+    }
+
+    /// The engine level.
+    pub fn level(&self) -> Result<tidegate_runtime::Level, String> {
+        self.engine.level.parse::<tidegate_runtime::Level>().map_err(|e| e.to_string())
+    }
+
+    /// The scope registry: the engine's defaults plus `engine.scope_types`.
+    pub fn scopes(&self) -> Result<tidegate_runtime::ScopeRegistry, (String, String)> {
+        use tidegate_core::scope::{CaseRule, PathStyle, ScopeRule};
+        let mut reg = tidegate_runtime::ScopeRegistry::default();
+        for (name, rule) in &self.engine.scope_types {
+            let (style, case) = match rule.as_str() {
+                "colon" => (PathStyle::Colon, CaseRule::Sensitive),
+                "colon_insensitive" => (PathStyle::Colon, CaseRule::Insensitive),
+                "posix" => (PathStyle::Posix, CaseRule::Sensitive),
+                "posix_insensitive" => (PathStyle::Posix, CaseRule::Insensitive),
+                other => {
+                    return Err((
+                        name.clone(),
+                        format!("`{other}`: expected colon, colon_insensitive, posix or posix_insensitive"),
+                    ));
+                }
+            };
+            reg.register(name, ScopeRule { style, case }).map_err(|e| (name.clone(), e.to_string()))?;
+        }
+        Ok(reg)
+    }
+
+    /// The commit ordering.
+    pub fn ordering(&self) -> Result<tidegate_runtime::Ordering, String> {
+        match self.engine.ordering.as_str() {
+            "epoch" => Ok(tidegate_runtime::Ordering::EpochOrder),
+            "first_committer_wins" => Ok(tidegate_runtime::Ordering::FirstCommitterWins),
+            other => Err(format!("unknown ordering `{other}`")),
+        }
+    }
+}
+
+fn parse_env_value(value: &str) -> toml::Value {
+    // `key = <value>` parses numbers, booleans, arrays and quoted strings; anything else is
+    // taken as a bare string (paths, addresses).
+    match format!("v = {value}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(value.to_owned())),
+        Err(_) => toml::Value::String(value.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse_from_an_empty_file_and_the_example_matches_them() {
+        let empty = Config::from_toml_and_env(Some(""), Vec::new()).unwrap();
+        assert_eq!(empty, Config::default());
+        let example = include_str!("../tidegate.example.toml");
+        let parsed = Config::from_toml_and_env(Some(example), Vec::new()).unwrap();
+        assert_eq!(parsed, Config::default(), "the example config must list the defaults");
+    }
+
+    #[test]
+    fn environment_overrides_the_file_and_unknown_keys_are_named() {
+        let env = vec![
+            ("TIDEGATE_LIMITS_MAX_BODY_BYTES".to_owned(), "2048".to_owned()),
+            ("TIDEGATE_SERVER_LISTEN".to_owned(), "127.0.0.1:9000".to_owned()),
+            ("TIDEGATE_DATA_DIR".to_owned(), "/tmp/x".to_owned()),
+            ("TIDEGATE_SCHEDULES".to_owned(), "12".to_owned()),
+        ];
+        let cfg = Config::from_toml_and_env(Some("[limits]\nmax_body_bytes = 10\n"), env).unwrap();
+        assert_eq!(cfg.limits.max_body_bytes, 2048);
+        assert_eq!(cfg.server.listen.port(), 9000);
+        assert_eq!(cfg.server.data_dir, Some(PathBuf::from("/tmp/x")));
+        let err = Config::from_toml_and_env(None, vec![("TIDEGATE_LIMITS_MAX_BODDY".into(), "1".into())]).unwrap_err();
+        assert!(err.to_string().contains("max_boddy"), "{err}");
+        let err = Config::from_toml_and_env(Some("[engine]\nlevel = \"L9\"\n"), Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("engine.level"), "{err}");
+        let env = vec![("TIDEGATE_ENGINE_SCOPE_TYPES".to_owned(), "{billing = \"colon\"}".to_owned())];
+        let cfg = Config::from_toml_and_env(None, env).unwrap();
+        assert!(cfg.scopes().unwrap().parse("billing:inv:7").is_ok());
+        let err = Config::from_toml_and_env(Some("[engine.scope_types]\nx = \"weird\"\n"), Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("engine.scope_types.x"), "{err}");
+    }
+}

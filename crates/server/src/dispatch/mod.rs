@@ -1,0 +1,199 @@
+//! Capability dispatch: run an operation (call, release, compensate, probe) by capability
+//! name, on an HTTP webhook or a pull-worker queue, and say whether it is done, definitely
+//! failed, or of unknown outcome.
+//!
+//! ```text
+//!  runtime Tool closure ─┐                      ┌─► webhook::send  (POST, Idempotency-Key, bounded retry)
+//!  plans executor ───────┼─► Dispatcher::dispatch(DispatchRequest)
+//!  (issue 15)            │                      └─► queue::TaskQueue (a task; a worker leases and reports)
+//!                        └── DispatchOutcome::{Done | Failed | Unknown}; each attempt in the AttemptLog
+//! ```
+//!
+//! Contract:
+//! * `dispatch` MUST NOT report `Done` unless the capability confirmed the operation (2xx, or
+//!   a worker's `done`), and MUST NOT report `Failed` unless the operation certainly did not
+//!   take effect (a 4xx, a refused connection on every attempt, a worker's `failed`, a worker
+//!   task no worker ever leased before its deadline). Everything else is `Unknown`.
+//! * Every attempt carries the same key (`DispatchRequest::key`); receivers deduplicate on it.
+//! * Dropping the future stops further attempts and withdraws a queued worker task; a
+//!   request already sent may still land (that is why keys exist).
+
+mod attempts;
+pub mod queue;
+mod webhook;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+pub use attempts::{Attempt, AttemptLog};
+pub use queue::{TaskQueue, TaskResult};
+
+use crate::config::DispatchSection;
+use crate::metrics::{DispatchLabels, Metrics};
+use crate::registry::CapabilitySpec;
+
+/// What a dispatch asks a capability to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// Execute an eager effect.
+    Call,
+    /// Release a held effect at commit.
+    Release,
+    /// Undo an executed effect.
+    Compensate,
+    /// Ask whether a call with this key took effect.
+    Probe,
+}
+
+impl Operation {
+    /// The name used in headers, metrics and tasks.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Call => "call",
+            Operation::Release => "release",
+            Operation::Compensate => "compensate",
+            Operation::Probe => "probe",
+        }
+    }
+}
+
+/// One operation to dispatch.
+#[derive(Debug, Clone)]
+pub struct DispatchRequest {
+    /// The capability's name (of the dispatcher's tenant).
+    pub capability: String,
+    /// The operation.
+    pub operation: Operation,
+    /// The tool the operation belongs to.
+    pub tool: String,
+    /// The idempotency key sent with every attempt.
+    pub key: String,
+    /// The effect key the attempts are filed under (the forward effect's key, also for its
+    /// compensation).
+    pub effect_key: String,
+    /// The arguments.
+    pub args: Arc<Value>,
+    /// For a compensation, the forward call's output.
+    pub output: Option<Arc<Value>>,
+}
+
+/// How a dispatch ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DispatchOutcome {
+    /// Confirmed: the output, and residue a compensation reported.
+    Done {
+        /// The capability's output.
+        output: Value,
+        /// Residue (compensations).
+        residue: Option<String>,
+    },
+    /// Certainly did not take effect.
+    Failed(String),
+    /// May or may not have taken effect.
+    Unknown(String),
+}
+
+impl DispatchOutcome {
+    fn label(&self) -> &'static str {
+        match self {
+            DispatchOutcome::Done { .. } => "done",
+            DispatchOutcome::Failed(_) => "failed",
+            DispatchOutcome::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// Dispatches one tenant's operations.
+pub struct Dispatcher {
+    capabilities: RwLock<HashMap<String, CapabilitySpec>>,
+    http: reqwest::Client,
+    queue: Arc<TaskQueue>,
+    attempts: Arc<AttemptLog>,
+    defaults: DispatchSection,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").field("capabilities", &self.capabilities.read().len()).finish_non_exhaustive()
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher with no capabilities.
+    pub fn new(
+        http: reqwest::Client,
+        queue: Arc<TaskQueue>,
+        defaults: DispatchSection,
+        metrics: Arc<Metrics>,
+    ) -> Dispatcher {
+        let attempts = Arc::new(AttemptLog::new(defaults.attempts_retained));
+        Dispatcher { capabilities: RwLock::new(HashMap::new()), http, queue, attempts, defaults, metrics }
+    }
+
+    /// Adds or replaces a capability.
+    pub fn put_capability(&self, name: &str, spec: CapabilitySpec) {
+        self.capabilities.write().insert(name.to_owned(), spec);
+    }
+
+    /// Removes a capability.
+    pub fn remove_capability(&self, name: &str) -> bool {
+        self.capabilities.write().remove(name).is_some()
+    }
+
+    /// A capability's spec.
+    pub fn capability(&self, name: &str) -> Option<CapabilitySpec> {
+        self.capabilities.read().get(name).cloned()
+    }
+
+    /// Every capability, by name.
+    pub fn capabilities(&self) -> Vec<(String, CapabilitySpec)> {
+        let mut v: Vec<_> = self.capabilities.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// The worker queue.
+    pub fn queue(&self) -> &Arc<TaskQueue> {
+        &self.queue
+    }
+
+    /// The attempt log.
+    pub fn attempts(&self) -> &Arc<AttemptLog> {
+        &self.attempts
+    }
+
+    /// Runs `req` on its capability (see the module contract).
+    pub async fn dispatch(&self, req: DispatchRequest) -> DispatchOutcome {
+        let Some(spec) = self.capability(&req.capability) else {
+            let outcome = DispatchOutcome::Failed(format!("capability `{}` is not registered", req.capability));
+            self.count("none", req.operation, &outcome);
+            return outcome;
+        };
+        let (kind, outcome) = match spec {
+            CapabilitySpec::Webhook(w) => {
+                ("webhook", webhook::send(&self.http, &w, &self.defaults, &req, &self.attempts, &self.metrics).await)
+            }
+            CapabilitySpec::Worker(w) => ("worker", self.queue.run(&req, &w, &self.defaults, &self.attempts).await),
+        };
+        self.count(kind, req.operation, &outcome);
+        outcome
+    }
+
+    fn count(&self, kind: &str, op: Operation, outcome: &DispatchOutcome) {
+        self.metrics
+            .dispatch
+            .get_or_create(&DispatchLabels {
+                kind: kind.to_owned(),
+                operation: op.as_str().to_owned(),
+                outcome: outcome.label().to_owned(),
+            })
+            .inc();
+    }
+}

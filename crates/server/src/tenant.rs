@@ -1,0 +1,464 @@
+//! One tenant: its engine and ledger, ledger index, registry, dispatcher, worker queue, live
+//! transaction handles, groups and idempotency records. Nothing here is shared with another
+//! tenant.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tidegate_runtime::{CheckpointPolicy, Level, Ordering, RetryPolicy, Speculation, Tidegate, Transaction, TxId};
+use tidegate_storage::{LedgerStore, MemoryStore, SqliteStore};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
+
+use crate::api::problem::ApiError;
+use crate::catalog::{Catalog, TenantRecord};
+use crate::config::{Config, DispatchSection};
+use crate::dispatch::{Dispatcher, TaskQueue};
+use crate::error::{Result, ServerError};
+use crate::idempotency::IdempotencyStore;
+use crate::index::LedgerIndex;
+use crate::metrics::Metrics;
+use crate::registry::{CapabilitySpec, ToolDef};
+use crate::tap::TappedStore;
+use crate::tools::ServerTool;
+
+/// What every tenant's engine is built with (from [`Config`]).
+#[derive(Debug, Clone)]
+pub struct TenantSettings {
+    /// Ledgers in memory.
+    pub memory: bool,
+    /// The data directory (ledgers in `tenants/<name>/`).
+    pub data_dir: Option<PathBuf>,
+    /// Default lease.
+    pub lease: Duration,
+    /// Level.
+    pub level: Level,
+    /// Ordering.
+    pub ordering: Ordering,
+    /// Checkpoint interval (0: only at close).
+    pub checkpoint_every: u64,
+    /// Settled transactions kept in memory.
+    pub retain: usize,
+    /// Concurrent requests per tenant.
+    pub max_concurrent: usize,
+    /// Idempotency records: TTL and count.
+    pub idempotency_ttl: Duration,
+    /// Idempotency records per tenant.
+    pub idempotency_max: usize,
+    /// Dispatch defaults.
+    pub dispatch: DispatchSection,
+    /// Scope types.
+    pub scopes: tidegate_runtime::ScopeRegistry,
+}
+
+impl TenantSettings {
+    /// From the configuration (validated).
+    pub fn from_config(cfg: &Config) -> TenantSettings {
+        TenantSettings {
+            memory: cfg.server.memory,
+            data_dir: cfg.server.data_dir.clone(),
+            lease: Duration::from_millis(cfg.engine.lease_ms),
+            level: cfg.level().unwrap_or(Level::L4),
+            ordering: cfg.ordering().unwrap_or_default(),
+            checkpoint_every: cfg.engine.checkpoint_every_events,
+            retain: cfg.limits.retain_settled,
+            max_concurrent: cfg.limits.max_concurrent_per_tenant,
+            idempotency_ttl: Duration::from_secs(cfg.limits.idempotency_ttl_s),
+            idempotency_max: cfg.limits.idempotency_max_records,
+            dispatch: cfg.dispatch.clone(),
+            scopes: cfg.scopes().unwrap_or_default(),
+        }
+    }
+}
+
+/// The result of a settlement operation the server runs on its own task: `Ok` once the
+/// engine settled the transaction (its outcome is in the ledger index), or the refusal.
+pub type OpResult = Option<std::result::Result<(), ApiError>>;
+
+/// A settlement operation in progress (commit or abort of a transaction or group).
+#[derive(Debug, Clone)]
+pub struct SettleOp {
+    /// `commit` or `abort`.
+    pub kind: &'static str,
+    /// Becomes `Some` when the operation ends.
+    pub done: watch::Receiver<OpResult>,
+}
+
+/// A transaction begun through this server process.
+#[derive(Debug)]
+pub struct LiveTx {
+    /// The runtime handle.
+    pub handle: Transaction,
+    /// Its speculation group.
+    pub group: Option<u64>,
+    seq: AtomicU64,
+    /// The commit or abort running for it.
+    pub settle: Mutex<Option<SettleOp>>,
+}
+
+impl LiveTx {
+    /// The next per-transaction effect number (for derived keys).
+    pub fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, AtomicOrdering::Relaxed)
+    }
+}
+
+/// A speculation group begun through this server process.
+#[derive(Debug)]
+pub struct LiveGroup {
+    /// The runtime handle.
+    pub spec: Speculation,
+    /// The commit or abort running for it.
+    pub settle: Mutex<Option<SettleOp>>,
+}
+
+/// Where a tenant's engine is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenantStatus {
+    /// Open; recovery of the previous process's work is running.
+    Recovering,
+    /// Open and recovered.
+    Ready,
+    /// Recovery failed (the engine still serves; unfinished work waits for an operator).
+    Failed(String),
+}
+
+/// One tenant.
+pub struct Tenant {
+    /// Name.
+    pub name: String,
+    /// Tag of every public id.
+    pub tag: String,
+    /// The engine.
+    pub engine: Tidegate,
+    /// The real ledger store (scans bypass the tap).
+    pub store: Arc<dyn LedgerStore>,
+    sqlite: Option<Arc<SqliteStore>>,
+    /// The ledger index.
+    pub index: Arc<LedgerIndex>,
+    /// Capability dispatch.
+    pub dispatcher: Arc<Dispatcher>,
+    tools: RwLock<HashMap<String, Arc<ServerTool>>>,
+    removed: RwLock<HashMap<String, ToolDef>>,
+    live: Mutex<HashMap<TxId, Arc<LiveTx>>>,
+    groups: Mutex<HashMap<u64, Arc<LiveGroup>>>,
+    /// Idempotency records.
+    pub idempotency: IdempotencyStore,
+    /// Requests in progress for this tenant.
+    pub permits: Arc<Semaphore>,
+    status: Mutex<TenantStatus>,
+    catalog: Arc<Catalog>,
+    background: Mutex<Vec<JoinHandle<()>>>,
+    settings: TenantSettings,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant").field("name", &self.name).field("tag", &self.tag).finish_non_exhaustive()
+    }
+}
+
+impl Tenant {
+    /// Opens the tenant's ledger and engine, rebuilds its index and registers its tools.
+    /// Blocking (SQLite, replay): call it from a blocking thread inside a tokio runtime.
+    pub fn open(
+        record: &TenantRecord,
+        settings: &TenantSettings,
+        catalog: Arc<Catalog>,
+        http: reqwest::Client,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Tenant>> {
+        let name = record.name.clone();
+        let tenant_err = |what, source| ServerError::Tenant { tenant: name.clone(), what, source: Box::new(source) };
+        let (store, sqlite): (Arc<dyn LedgerStore>, Option<Arc<SqliteStore>>) = if settings.memory {
+            (Arc::new(MemoryStore::new()), None)
+        } else {
+            let Some(dir) = &settings.data_dir else {
+                return Err(ServerError::InvalidArgument {
+                    field: "server.data_dir",
+                    value: "(none)".into(),
+                    expected: "a data directory, or server.memory = true",
+                });
+            };
+            let dir = dir.join("tenants").join(&record.name);
+            std::fs::create_dir_all(&dir)
+                .map_err(|source| ServerError::Io { op: format!("create {}", dir.display()), source })?;
+            let s = SqliteStore::open(&dir).map_err(|e| tenant_err("open the ledger", e.into()))?;
+            let s = Arc::new(s);
+            (s.clone() as Arc<dyn LedgerStore>, Some(s))
+        };
+        let index = Arc::new(LedgerIndex::new(settings.retain.max(1), metrics.clone()));
+        let tapped = Arc::new(TappedStore::new(store.clone(), index.clone(), metrics.clone()));
+        let checkpoints = if settings.memory {
+            CheckpointPolicy::never()
+        } else {
+            CheckpointPolicy {
+                every_events: (settings.checkpoint_every > 0).then_some(settings.checkpoint_every),
+                on_close: true,
+            }
+        };
+        let engine = Tidegate::builder()
+            .store(tapped)
+            .scopes(settings.scopes.clone())
+            .lease(settings.lease)
+            .level(settings.level)
+            .ordering(settings.ordering)
+            // The capability's retry policy is the only one (docs/server.md, invariant 6).
+            .retry(RetryPolicy { attempts: 1, ..RetryPolicy::default() })
+            .checkpoints(checkpoints)
+            .build()
+            .map_err(|e| tenant_err("build the engine", e))?;
+        index.rebuild(&*store).map_err(|e| tenant_err("index the ledger", e.into()))?;
+
+        let queue = Arc::new(TaskQueue::new(record.tag.clone()));
+        let dispatcher = Arc::new(Dispatcher::new(http, queue, settings.dispatch.clone(), metrics));
+        for (cap, spec) in catalog.capabilities(&record.name)? {
+            dispatcher.put_capability(&cap, spec);
+        }
+        let mut tools = HashMap::new();
+        let mut removed = HashMap::new();
+        for t in catalog.tools(&record.name)? {
+            if t.removed {
+                removed.insert(t.name.clone(), t.def.clone());
+                continue;
+            }
+            let Ok(st) = ServerTool::build(&t.name, &t.def, &dispatcher) else { continue };
+            engine.register(&st.tool).map_err(|e| tenant_err("register a tool", e))?;
+            tools.insert(t.name.clone(), Arc::new(st));
+        }
+        Ok(Arc::new(Tenant {
+            name: record.name.clone(),
+            tag: record.tag.clone(),
+            engine,
+            store,
+            sqlite,
+            index,
+            dispatcher,
+            tools: RwLock::new(tools),
+            removed: RwLock::new(removed),
+            live: Mutex::new(HashMap::new()),
+            groups: Mutex::new(HashMap::new()),
+            idempotency: IdempotencyStore::new(settings.idempotency_ttl, settings.idempotency_max),
+            permits: Arc::new(Semaphore::new(settings.max_concurrent)),
+            status: Mutex::new(TenantStatus::Recovering),
+            catalog,
+            background: Mutex::new(Vec::new()),
+            settings: settings.clone(),
+        }))
+    }
+
+    /// Starts the lease reaper, the worker-queue sweeper and the recovery of the previous
+    /// process's unfinished work (which may wait for webhooks or workers, so it runs in the
+    /// background; [`Tenant::status`] reports it).
+    pub fn start(self: &Arc<Self>) {
+        let mut bg = self.background.lock();
+        bg.push(self.engine.spawn_reaper());
+        let weak = Arc::downgrade(self);
+        bg.push(tokio::spawn(async move {
+            loop {
+                let Some(t) = weak.upgrade() else { return };
+                let attempts = t.dispatcher.attempts().clone();
+                t.dispatcher.queue().sweep(&attempts);
+                t.prune();
+                let next = t.dispatcher.queue().next_expiry();
+                drop(t);
+                let cap = tokio::time::Instant::now() + Duration::from_millis(250);
+                tokio::time::sleep_until(next.map_or(cap, |n| n.min(cap))).await;
+            }
+        }));
+        let me = self.clone();
+        bg.push(tokio::spawn(async move { me.recover().await }));
+    }
+
+    async fn recover(&self) {
+        let mut brought_back = Vec::new();
+        let status = loop {
+            match self.engine.recover_keeping_open().await {
+                Ok(report) => {
+                    tracing::info!(
+                        tenant = %self.name,
+                        events = report.events,
+                        unfinished = report.unfinished,
+                        resumed_commits = report.commits_resumed.len(),
+                        resumed_aborts = report.aborts_resumed.len(),
+                        unresolved = report.unresolved.len(),
+                        kept_open = report.orphans.len(),
+                        "recovered"
+                    );
+                    break TenantStatus::Ready;
+                }
+                Err(tidegate_runtime::Error::UnknownTool { name, .. }) if brought_back.len() < 1024 => {
+                    // A removed tool with unsettled effects: register its last definition
+                    // again so they can settle, then remove it from the registry again.
+                    let def = self.removed.read().get(&name).cloned();
+                    let built = def.and_then(|d| ServerTool::build(&name, &d, &self.dispatcher).ok());
+                    match built {
+                        Some(st) if self.engine.register(&st.tool).is_ok() => brought_back.push(name),
+                        _ => break TenantStatus::Failed(format!("recovery needs tool `{name}`, which is not defined")),
+                    }
+                }
+                Err(e) => break TenantStatus::Failed(e.to_string()),
+            }
+        };
+        for name in brought_back {
+            let _ = self.engine.remove_tool(&name);
+        }
+        if let TenantStatus::Failed(why) = &status {
+            tracing::error!(tenant = %self.name, "recovery failed: {why}");
+        }
+        *self.status.lock() = status;
+    }
+
+    /// Where the tenant's engine is.
+    pub fn status(&self) -> TenantStatus {
+        self.status.lock().clone()
+    }
+
+    /// Forgets live handles of settled transactions and groups.
+    fn prune(&self) {
+        let settled: Vec<TxId> = {
+            let live = self.live.lock();
+            live.keys().copied().filter(|tx| self.index.phase(*tx).is_none_or(|p| p.settled())).collect()
+        };
+        if !settled.is_empty() {
+            let mut live = self.live.lock();
+            for tx in &settled {
+                live.remove(tx);
+            }
+        }
+        let mut groups = self.groups.lock();
+        let live = self.live.lock();
+        groups.retain(|_, g| g.spec.branches().iter().any(|b| live.contains_key(&b.id())));
+    }
+
+    /// Registers a live transaction.
+    pub fn add_live(&self, handle: Transaction, group: Option<u64>) -> Arc<LiveTx> {
+        let lt = Arc::new(LiveTx { handle, group, seq: AtomicU64::new(0), settle: Mutex::new(None) });
+        self.live.lock().insert(lt.handle.id(), lt.clone());
+        lt
+    }
+
+    /// A live transaction.
+    pub fn live(&self, tx: TxId) -> Option<Arc<LiveTx>> {
+        self.live.lock().get(&tx).cloned()
+    }
+
+    /// Registers a live group.
+    pub fn add_group(&self, spec: Speculation) -> Arc<LiveGroup> {
+        let g = Arc::new(LiveGroup { spec, settle: Mutex::new(None) });
+        self.groups.lock().insert(g.spec.id().0, g.clone());
+        g
+    }
+
+    /// A live group.
+    pub fn group(&self, id: u64) -> Option<Arc<LiveGroup>> {
+        self.groups.lock().get(&id).cloned()
+    }
+
+    /// A tool of the registry.
+    pub fn tool(&self, name: &str) -> Option<Arc<ServerTool>> {
+        self.tools.read().get(name).cloned()
+    }
+
+    /// Every tool, by name.
+    pub fn tools(&self) -> Vec<Arc<ServerTool>> {
+        let mut v: Vec<_> = self.tools.read().values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Defines or redefines a tool. Returns whether anything changed.
+    pub fn put_tool(&self, name: &str, def: ToolDef) -> std::result::Result<bool, ApiError> {
+        if let Some(cur) = self.tool(name)
+            && cur.def == def
+        {
+            return Ok(false);
+        }
+        for (field, cap) in
+            [("call", Some(&def.call)), ("compensate", def.compensate.as_ref()), ("probe", def.probe.as_ref())]
+        {
+            if let Some(c) = cap
+                && self.dispatcher.capability(c).is_none()
+            {
+                return Err(ApiError::invalid(field, c, "the name of a capability registered with this tenant"));
+            }
+        }
+        let st = ServerTool::build(name, &def, &self.dispatcher).map_err(|(f, v, e)| ApiError::invalid(f, v, e))?;
+        self.catalog.put_tool(&self.name, name, &def).map_err(|e| ApiError::internal(e.to_string()))?;
+        let mut tools = self.tools.write();
+        let existed = tools.contains_key(name) || self.engine.tool_signature(name).is_some();
+        let r = if existed { self.engine.redefine_tool(&st.tool) } else { self.engine.register(&st.tool) };
+        r.map_err(crate::api::problem::from_runtime)?;
+        tools.insert(name.to_owned(), Arc::new(st));
+        self.removed.write().remove(name);
+        Ok(true)
+    }
+
+    /// Removes a tool from the registry.
+    pub fn remove_tool(&self, name: &str) -> std::result::Result<bool, ApiError> {
+        let Some(st) = self.tools.write().remove(name) else { return Ok(false) };
+        self.catalog.remove_tool(&self.name, name).map_err(|e| ApiError::internal(e.to_string()))?;
+        self.removed.write().insert(name.to_owned(), st.def.clone());
+        self.engine.remove_tool(name).map_err(crate::api::problem::from_runtime)?;
+        Ok(true)
+    }
+
+    /// Adds or replaces a capability.
+    pub fn put_capability(&self, name: &str, spec: CapabilitySpec) -> std::result::Result<(), ApiError> {
+        self.catalog.put_capability(&self.name, name, &spec).map_err(|e| ApiError::internal(e.to_string()))?;
+        self.dispatcher.put_capability(name, spec);
+        Ok(())
+    }
+
+    /// Deletes a capability no tool names.
+    pub fn delete_capability(&self, name: &str) -> std::result::Result<bool, ApiError> {
+        if self.dispatcher.capability(name).is_none() {
+            return Ok(false);
+        }
+        let users: Vec<String> =
+            self.tools().iter().filter(|t| t.def.capabilities().any(|c| c == name)).map(|t| t.name.clone()).collect();
+        if !users.is_empty() {
+            return Err(ApiError::conflict(
+                "capability_in_use",
+                format!("capability `{name}` is named by tools {users:?}; change or remove them first"),
+            ));
+        }
+        self.catalog.delete_capability(&self.name, name).map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(self.dispatcher.remove_capability(name))
+    }
+
+    /// The settings the tenant was opened with.
+    pub fn settings(&self) -> &TenantSettings {
+        &self.settings
+    }
+
+    /// Stops background work, stores a checkpoint and syncs the ledger. Blocking.
+    pub fn close(&self) -> std::result::Result<(), String> {
+        for h in self.background.lock().drain(..) {
+            h.abort();
+        }
+        self.dispatcher.queue().wake_all();
+        let mut problems = Vec::new();
+        if !self.settings.memory
+            && self.store.last_lsn() > 0
+            && let Err(e) = self.engine.checkpoint_now()
+        {
+            problems.push(format!("checkpoint: {e}"));
+        }
+        if let Some(s) = &self.sqlite
+            && let Err(e) = s.sync()
+        {
+            problems.push(format!("sync: {e}"));
+        }
+        if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
+    }
+
+    /// Ledger syncs of the embedded store since it opened.
+    pub fn ledger_syncs(&self) -> u64 {
+        self.sqlite.as_ref().map_or(0, |s| s.stats().syncs)
+    }
+}

@@ -1,0 +1,11 @@
+//! The server's API behaviour tests, against a real listener on 127.0.0.1 (one test binary).
+
+#![allow(clippy::unwrap_used)] // tests unwrap by design
+
+mod api;
+mod bad_input;
+mod common;
+mod dispatch;
+mod isolation;
+mod openapi;
+mod restart;
