@@ -236,7 +236,7 @@ impl Engine {
             });
         if let Some(dir) = &data_dir {
             let store = py
-                .detach(|| tidegate_storage::SqliteStore::open(dir))
+                .detach(|| tidegate_sqlite::SqliteStore::open(dir))
                 .map_err(|e| to_pyerr(py, &Error::Store(e), None))?;
             b = b.store(Arc::new(store));
         }

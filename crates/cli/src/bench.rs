@@ -154,7 +154,7 @@ fn generate_finished(core: &mut Core, store: &dyn LedgerStore, first: u64, n: u6
 /// no checkpoint (full replay, full verification), a reopen from the checkpoint that open
 /// stored, and a reopen with a tail of one checkpoint interval after the checkpoint.
 fn reopen(dir: &std::path::Path, n: u64) -> anyhow::Result<Value> {
-    use tidegate_storage::{Options, SqliteStore, Verify};
+    use tidegate_sqlite::{Options, SqliteStore, Verify};
     let sub = dir.join("ledger-reopen");
     let _ = std::fs::remove_dir_all(&sub);
     let ms = |t: Instant| (t.elapsed().as_secs_f64() * 1e5).round() / 100.0;
@@ -254,7 +254,7 @@ fn durable(
         for clients in [1u64, 64] {
             let sub = dir.join(format!("ledger-{clients}"));
             let _ = std::fs::remove_dir_all(&sub);
-            let store = Arc::new(tidegate_storage::SqliteStore::open(&sub)?);
+            let store = Arc::new(tidegate_sqlite::SqliteStore::open(&sub)?);
             let tg = Tidegate::builder().store(store.clone()).checkpoints(policy).build()?;
             let syncs_before = store.stats().syncs;
             let (tps, mut lat) = durable_clients(&tg, &gated, clients, secs).await?;

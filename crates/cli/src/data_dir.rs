@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use tidegate_storage::SqliteStore;
+use tidegate_sqlite::SqliteStore;
 
 /// `--data-dir`, shared by every command that opens the embedded ledger.
 #[derive(Debug, Clone, clap::Args)]

@@ -1,11 +1,16 @@
 //! The conformance suite every [`LedgerStore`] backend must pass, run once per backend.
 //!
 //! ```no_run
-//! use tidegate_storage::conformance::{self, Reopenable};
-//! use tidegate_storage::{MemoryStore, SqliteStore};
+//! use tidegate_storage::{MemoryStore, conformance};
 //! // A volatile backend: a closure making a new, empty store.
 //! conformance::run_all(MemoryStore::new);
-//! // A durable backend: also say how to close a store and reopen the same ledger.
+//! ```
+//!
+//! A durable backend also says how to close a store and reopen the same ledger (this is
+//! `tidegate-sqlite`'s own test):
+//!
+//! ```ignore
+//! use tidegate_storage::conformance::{self, Reopenable};
 //! let mut n = 0;
 //! conformance::run_all(Reopenable::new(
 //!     || { n += 1; SqliteStore::open(format!("/tmp/conformance/{n}")).unwrap() },

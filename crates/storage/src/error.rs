@@ -124,8 +124,8 @@ pub enum StoreError {
         /// The last LSN assigned when the wait started.
         last: Lsn,
     },
-    /// A fault injected on purpose ([`crate::FaultyStore`], or the crash options of
-    /// [`crate::SqliteStore::open_with`]): the store "crashed" here.
+    /// A fault injected on purpose ([`crate::FaultyStore`], or a backend's test hooks): the
+    /// store "crashed" here.
     #[error("injected crash at {what} #{n}")]
     InjectedCrash {
         /// `"append"`, `"sync"` or `"crash_now"`.
@@ -177,14 +177,6 @@ impl StoreError {
             StoreError::Failed { cause } => cause.is_injected_crash(),
             _ => false,
         }
-    }
-
-    pub(crate) fn database(op: &'static str, path: &std::path::Path, e: rusqlite::Error) -> StoreError {
-        let retryable = matches!(
-            e.sqlite_error_code(),
-            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-        );
-        StoreError::Database { op, path: path.to_owned(), retryable, source: Box::new(e) }
     }
 
     pub(crate) fn file(op: &'static str, path: &std::path::Path, source: std::io::Error) -> StoreError {

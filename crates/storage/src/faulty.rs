@@ -30,7 +30,8 @@ pub struct FaultOptions {
 /// [`StoreError::Failed`] (its cause [`StoreError::InjectedCrash`]). The inner store then holds
 /// exactly the synced events, which is what a real store shows after reopening:
 /// [`FaultyStore::into_inner`] returns it (for a [`crate::MemoryStore`], that *is* the
-/// reopened ledger; for a [`crate::SqliteStore`], drop it and reopen the directory).
+/// reopened ledger; for a durable backend such as `tidegate_sqlite::SqliteStore`, drop it and
+/// reopen the directory).
 ///
 /// Syncs happen only when asked for, under the wrapper's lock, so a single-threaded test is
 /// deterministic: the N-th sync is the N-th wait that found something pending. Concurrent

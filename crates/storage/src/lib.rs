@@ -5,15 +5,18 @@
 //! backend, and the backends:
 //!
 //! * [`MemoryStore`]: in memory, for tests, benchmarks and embedding without durability;
-//! * [`SqliteStore`]: the embedded default (SQLite in WAL mode with group commit) in a data
-//!   directory;
 //! * [`FaultyStore`]: a wrapper that simulates group commit over any store and "crashes" at
 //!   the N-th append or sync, for crash tests.
+//!
+//! Durable backends are sibling crates that implement [`LedgerStore`] and pass the same
+//! [`conformance`] suite: `tidegate-sqlite` (the embedded default: SQLite in WAL mode with
+//! group commit, in a data directory) today, a PostgreSQL backend later. A user of the
+//! contract compiles no database.
 //!
 //! [`fsync_per_s`] measures the disk's physical sync rate, the ceiling a durable store is
 //! compared against. With the `conformance` feature, [`conformance`] is the suite every
 //! backend must pass. This crate must not know about tools, clocks or the async runtime.
-//! The ledger's schema and record format are specified in `docs/ledger.md`.
+//! The ledger's record format and the contract are specified in `docs/ledger.md`.
 
 #![deny(missing_docs)]
 
@@ -23,7 +26,6 @@ pub mod conformance;
 mod error;
 mod faulty;
 mod memory;
-mod sqlite;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,7 +35,6 @@ pub use bench::fsync_per_s;
 pub use error::{Result, StoreError};
 pub use faulty::{FaultOptions, FaultyStore};
 pub use memory::MemoryStore;
-pub use sqlite::{CutRow, OpenReport, Options, SqliteStore, StoreStats, Verify};
 
 use tidegate_core::Event;
 

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use serde_json::Value;
 use tidegate_core::{EffectId, Event, TxId};
+use tidegate_sqlite::{Options, SqliteStore, TestHooks, Verify};
 use tidegate_storage::conformance::{collect, event};
-use tidegate_storage::{LedgerStore, Lsn, Options, SqliteStore, StoreError, Verify, durable, fsync_per_s};
+use tidegate_storage::{LedgerStore, Lsn, StoreError, durable, fsync_per_s};
 
 fn append(store: &dyn LedgerStore, events: Vec<Event>) -> Result<Lsn, StoreError> {
     store.append(&mut events.into_iter())
@@ -354,7 +355,12 @@ fn an_async_waiter_is_woken_by_the_writer() {
 #[test]
 fn a_crash_at_a_sync_drops_the_unsynced_batches() {
     let root = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open_with(root.path(), Options { crash_after_syncs: Some(2), ..on_demand() }).unwrap();
+    let store = SqliteStore::open_with_hooks(
+        root.path(),
+        on_demand(),
+        TestHooks { crash_after_syncs: Some(2), ..TestHooks::default() },
+    )
+    .unwrap();
     let a = append(&store, events(1, 3)).unwrap();
     store.wait_durable(a).unwrap();
     let b = append(&store, events(2, 2)).unwrap();
@@ -377,7 +383,12 @@ fn a_crash_at_a_sync_drops_the_unsynced_batches() {
 #[test]
 fn a_crash_at_an_append_fails_it_and_everything_after() {
     let root = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open_with(root.path(), Options { crash_after_appends: Some(3), ..on_demand() }).unwrap();
+    let store = SqliteStore::open_with_hooks(
+        root.path(),
+        on_demand(),
+        TestHooks { crash_after_appends: Some(3), ..TestHooks::default() },
+    )
+    .unwrap();
     for tx in 0..3 {
         let l = append(&store, events(tx, 2)).unwrap();
         store.wait_durable(l).unwrap();
@@ -412,9 +423,10 @@ fn crash_now_drops_queued_batches_and_wakes_waiters_with_an_error() {
 fn acknowledged_batches_survive_a_crash_at_every_sync_and_only_whole_batches_do() {
     for crash_at in 0..12u64 {
         let root = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_with(
+        let store = SqliteStore::open_with_hooks(
             root.path(),
-            Options { crash_after_syncs: Some(crash_at), idle_flush_ms: Some(1), ..Options::default() },
+            Options { idle_flush_ms: Some(1), ..Options::default() },
+            TestHooks { crash_after_syncs: Some(crash_at), ..TestHooks::default() },
         )
         .unwrap();
         // (thread, batch) -> (last LSN, events, acknowledged)
@@ -497,6 +509,8 @@ fn options_read_from_json_with_defaults_and_refuse_unknown_fields() {
     let opts: Options = serde_json::from_str(r#"{"idle_flush_ms": null, "verify": {"tail": {"rows": 5}}}"#).unwrap();
     assert_eq!(opts, Options { idle_flush_ms: None, verify: Verify::Tail { rows: 5 }, ..Options::default() });
     assert!(serde_json::from_str::<Options>(r#"{"crash_after_sync": 1}"#).is_err());
+    // Crash switches are test hooks (feature `test-hooks`), never production options.
+    assert!(serde_json::from_str::<Options>(r#"{"crash_after_syncs": 1}"#).is_err());
 }
 
 #[test]

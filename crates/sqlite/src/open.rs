@@ -11,7 +11,7 @@ use tidegate_core::ledger::LEDGER_FORMAT_VERSION;
 
 use super::writer::{kind_range, preview};
 use super::{CutRow, Options, SCHEMA_VERSION, Verify};
-use crate::{Lsn, StoreError};
+use tidegate_storage::{Lsn, StoreError};
 
 /// The lock file's name inside the data directory.
 pub(super) const LOCK_FILE: &str = "LOCK";
@@ -28,7 +28,7 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File, StoreError> {
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(|e| StoreError::file("open the lock file", &path, e))?;
+        .map_err(|e| crate::error::file("open the lock file", &path, e))?;
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
@@ -39,13 +39,13 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File, StoreError> {
             };
             return Err(StoreError::Locked { dir: dir.to_owned(), lock_file: path, holder });
         }
-        Err(TryLockError::Error(e)) => return Err(StoreError::file("lock the data directory", &path, e)),
+        Err(TryLockError::Error(e)) => return Err(crate::error::file("lock the data directory", &path, e)),
     }
     let stamp = format!("pid {}\n", std::process::id());
     file.set_len(0)
         .and_then(|()| file.rewind())
         .and_then(|()| file.write_all(stamp.as_bytes()))
-        .map_err(|e| StoreError::file("write the lock file", &path, e))?;
+        .map_err(|e| crate::error::file("write the lock file", &path, e))?;
     Ok(file)
 }
 
@@ -56,10 +56,10 @@ pub(super) fn connect(path: &Path, read_only: bool) -> Result<Connection, StoreE
     } else {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
-    let conn = Connection::open_with_flags(path, flags).map_err(|e| StoreError::database("open", path, e))?;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| crate::error::database("open", path, e))?;
     // The directory lock keeps other processes out; this only covers checkpoints racing readers.
     conn.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(|e| StoreError::database("set busy_timeout", path, e))?;
+        .map_err(|e| crate::error::database("set busy_timeout", path, e))?;
     Ok(conn)
 }
 
@@ -67,7 +67,7 @@ fn not_a_ledger(path: &Path, e: rusqlite::Error, op: &'static str) -> StoreError
     if e.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase) {
         StoreError::NotALedger { path: path.to_owned(), detail: e.to_string() }
     } else {
-        StoreError::database(op, path, e)
+        crate::error::database(op, path, e)
     }
 }
 
@@ -133,7 +133,7 @@ pub(super) fn prepare(conn: &mut Connection, path: &Path) -> Result<(bool, u32),
 
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(|e| StoreError::database("switch to WAL mode", path, e))?;
+        .map_err(|e| crate::error::database("switch to WAL mode", path, e))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::Database {
             op: "switch to WAL mode",
@@ -144,11 +144,11 @@ pub(super) fn prepare(conn: &mut Connection, path: &Path) -> Result<(bool, u32),
     }
     // FULL: a commit returns only after the WAL is synced, so a durable LSN survives power loss.
     conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(|e| StoreError::database("set synchronous=FULL", path, e))?;
+        .map_err(|e| crate::error::database("set synchronous=FULL", path, e))?;
 
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| StoreError::database("begin the schema transaction", path, e))?;
+        .map_err(|e| crate::error::database("begin the schema transaction", path, e))?;
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
          CREATE TABLE IF NOT EXISTS events (
@@ -172,7 +172,7 @@ pub(super) fn prepare(conn: &mut Connection, path: &Path) -> Result<(bool, u32),
              written_by TEXT NOT NULL
          );",
     )
-    .map_err(|e| StoreError::database("create the schema", path, e))?;
+    .map_err(|e| crate::error::database("create the schema", path, e))?;
     // Upgrade rule: an older ledger is read as is (fields are only added within a version)
     // and its versions are raised to this build's once it is opened for writing, so an older
     // build refuses it from then on. Version 1 is the first; no migrations exist yet.
@@ -182,9 +182,9 @@ pub(super) fn prepare(conn: &mut Connection, path: &Path) -> Result<(bool, u32),
         ("written_by", format!("tidegate-storage {}", env!("CARGO_PKG_VERSION"))),
     ] {
         tx.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", params![key, value])
-            .map_err(|e| StoreError::database("write the meta table", path, e))?;
+            .map_err(|e| crate::error::database("write the meta table", path, e))?;
     }
-    tx.commit().map_err(|e| StoreError::database("commit the schema", path, e))?;
+    tx.commit().map_err(|e| crate::error::database("commit the schema", path, e))?;
     Ok((existing.is_none(), existing.unwrap_or(LEDGER_FORMAT_VERSION)))
 }
 
@@ -219,7 +219,7 @@ pub(super) fn verify_and_cut(
     path: &Path,
     opts: &Options,
 ) -> Result<(u64, Lsn, Vec<CutRow>), StoreError> {
-    let db = |op| move |e| StoreError::database(op, path, e);
+    let db = |op| move |e| crate::error::database(op, path, e);
     let checkpoint: Option<i64> = conn
         .query_row("SELECT lsn FROM checkpoint WHERE id = 1", [], |r| r.get(0))
         .optional()
@@ -331,6 +331,6 @@ pub(super) fn verify_and_cut(
 
 /// The data directory's database path, creating the directory if needed.
 pub(super) fn db_path(dir: &Path) -> Result<PathBuf, StoreError> {
-    std::fs::create_dir_all(dir).map_err(|e| StoreError::file("create the data directory", dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| crate::error::file("create the data directory", dir, e))?;
     Ok(dir.join(DB_FILE))
 }

@@ -1,7 +1,13 @@
-//! The embedded default store: SQLite in WAL mode, one data directory, group commit.
+//! The embedded default ledger backend: SQLite in WAL mode, one data directory, group commit.
 //!
-//! The record format, the schema and the upgrade rule are specified in `docs/ledger.md`.
+//! [`SqliteStore`] implements the contract of `tidegate-storage` ([`LedgerStore`]) and passes
+//! its conformance suite. The record format, the schema and the upgrade rule are specified in
+//! `docs/ledger.md`. With the cargo feature `test-hooks`, [`TestHooks`] and
+//! [`SqliteStore::crash_now`] inject crashes for tests; production builds have neither.
 
+#![deny(missing_docs)]
+
+mod error;
 mod open;
 mod writer;
 
@@ -19,7 +25,7 @@ use rusqlite::{Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use tidegate_core::Event;
 
-use crate::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
+use tidegate_storage::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
 use writer::{Batch, Row, Shared};
 
 /// The version of the table layout (`meta`, `events`, `cut_rows`), stored in
@@ -64,14 +70,28 @@ pub struct Options {
     /// Refuse to grow the database file past about this many bytes (SQLite's
     /// `max_page_count`); the commit that would is a write failure. Default `None`.
     pub max_ledger_bytes: Option<u64>,
-    /// Fault injection: let this many non-empty appends succeed; the next one "crashes" the
-    /// store (it fails, and so does everything after it; queued batches are dropped, not
-    /// committed). Default `None`.
+}
+
+/// Fault injection for crash tests (cargo feature `test-hooks`): where the store "crashes".
+/// `None` never crashes there. Passed to [`SqliteStore::open_with_hooks`]; the production
+/// [`Options`] have no such switches.
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TestHooks {
+    /// Let this many non-empty appends succeed; the next one "crashes" the store (it fails,
+    /// and so does everything after it; queued batches are dropped, not committed).
     pub crash_after_appends: Option<u64>,
-    /// Fault injection: let this many group commits succeed; the next one "crashes" the store
-    /// instead of committing (its batches are dropped, and reopening shows none of them).
-    /// Default `None`. Set `idle_flush_ms: None` too if the test counts syncs.
+    /// Let this many group commits succeed; the next one "crashes" the store instead of
+    /// committing (its batches are dropped, and reopening shows none of them). Set
+    /// `idle_flush_ms: None` in the [`Options`] too if the test counts syncs.
     pub crash_after_syncs: Option<u64>,
+}
+
+/// The hooks as the store keeps them (always present, inert without the feature).
+#[derive(Debug, Clone, Copy, Default)]
+struct Hooks {
+    crash_after_appends: Option<u64>,
+    crash_after_syncs: Option<u64>,
 }
 
 impl Default for Options {
@@ -82,8 +102,6 @@ impl Default for Options {
             max_batch_rows: 16_384,
             idle_flush_ms: Some(100),
             max_ledger_bytes: None,
-            crash_after_appends: None,
-            crash_after_syncs: None,
         }
     }
 }
@@ -168,7 +186,7 @@ pub struct StoreStats {
 /// thread commits everything queued in one SQLite transaction (`synchronous=FULL`: one
 /// sync) when somebody waits for durability, so concurrent appenders share a sync; then it
 /// advances the durable LSN and wakes exactly the blocking ([`LedgerStore::wait_durable`])
-/// and async ([`crate::durable`], no thread needed) waiters it satisfied. If a write fails the store stops (see [`LedgerStore`]).
+/// and async ([`tidegate_storage::durable`], no thread needed) waiters it satisfied. If a write fails the store stops (see [`LedgerStore`]).
 /// Dropping the store commits what is queued and releases the directory.
 #[derive(Debug)]
 pub struct SqliteStore {
@@ -194,7 +212,18 @@ impl SqliteStore {
     /// format version (refusing a newer one), verifies the rows and cuts a corrupt tail
     /// (reported in [`SqliteStore::open_report`]), then starts the writer.
     pub fn open_with(dir: impl AsRef<Path>, opts: Options) -> Result<SqliteStore, StoreError> {
-        let dir = dir.as_ref();
+        SqliteStore::open_hooked(dir.as_ref(), opts, Hooks::default())
+    }
+
+    /// [`SqliteStore::open_with`] with crash injection (cargo feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
+    pub fn open_with_hooks(dir: impl AsRef<Path>, opts: Options, hooks: TestHooks) -> Result<SqliteStore, StoreError> {
+        let hooks =
+            Hooks { crash_after_appends: hooks.crash_after_appends, crash_after_syncs: hooks.crash_after_syncs };
+        SqliteStore::open_hooked(dir.as_ref(), opts, hooks)
+    }
+
+    fn open_hooked(dir: &Path, opts: Options, hooks: Hooks) -> Result<SqliteStore, StoreError> {
         let path = open::db_path(dir)?;
         let lock = open::lock_dir(dir)?;
         let mut conn = open::connect(&path, false)?;
@@ -202,16 +231,16 @@ impl SqliteStore {
         if let Some(bytes) = opts.max_ledger_bytes {
             let page: i64 = conn
                 .query_row("PRAGMA page_size", [], |r| r.get(0))
-                .map_err(|e| StoreError::database("read page_size", &path, e))?;
+                .map_err(|e| crate::error::database("read page_size", &path, e))?;
             let pages = i64::try_from(bytes / page.max(512) as u64).unwrap_or(i64::MAX).max(1);
             conn.pragma_update(None, "max_page_count", pages)
-                .map_err(|e| StoreError::database("set max_page_count", &path, e))?;
+                .map_err(|e| crate::error::database("set max_page_count", &path, e))?;
         }
         let (rows_verified, last_lsn, cut_rows) = open::verify_and_cut(&mut conn, &path, &opts)?;
         let report = OpenReport { path: path.clone(), created, format_version, rows_verified, last_lsn, cut_rows };
 
         let shared = Arc::new(Shared::new(path, last_lsn));
-        let cfg = writer::WriterConfig::from(&opts);
+        let cfg = writer::WriterConfig::new(&opts, hooks.crash_after_syncs);
         let for_writer = shared.clone();
         let writer = std::thread::Builder::new()
             .name("tidegate-ledger-writer".into())
@@ -220,7 +249,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             shared,
             writer: Some(writer),
-            crash_after_appends: opts.crash_after_appends,
+            crash_after_appends: hooks.crash_after_appends,
             max_batch_rows: opts.max_batch_rows.max(1),
             readers: Mutex::new(Vec::new()),
             report,
@@ -267,9 +296,11 @@ impl SqliteStore {
         self.wait_durable(self.last_lsn())
     }
 
-    /// Fault injection: "crashes" now. Queued batches are dropped without being committed
-    /// (a commit already under way may still land, as in a real crash), every waiter gets an
-    /// error, and every later call fails. Drop the store and reopen the directory to recover.
+    /// Fault injection (cargo feature `test-hooks`): "crashes" now. Queued batches are
+    /// dropped without being committed (a commit already under way may still land, as in a
+    /// real crash), every waiter gets an error, and every later call fails. Drop the store and
+    /// reopen the directory to recover.
+    #[cfg(feature = "test-hooks")]
     pub fn crash_now(&self) {
         let st = self.shared.state.lock();
         if st.failed.is_none() {
@@ -283,7 +314,7 @@ impl SqliteStore {
     pub fn verify(&self) -> Result<u64, StoreError> {
         self.with_reader(|conn| {
             let path = &self.shared.path;
-            let db = |op| move |e| StoreError::database(op, path, e);
+            let db = |op| move |e| crate::error::database(op, path, e);
             let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(db("quick_check"))?;
             if check != "ok" {
                 return Err(StoreError::Corrupt { lsn: 0, detail: format!("SQLite quick_check: {check}") });
@@ -354,7 +385,7 @@ impl SqliteStore {
     fn scan_committed(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(Lsn, bool), StoreError> {
         self.with_reader(|conn| {
             let path = &self.shared.path;
-            let db = |op| move |e| StoreError::database(op, path, e);
+            let db = |op| move |e| crate::error::database(op, path, e);
             let mut stmt = conn
                 .prepare_cached("SELECT lsn, tx, kind, body FROM events WHERE lsn >= ?1 ORDER BY lsn")
                 .map_err(db("scan"))?;
@@ -569,7 +600,7 @@ impl LedgerStore for SqliteStore {
             let row: Option<(i64, Vec<u8>)> = conn
                 .query_row("SELECT lsn, body FROM checkpoint WHERE id = 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()
-                .map_err(|e| StoreError::database("read the checkpoint", path, e))?;
+                .map_err(|e| crate::error::database("read the checkpoint", path, e))?;
             match row {
                 None => Ok(None),
                 Some((lsn, bytes)) => match u64::try_from(lsn) {

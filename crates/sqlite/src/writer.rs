@@ -10,8 +10,8 @@
 //! ```
 //!
 //! A commit is started when a waiter wants an LSN that is not durable, when the queue holds
-//! [`Options::max_batch_rows`] rows, when the oldest queued batch has waited
-//! [`Options::idle_flush_ms`], or when the store closes. Everything queued goes into that
+//! [`Options::max_batch_rows`](super::Options::max_batch_rows) rows, when the oldest queued batch has waited
+//! [`Options::idle_flush_ms`](super::Options::idle_flush_ms), or when the store closes. Everything queued goes into that
 //! one transaction, so concurrent appenders share one sync.
 
 use std::collections::BTreeMap;
@@ -26,7 +26,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 use tidegate_core::Event;
 
 use super::Options;
-use crate::{Lsn, StoreError};
+use tidegate_storage::{Lsn, StoreError};
 
 /// One encoded event.
 #[derive(Debug)]
@@ -190,12 +190,12 @@ pub(super) struct WriterConfig {
     pub(super) crash_after_syncs: Option<u64>,
 }
 
-impl From<&Options> for WriterConfig {
-    fn from(o: &Options) -> WriterConfig {
+impl WriterConfig {
+    pub(super) fn new(o: &Options, crash_after_syncs: Option<u64>) -> WriterConfig {
         WriterConfig {
             max_batch_rows: o.max_batch_rows.max(1),
             idle_flush: o.idle_flush_ms.map(Duration::from_millis),
-            crash_after_syncs: o.crash_after_syncs,
+            crash_after_syncs,
         }
     }
 }
@@ -288,7 +288,7 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
                 ready.into_values().flatten().for_each(Waker::wake);
             }
             Err(e) => {
-                let e = StoreError::database("commit queued events", &shared.path, e);
+                let e = crate::error::database("commit queued events", &shared.path, e);
                 shared.fail(st, e);
                 return;
             }
