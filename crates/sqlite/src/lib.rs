@@ -1,13 +1,19 @@
 //! The embedded default ledger backend: SQLite in WAL mode, one data directory, group commit.
 //!
 //! [`SqliteStore`] implements the contract of `tidegate-storage` ([`LedgerStore`]) and passes
-//! its conformance suite. The record format, the schema and the upgrade rule are specified in
+//! its conformance suite. The ledger's integrity does not rest on SQLite's: every row carries
+//! a hash chain value over its stored bytes, and a high-water mark outside the database
+//! (`ledger.head`, synced after each group commit and before anyone hears of it) records the
+//! last acknowledged LSN and its chain value, so a ledger that lost, reordered or changed
+//! acknowledged events is refused at open, never replayed as if whole. The record format,
+//! the schema, the guarantees and their limits and the upgrade rule are specified in
 //! `docs/ledger.md`. With the cargo feature `test-hooks`, [`TestHooks`] and
 //! [`SqliteStore::crash_now`] inject crashes for tests; production builds have neither.
 
 #![deny(missing_docs)]
 
 mod error;
+mod head;
 mod open;
 mod writer;
 
@@ -21,36 +27,50 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use tidegate_core::Event;
+use tidegate_storage::wire::Chain;
+use tidegate_storage::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
 
-use tidegate_storage::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
+use head::{LedgerId, Mark};
+use open::{Access, Check, Kind};
 use writer::{Batch, Row, Shared};
 
-/// The version of the table layout (`meta`, `events`, `cut_rows`), stored in
-/// `meta.schema_version` next to the event format version. Same rule as the event format:
-/// a reader refuses a newer one.
-pub const SCHEMA_VERSION: u64 = 1;
+pub use head::HEAD_FILE;
+pub use open::{DB_FILE, LOCK_FILE};
 
-/// How much of the ledger [`SqliteStore::open_with`] decodes before accepting it.
+/// The version of the table layout (`meta`, `events`, `cut_rows`, `checkpoint`) and the files
+/// around it, stored in `meta.schema_version` next to the event format version. Same rule as
+/// the event format: a reader refuses a newer one. History: 1, the first; 2 adds the hash
+/// chain (`events.chain`, `checkpoint.chain`), the ledger's identity and owner token in
+/// `meta`, and the high-water mark file `ledger.head`. A schema-1 ledger is read as is and
+/// upgraded when opened for writing.
+pub const SCHEMA_VERSION: u64 = 2;
+
+/// How much of the ledger [`SqliteStore::open_with`] decodes before accepting it. Whatever
+/// the choice, open checks that the LSNs are dense up to the high-water mark and that the
+/// row at the mark is the one acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verify {
-    /// Every row: any corrupt row is found at open. Open then costs a read of the whole
-    /// history (about 4 s per 8 million events).
+    /// Every row, and the whole hash chain: any corrupt row is found at open. Open then costs
+    /// a read of the whole history (about 4 s per 8 million events).
     Full,
-    /// Only the last `rows` rows; LSN continuity is still checked for all. A corrupt row
-    /// before them is found later, by the `scan` that reads it (an error naming its LSN).
+    /// Only the last `rows` rows (and their chain, from the stored value before them); LSN
+    /// continuity is still checked for all. A corrupt row before them is found later, by the
+    /// `scan` that reads it (an error naming its LSN).
     Tail {
         /// How many rows at the end to decode.
         rows: u64,
     },
     /// Only the rows after the stored checkpoint (all rows if there is none), which are the
-    /// rows a reopening engine replays; LSN continuity is checked for them, and the ledger's
-    /// first LSN is checked to be 1. Open then reads nothing before the checkpoint, so its
-    /// cost follows the tail, not the history. `verify()` still checks everything. The
-    /// default: a ledger without a checkpoint is verified in full.
+    /// rows a reopening engine replays, chained from the value the checkpoint recorded; LSN
+    /// continuity is checked for them, and the ledger's first LSN is checked to be 1. Open
+    /// then reads nothing before the checkpoint, so its cost follows the tail, not the
+    /// history. `verify()` still checks everything. The default: a ledger without a
+    /// checkpoint is verified in full.
     SinceCheckpoint,
 }
 
@@ -60,7 +80,8 @@ pub enum Verify {
 pub struct Options {
     /// How much to verify at open. Default: [`Verify::SinceCheckpoint`].
     pub verify: Verify,
-    /// The most corrupt tail rows open may cut; more is refused as corruption. Default 10 000.
+    /// The most corrupt tail rows (above the high-water mark) open may cut; more is refused
+    /// as corruption. Default 10 000.
     pub max_tail_cut: u64,
     /// Commit as soon as this many rows are queued, even if nobody waits. Default 16 384.
     pub max_batch_rows: usize,
@@ -70,28 +91,9 @@ pub struct Options {
     /// Refuse to grow the database file past about this many bytes (SQLite's
     /// `max_page_count`); the commit that would is a write failure. Default `None`.
     pub max_ledger_bytes: Option<u64>,
-}
-
-/// Fault injection for crash tests (cargo feature `test-hooks`): where the store "crashes".
-/// `None` never crashes there. Passed to [`SqliteStore::open_with_hooks`]; the production
-/// [`Options`] have no such switches.
-#[cfg(feature = "test-hooks")]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TestHooks {
-    /// Let this many non-empty appends succeed; the next one "crashes" the store (it fails,
-    /// and so does everything after it; queued batches are dropped, not committed).
-    pub crash_after_appends: Option<u64>,
-    /// Let this many group commits succeed; the next one "crashes" the store instead of
-    /// committing (its batches are dropped, and reopening shows none of them). Set
-    /// `idle_flush_ms: None` in the [`Options`] too if the test counts syncs.
-    pub crash_after_syncs: Option<u64>,
-}
-
-/// The hooks as the store keeps them (always present, inert without the feature).
-#[derive(Debug, Clone, Copy, Default)]
-struct Hooks {
-    crash_after_appends: Option<u64>,
-    crash_after_syncs: Option<u64>,
+    /// Create the data directory and a new ledger if there is none. With `false`, a missing
+    /// directory is an error naming it. Default `true`.
+    pub create: bool,
 }
 
 impl Default for Options {
@@ -102,8 +104,36 @@ impl Default for Options {
             max_batch_rows: 16_384,
             idle_flush_ms: Some(100),
             max_ledger_bytes: None,
+            create: true,
         }
     }
+}
+
+/// Fault injection for crash tests (cargo feature `test-hooks`). `None`/`false` never fires.
+/// Passed to [`SqliteStore::open_with_hooks`]; the production [`Options`] have no such
+/// switches.
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TestHooks {
+    /// Let this many non-empty appends succeed; the next one "crashes" the store (it fails,
+    /// and so does everything after it; queued batches are dropped, not committed).
+    pub crash_after_appends: Option<u64>,
+    /// Let this many group commits succeed; the next one "crashes" the store instead of
+    /// committing (its batches are dropped, and reopening shows none of them). Set
+    /// `idle_flush_ms: None` in the [`Options`] too if the test counts syncs.
+    pub crash_after_syncs: Option<u64>,
+    /// Open without taking the directory lock, as if the lock did not work (a file system
+    /// where `flock` is not reliable): a second owner can then open the directory, and the
+    /// owner token in `meta` is what fences the first one out.
+    pub ignore_dir_lock: bool,
+}
+
+/// The hooks as the store keeps them (always present, inert without the feature).
+#[derive(Debug, Clone, Copy, Default)]
+struct Hooks {
+    crash_after_appends: Option<u64>,
+    crash_after_syncs: Option<u64>,
+    ignore_dir_lock: bool,
 }
 
 /// A row cut from a corrupt tail at open (moved to the `cut_rows` table, not deleted).
@@ -115,46 +145,101 @@ pub struct CutRow {
     pub reason: String,
 }
 
-/// What [`SqliteStore::open_with`] found and did.
+/// What [`SqliteStore::open_with`] (or [`SqliteStore::open_read_only`]) found and did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OpenReport {
     /// The database file.
     pub path: PathBuf,
     /// Whether the ledger was created by this open.
     pub created: bool,
-    /// The event format version the ledger had (now raised to this build's).
+    /// Whether the store is open read-only (then nothing was changed).
+    pub read_only: bool,
+    /// The event format version the ledger had (raised to this build's when opened for
+    /// writing).
     pub format_version: u32,
+    /// The schema version the ledger had (likewise).
+    pub schema_version: u64,
+    /// Whether this open upgraded an older ledger to this build's schema.
+    pub upgraded: bool,
+    /// Whether the ledger carries the hash chain and high-water mark (schema 2 and later). A
+    /// schema-1 ledger opened read-only does not: its completeness cannot be proven.
+    pub chained: bool,
+    /// The high-water mark the ledger was held to: the last LSN acknowledged as durable.
+    pub acknowledged_lsn: Lsn,
     /// How many rows were decoded and checked.
     pub rows_verified: u64,
     /// The last LSN after the open (after any cut).
     pub last_lsn: Lsn,
-    /// Corrupt tail rows that were cut, in LSN order. Empty for a healthy ledger.
+    /// Corrupt tail rows above the high-water mark that were cut, in LSN order (read-only:
+    /// that a writing open would cut; they are not shown). Empty for a healthy ledger.
     pub cut_rows: Vec<CutRow>,
+    /// Anything else worth an operator's attention.
+    pub notes: Vec<String>,
 }
 
 impl fmt::Display for OpenReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = if self.created { "created" } else { "opened" };
+        let what = match (self.created, self.read_only, self.upgraded) {
+            (true, _, _) => "created",
+            (_, true, _) => "opened read-only",
+            (_, _, true) => "upgraded",
+            _ => "opened",
+        };
         write!(
             f,
-            "{what} ledger {} (format {}), last LSN {}, {} rows verified",
+            "{what} ledger {} (format {}, schema {}), last LSN {}, {} rows verified",
             self.path.display(),
             self.format_version,
+            self.schema_version,
             self.last_lsn,
             self.rows_verified
         )?;
+        if self.chained {
+            write!(f, ", acknowledged up to LSN {} (high-water mark checked)", self.acknowledged_lsn)?;
+        } else {
+            write!(f, ", no hash chain (schema 1): completeness cannot be proven until it is upgraded")?;
+        }
         if let (Some(first), Some(last)) = (self.cut_rows.first(), self.cut_rows.last()) {
+            let did = if self.read_only { "a writing open would cut" } else { "cut" };
+            let kept = if self.read_only { "not shown" } else { "kept in table cut_rows" };
             write!(
                 f,
-                "; cut a corrupt tail of {} rows (LSN {}..={}, kept in table cut_rows): {}",
+                "; {did} a corrupt tail of {} rows (LSN {}..={}, {kept}): {}",
                 self.cut_rows.len(),
                 first.lsn,
                 last.lsn,
                 first.reason
             )?;
         }
+        for n in &self.notes {
+            write!(f, "; {n}")?;
+        }
         Ok(())
     }
+}
+
+/// What [`SqliteStore::verify`] checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    /// Rows checked: the ledger holds exactly LSNs `1..=rows`.
+    pub rows: u64,
+    /// The high-water mark the ledger was held to (0 for a schema-1 ledger).
+    pub acknowledged_lsn: Lsn,
+    /// Whether the hash chain was checked (schema 2 and later).
+    pub chained: bool,
+}
+
+/// What [`SqliteStore::backup`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackupReport {
+    /// The new data directory.
+    pub dir: PathBuf,
+    /// The copy's last LSN.
+    pub last_lsn: Lsn,
+    /// The source's high-water mark when the copy started: the copy holds at least this.
+    pub acknowledged_lsn: Lsn,
+    /// The database file's size.
+    pub bytes: u64,
 }
 
 /// Counters of a [`SqliteStore`], for benchmarks and operators.
@@ -162,8 +247,10 @@ impl fmt::Display for OpenReport {
 pub struct StoreStats {
     /// Non-empty appends since open.
     pub appends: u64,
-    /// Group commits (one sync each) since open.
+    /// Group commits (one SQLite commit and sync each) since open.
     pub syncs: u64,
+    /// High-water marks written (one sync each; one per group commit that added rows).
+    pub marks: u64,
     /// The last LSN assigned.
     pub last_lsn: Lsn,
     /// Every event up to here is durable.
@@ -177,21 +264,32 @@ pub struct StoreStats {
 /// The embedded default ledger: SQLite (compiled in) in WAL mode, in a data directory.
 ///
 /// ```text
-///   <dir>/LOCK         exclusive lock (holder's pid inside) — one store per directory
-///   <dir>/ledger.db    meta(key, value) · events(lsn, tx, kind, body) · cut_rows(…)
-///   <dir>/ledger.db-wal, -shm   SQLite's write-ahead log
+///   <dir>/LOCK          exclusive lock (holder's pid inside) — one owner per directory
+///   <dir>/ledger.db     meta(key, value) · events(lsn, tx, kind, body, chain) · cut_rows · checkpoint
+///   <dir>/ledger.head   high-water mark: last acknowledged LSN and its chain value
+///   <dir>/ledger.db-wal, -shm   SQLite's write-ahead log (folded into ledger.db on a clean close)
 /// ```
 ///
 /// `append` encodes the batch, assigns its LSNs and queues it, without I/O. One writer
 /// thread commits everything queued in one SQLite transaction (`synchronous=FULL`: one
 /// sync) when somebody waits for durability, so concurrent appenders share a sync; then it
-/// advances the durable LSN and wakes exactly the blocking ([`LedgerStore::wait_durable`])
-/// and async ([`tidegate_storage::durable`], no thread needed) waiters it satisfied. If a write fails the store stops (see [`LedgerStore`]).
-/// Dropping the store commits what is queued and releases the directory.
+/// advances the high-water mark (a second sync), then the durable LSN, and wakes exactly the
+/// blocking ([`LedgerStore::wait_durable`]) and async ([`tidegate_storage::durable`], no
+/// thread needed) waiters it satisfied. If a write fails the store stops (see
+/// [`LedgerStore`]). Dropping the store commits what is queued, folds the write-ahead log into
+/// the database and releases the directory.
+///
+/// [`SqliteStore::open_read_only`] opens an operator's view: no lock, no writes, no cut, on a
+/// read-only directory too, while a writer runs elsewhere.
 #[derive(Debug)]
 pub struct SqliteStore {
     shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
+    read_only: bool,
+    /// The ledger's identity (`None`: a schema-1 ledger opened read-only, without a chain).
+    id: Option<LedgerId>,
+    access: Access,
+    ownership: Ownership,
     crash_after_appends: Option<u64>,
     max_batch_rows: usize,
     /// Idle read connections for `scan` and `verify`.
@@ -199,7 +297,15 @@ pub struct SqliteStore {
     report: OpenReport,
     dir: PathBuf,
     /// Dropped last: the directory stays locked until the connections are closed.
-    _lock: File,
+    _lock: Option<File>,
+}
+
+fn missing_dir(dir: &Path) -> StoreError {
+    crate::error::file(
+        "open the data directory",
+        dir,
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory (nothing was created)"),
+    )
 }
 
 impl SqliteStore {
@@ -208,9 +314,12 @@ impl SqliteStore {
         SqliteStore::open_with(dir, Options::default())
     }
 
-    /// Opens (creating if needed) the ledger in `dir`: takes the directory lock, checks the
-    /// format version (refusing a newer one), verifies the rows and cuts a corrupt tail
-    /// (reported in [`SqliteStore::open_report`]), then starts the writer.
+    /// Opens (creating it if `opts.create` and there is none) the ledger in `dir` for
+    /// writing: takes the directory lock, checks the versions (refusing newer ones), upgrades
+    /// an older ledger, holds the ledger to its high-water mark and verifies the rows (refusing
+    /// a shortened, reordered or damaged ledger with an error naming what is wrong), cuts a
+    /// corrupt tail above the mark (reported in [`SqliteStore::open_report`]), becomes the
+    /// stream's owner (a new fencing token), then starts the writer.
     pub fn open_with(dir: impl AsRef<Path>, opts: Options) -> Result<SqliteStore, StoreError> {
         SqliteStore::open_hooked(dir.as_ref(), opts, Hooks::default())
     }
@@ -218,16 +327,211 @@ impl SqliteStore {
     /// [`SqliteStore::open_with`] with crash injection (cargo feature `test-hooks`).
     #[cfg(feature = "test-hooks")]
     pub fn open_with_hooks(dir: impl AsRef<Path>, opts: Options, hooks: TestHooks) -> Result<SqliteStore, StoreError> {
-        let hooks =
-            Hooks { crash_after_appends: hooks.crash_after_appends, crash_after_syncs: hooks.crash_after_syncs };
+        let hooks = Hooks {
+            crash_after_appends: hooks.crash_after_appends,
+            crash_after_syncs: hooks.crash_after_syncs,
+            ignore_dir_lock: hooks.ignore_dir_lock,
+        };
         SqliteStore::open_hooked(dir.as_ref(), opts, hooks)
     }
 
+    /// Opens the ledger in `dir` read-only, verifying every row ([`Verify::Full`]).
+    pub fn open_read_only(dir: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_read_only_with(dir, Verify::Full)
+    }
+
+    /// Opens the ledger in `dir` read-only: it never writes (no lock, no version raised, no
+    /// tail cut, no upgrade), works on a read-only directory and beside a running writer, and
+    /// refuses what a writing open refuses. A missing directory or database is an error
+    /// naming it. A corrupt tail above the high-water mark is reported and hidden.
+    pub fn open_read_only_with(dir: impl AsRef<Path>, verify: Verify) -> Result<SqliteStore, StoreError> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(missing_dir(dir));
+        }
+        let path = dir.join(DB_FILE);
+        if !path.is_file() {
+            return Err(StoreError::NotALedger {
+                path: path.clone(),
+                detail: format!("there is no {DB_FILE} in {}", dir.display()),
+            });
+        }
+        // The mark first: the database snapshot read after it holds at least what it says.
+        let found = head::read(dir)?;
+        let wal = dir.join(format!("{DB_FILE}-wal"));
+        let (conn, kind, access) = match open::connect(&path, Access::Read).and_then(|c| {
+            let k = open::inspect(&c, &path)?;
+            Ok((c, k))
+        }) {
+            Ok((c, k)) => (c, k, Access::Read),
+            // SQLite could not read through its shared-memory index (a read-only directory
+            // without one); with no write-ahead log the database file alone is the ledger.
+            Err(first) if !wal.exists() => match open::connect(&path, Access::ReadImmutable)
+                .and_then(|c| open::inspect(&c, &path).map(|k| (c, k)))
+            {
+                Ok((c, k)) => (c, k, Access::ReadImmutable),
+                Err(_) => return Err(first),
+            },
+            Err(e @ StoreError::Database { .. }) if !dir.join(format!("{DB_FILE}-shm")).exists() => {
+                return Err(StoreError::Database {
+                    op: "open read-only: the directory holds a write-ahead log (ledger.db-wal) without its \
+                         index (ledger.db-shm), which SQLite cannot create here; copy the data directory somewhere \
+                         writable and open the copy",
+                    path,
+                    retryable: false,
+                    source: Box::new(e),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let (id, mark, mut notes) = match kind {
+            Kind::Empty => {
+                return Err(StoreError::NotALedger { path, detail: "it holds no tables (an empty database)".into() });
+            }
+            Kind::Legacy { .. } => (None, None, Vec::new()),
+            Kind::Current { id, .. } => {
+                let (mark, notes) = SqliteStore::expect_mark(&path, dir, id, found)?;
+                (Some(id), Some(mark), notes)
+            }
+        };
+        let v = open::verify_rows(&conn, &path, &Check { id, mark, verify, max_tail_cut: u64::MAX })?;
+        notes.extend(v.notes);
+        let report = OpenReport {
+            path: path.clone(),
+            created: false,
+            read_only: true,
+            format_version: kind.format(),
+            schema_version: kind.schema(),
+            upgraded: false,
+            chained: id.is_some(),
+            acknowledged_lsn: mark.map_or(0, |m| m.lsn),
+            rows_verified: v.rows_verified,
+            last_lsn: v.last,
+            cut_rows: v.bad,
+            notes,
+        };
+        let stream: Arc<str> = dir.display().to_string().into();
+        Ok(SqliteStore {
+            shared: Arc::new(Shared::new(path, v.last)),
+            writer: None,
+            read_only: true,
+            id,
+            access,
+            ownership: Ownership { stream, token: 0 },
+            crash_after_appends: None,
+            max_batch_rows: 1,
+            readers: Mutex::new(vec![conn]),
+            report,
+            dir: dir.to_owned(),
+            _lock: None,
+        })
+    }
+
+    /// The mark a schema-2 ledger must have: present, readable, and its own.
+    fn expect_mark(
+        path: &Path,
+        dir: &Path,
+        id: LedgerId,
+        found: head::Found,
+    ) -> Result<(Mark, Vec<String>), StoreError> {
+        let head_path = head::path(dir);
+        match found {
+            head::Found::Missing => Err(StoreError::Unprovable {
+                path: path.to_owned(),
+                detail: format!(
+                    "its high-water mark {} is missing, so a lost tail could not be told from a whole \
+                     ledger. Copy a ledger with `tidegate ledger backup`, or the whole data directory \
+                     after a clean stop, never {DB_FILE} alone",
+                    head_path.display()
+                ),
+            }),
+            head::Found::Damaged(detail) => Err(StoreError::Unprovable { path: path.to_owned(), detail }),
+            head::Found::Mark { mark, note } => {
+                if mark.id != id {
+                    return Err(StoreError::Unprovable {
+                        path: path.to_owned(),
+                        detail: format!(
+                            "its high-water mark {} belongs to another ledger (id {}, this ledger is {})",
+                            head_path.display(),
+                            head::id_hex(&mark.id),
+                            head::id_hex(&id)
+                        ),
+                    });
+                }
+                Ok((mark, note.into_iter().collect()))
+            }
+        }
+    }
+
     fn open_hooked(dir: &Path, opts: Options, hooks: Hooks) -> Result<SqliteStore, StoreError> {
-        let path = open::db_path(dir)?;
-        let lock = open::lock_dir(dir)?;
-        let mut conn = open::connect(&path, false)?;
-        let (created, format_version) = open::prepare(&mut conn, &path)?;
+        if !dir.is_dir() {
+            if !opts.create {
+                return Err(missing_dir(dir));
+            }
+            std::fs::create_dir_all(dir).map_err(|e| crate::error::file("create the data directory", dir, e))?;
+        }
+        let lock = if hooks.ignore_dir_lock { None } else { Some(open::lock_dir(dir)?) };
+        let path = dir.join(DB_FILE);
+        if !opts.create && !path.is_file() {
+            return Err(StoreError::NotALedger {
+                path: path.clone(),
+                detail: format!("there is no {DB_FILE} in {}", dir.display()),
+            });
+        }
+        let found = head::read(dir)?;
+        let mut conn = open::connect(&path, Access::Write)?;
+        let kind = open::inspect(&conn, &path)?;
+        let mut notes = Vec::new();
+        let mut cut_rows = Vec::new();
+        let (mut created, mut upgraded) = (false, false);
+        let (id, mark) = match kind {
+            Kind::Empty => {
+                // Nothing can have been acknowledged from a ledger without tables, unless its
+                // high-water mark says otherwise.
+                let mark = match found {
+                    head::Found::Missing => {
+                        let id = head::new_ledger_id(dir);
+                        let mark = Mark { id, seq: 1, lsn: 0, chain: Chain::genesis(&id) };
+                        head::create(dir, &mark)?;
+                        mark
+                    }
+                    head::Found::Mark { mark, .. } if mark.lsn == 0 => mark,
+                    head::Found::Mark { mark, .. } => {
+                        return Err(StoreError::Shortened { path, acknowledged: mark.lsn, last: 0 });
+                    }
+                    head::Found::Damaged(detail) => return Err(StoreError::Unprovable { path, detail }),
+                };
+                open::create(&mut conn, &path, &mark.id)?;
+                created = true;
+                (mark.id, mark)
+            }
+            Kind::Legacy { .. } => {
+                // Verified in full and its tail cut under the old rules, then chained.
+                let v = open::verify_rows(
+                    &conn,
+                    &path,
+                    &Check { id: None, mark: None, verify: Verify::Full, max_tail_cut: opts.max_tail_cut },
+                )?;
+                if !v.bad.is_empty() {
+                    open::cut_tail(&mut conn, &path, &v.bad, v.last)?;
+                }
+                cut_rows = v.bad;
+                let mark = open::upgrade(&mut conn, dir, &path, kind)?;
+                upgraded = true;
+                notes.push(format!(
+                    "upgraded from format {} schema 1: the {} events before the upgrade are chained as found",
+                    kind.format(),
+                    mark.lsn
+                ));
+                (mark.id, mark)
+            }
+            Kind::Current { id, .. } => {
+                let (mark, n) = SqliteStore::expect_mark(&path, dir, id, found)?;
+                notes.extend(n);
+                open::set_wal(&conn, &path)?;
+                (id, mark)
+            }
+        };
         if let Some(bytes) = opts.max_ledger_bytes {
             let page: i64 = conn
                 .query_row("PRAGMA page_size", [], |r| r.get(0))
@@ -236,19 +540,57 @@ impl SqliteStore {
             conn.pragma_update(None, "max_page_count", pages)
                 .map_err(|e| crate::error::database("set max_page_count", &path, e))?;
         }
-        let (rows_verified, last_lsn, cut_rows) = open::verify_and_cut(&mut conn, &path, &opts)?;
-        let report = OpenReport { path: path.clone(), created, format_version, rows_verified, last_lsn, cut_rows };
-
-        let shared = Arc::new(Shared::new(path, last_lsn));
-        let cfg = writer::WriterConfig::new(&opts, hooks.crash_after_syncs);
+        let check = Check { id: Some(id), mark: Some(mark), verify: opts.verify, max_tail_cut: opts.max_tail_cut };
+        let v = open::verify_rows(&conn, &path, &check)?;
+        notes.extend(v.notes);
+        if !v.bad.is_empty() {
+            open::cut_tail(&mut conn, &path, &v.bad, v.last)?;
+        }
+        cut_rows.extend(v.bad);
+        let token = open::take_ownership(&mut conn, &path)?;
+        let genesis = Chain::genesis(&id);
+        let last_chain = v.last_chain.unwrap_or(genesis);
+        let mut head_file = head::HeadFile::open(dir, mark)?;
+        if v.last > mark.lsn {
+            // Rows a crash left committed but unmarked: durable, so from now on acknowledged.
+            head_file.advance(v.last, last_chain)?;
+        }
+        let report = OpenReport {
+            path: path.clone(),
+            created,
+            read_only: false,
+            format_version: kind.format(),
+            schema_version: kind.schema(),
+            upgraded,
+            chained: true,
+            acknowledged_lsn: mark.lsn,
+            rows_verified: v.rows_verified,
+            last_lsn: v.last,
+            cut_rows,
+            notes,
+        };
+        let stream: Arc<str> = dir.display().to_string().into();
+        let shared = Arc::new(Shared::new(path, v.last));
+        let cfg = writer::WriterConfig::new(
+            &opts,
+            hooks.crash_after_syncs,
+            (genesis, last_chain),
+            head_file,
+            stream.to_string(),
+            token,
+        );
         let for_writer = shared.clone();
         let writer = std::thread::Builder::new()
             .name("tidegate-ledger-writer".into())
-            .spawn(move || writer::run(&for_writer, conn, &cfg))
+            .spawn(move || writer::run(&for_writer, conn, cfg))
             .map_err(|e| StoreError::Io { op: "start the ledger writer thread", source: e })?;
         Ok(SqliteStore {
             shared,
             writer: Some(writer),
+            read_only: false,
+            id: Some(id),
+            access: Access::Read,
+            ownership: Ownership { stream, token },
             crash_after_appends: hooks.crash_after_appends,
             max_batch_rows: opts.max_batch_rows.max(1),
             readers: Mutex::new(Vec::new()),
@@ -268,9 +610,15 @@ impl SqliteStore {
         &self.shared.path
     }
 
-    /// What the open found: versions, rows verified, and any corrupt tail it cut.
+    /// What the open found: versions, rows verified, the high-water mark, and any corrupt
+    /// tail it cut.
     pub fn open_report(&self) -> &OpenReport {
         &self.report
+    }
+
+    /// Whether the store is open read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Every event up to this LSN is durable.
@@ -284,6 +632,7 @@ impl SqliteStore {
         StoreStats {
             appends: st.appends,
             syncs: st.syncs,
+            marks: st.marks,
             last_lsn: self.shared.last.load(Ordering::Acquire),
             durable_lsn: st.durable,
             queued_rows: st.queued_rows,
@@ -309,48 +658,130 @@ impl SqliteStore {
         }
     }
 
-    /// Checks the durable ledger: SQLite's own `quick_check`, then every row decodes as an
-    /// event matching its `kind` and `tx` columns, with LSNs exactly `1..=n`. Returns `n`.
-    pub fn verify(&self) -> Result<u64, StoreError> {
+    /// Checks the whole durable ledger: SQLite's own `quick_check`; LSNs exactly `1..=n`;
+    /// every row decodes as an event matching its `kind` and `tx` columns; the hash chain
+    /// from the ledger's genesis to its end; the checkpoint's recorded chain value; and the
+    /// high-water mark (the ledger reaches it, and the row there is the one acknowledged).
+    /// Any failure is an error naming the LSN and the rule broken.
+    pub fn verify(&self) -> Result<VerifyReport, StoreError> {
+        let mark = match self.id {
+            Some(id) => {
+                let path = &self.shared.path;
+                Some(SqliteStore::expect_mark(path, &self.dir, id, head::read(&self.dir)?)?.0)
+            }
+            None => None,
+        };
         self.with_reader(|conn| {
             let path = &self.shared.path;
-            let db = |op| move |e| crate::error::database(op, path, e);
-            let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(db("quick_check"))?;
+            let check: String = conn
+                .query_row("PRAGMA quick_check", [], |r| r.get(0))
+                .map_err(|e| crate::error::database("quick_check", path, e))?;
             if check != "ok" {
                 return Err(StoreError::Corrupt { lsn: 0, detail: format!("SQLite quick_check: {check}") });
             }
-            let mut stmt = conn.prepare("SELECT lsn, tx, kind, body FROM events ORDER BY lsn").map_err(db("verify"))?;
-            let mut rows = stmt.query([]).map_err(db("verify"))?;
-            let mut expected: Lsn = 1;
-            while let Some(row) = rows.next().map_err(db("verify"))? {
-                let lsn: i64 = row.get(0).map_err(db("verify"))?;
-                if lsn != expected as i64 {
-                    return Err(StoreError::Corrupt {
-                        lsn: expected,
-                        detail: format!("missing; the next row has LSN {lsn}"),
-                    });
-                }
-                let ok = open::check_row(
-                    row.get_ref(1).map_err(db("verify"))?,
-                    row.get_ref(2).map_err(db("verify"))?,
-                    row.get_ref(3).map_err(db("verify"))?,
-                );
-                if let Err(detail) = ok {
-                    return Err(StoreError::Corrupt { lsn: expected, detail });
-                }
-                expected += 1;
+            let v = open::verify_rows(
+                conn,
+                path,
+                &Check { id: self.id, mark, verify: Verify::Full, max_tail_cut: u64::MAX },
+            )?;
+            if let Some(first) = v.bad.first() {
+                return Err(StoreError::Corrupt {
+                    lsn: first.lsn,
+                    detail: format!(
+                        "{} ({} corrupt rows at the tail, above the high-water mark; a writing open would cut them)",
+                        first.reason,
+                        v.bad.len()
+                    ),
+                });
             }
-            Ok(expected - 1)
+            if let Some(ck) = v.notes.first() {
+                return Err(StoreError::Corrupt { lsn: 0, detail: ck.clone() });
+            }
+            Ok(VerifyReport { rows: v.last, acknowledged_lsn: mark.map_or(0, |m| m.lsn), chained: self.id.is_some() })
         })
     }
 
-    /// Commits what is queued, stops the writer and releases the directory, reporting a
-    /// failure the store had stopped on. (Dropping does the same, silently.)
+    /// Copies the ledger into a new data directory `dest` with SQLite's online backup API: a
+    /// consistent snapshot taken in one step, while this store (or a writer in another
+    /// process, for a read-only store) keeps appending. The copy gets its own high-water mark
+    /// at its last LSN; it must reach the source's mark as it was when the copy started, and
+    /// its whole chain is verified before the mark is written. `dest` must not hold a ledger.
+    pub fn backup(&self, dest: impl AsRef<Path>) -> Result<BackupReport, StoreError> {
+        let dest = dest.as_ref();
+        let dest_db = dest.join(DB_FILE);
+        for existing in [dest_db.clone(), head::path(dest), dest.join(format!("{DB_FILE}-wal"))] {
+            if existing.exists() {
+                return Err(StoreError::InvalidArgument {
+                    field: "backup destination",
+                    value: dest.display().to_string(),
+                    expected: "a directory that holds no ledger (it has a ledger.db, ledger.head or WAL)",
+                });
+            }
+        }
+        std::fs::create_dir_all(dest).map_err(|e| crate::error::file("create the backup directory", dest, e))?;
+        let before = match self.id {
+            Some(id) => Some(SqliteStore::expect_mark(&self.shared.path, &self.dir, id, head::read(&self.dir)?)?.0),
+            None => None,
+        };
+        self.with_reader(|src| {
+            let mut dst = open::connect(&dest_db, Access::Write)?;
+            let backup = rusqlite::backup::Backup::new(src, &mut dst)
+                .map_err(|e| crate::error::database("start the backup", &dest_db, e))?;
+            backup
+                .run_to_completion(-1, std::time::Duration::from_millis(10), None)
+                .map_err(|e| crate::error::database("copy the ledger", &dest_db, e))?;
+            Ok(())
+        })?;
+        let dst = open::connect(&dest_db, Access::Write)?;
+        let kind = open::inspect(&dst, &dest_db)?;
+        open::set_wal(&dst, &dest_db)?;
+        let (last, mark) = match kind {
+            Kind::Current { id, .. } => {
+                let v = open::verify_rows(
+                    &dst,
+                    &dest_db,
+                    &Check { id: Some(id), mark: before, verify: Verify::Full, max_tail_cut: 0 },
+                )?;
+                let chain = v.last_chain.unwrap_or_else(|| Chain::genesis(&id));
+                (v.last, Some(Mark { id, seq: 1, lsn: v.last, chain }))
+            }
+            Kind::Legacy { .. } => {
+                let v = open::verify_rows(
+                    &dst,
+                    &dest_db,
+                    &Check { id: None, mark: None, verify: Verify::Full, max_tail_cut: 0 },
+                )?;
+                (v.last, None)
+            }
+            Kind::Empty => {
+                return Err(StoreError::NotALedger { path: dest_db, detail: "the copy holds no tables".into() });
+            }
+        };
+        let _ = dst.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        drop(dst);
+        File::open(&dest_db)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| crate::error::file("sync the backup", &dest_db, e))?;
+        if let Some(m) = mark {
+            head::create(dest, &m)?;
+        } else {
+            head::sync_dir(dest)?;
+        }
+        let bytes = std::fs::metadata(&dest_db).map(|m| m.len()).unwrap_or(0);
+        Ok(BackupReport { dir: dest.to_owned(), last_lsn: last, acknowledged_lsn: before.map_or(0, |m| m.lsn), bytes })
+    }
+
+    /// Commits what is queued, folds the write-ahead log into the database, stops the writer
+    /// and releases the directory, reporting a failure the store had stopped on. (Dropping
+    /// does the same, silently.)
     pub fn close(mut self) -> Result<(), StoreError> {
         self.shutdown()
     }
 
     fn shutdown(&mut self) -> Result<(), StoreError> {
+        // The read connections close first, so the writer's connection is the last one and
+        // its checkpoint can fold the whole log into the database.
+        self.readers.lock().clear();
         self.shared.state.lock().closing = true;
         self.shared.work.notify_all();
         if let Some(handle) = self.writer.take()
@@ -370,7 +801,7 @@ impl SqliteStore {
         let conn = self.readers.lock().pop();
         let conn = match conn {
             Some(c) => c,
-            None => open::connect(&self.shared.path, true)?,
+            None => open::connect(&self.shared.path, self.access)?,
         };
         let r = f(&conn);
         let mut idle = self.readers.lock();
@@ -380,16 +811,44 @@ impl SqliteStore {
         r
     }
 
-    /// Visits committed rows with LSN ≥ `from`. Returns the LSN after the last row read and
+    /// Visits committed rows with `from ≤ LSN ≤ upto`, checking each row and its chain value
+    /// (from the stored value before `from`). Returns the LSN after the last row read and
     /// whether `visit` asked to stop.
-    fn scan_committed(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(Lsn, bool), StoreError> {
+    fn scan_committed(
+        &self,
+        from: Lsn,
+        upto: Lsn,
+        visit: &mut dyn FnMut(Lsn, &Event) -> bool,
+    ) -> Result<(Lsn, bool), StoreError> {
         self.with_reader(|conn| {
             let path = &self.shared.path;
             let db = |op| move |e| crate::error::database(op, path, e);
-            let mut stmt = conn
-                .prepare_cached("SELECT lsn, tx, kind, body FROM events WHERE lsn >= ?1 ORDER BY lsn")
-                .map_err(db("scan"))?;
-            let mut rows = stmt.query([from as i64]).map_err(db("scan"))?;
+            let mut prev = match self.id {
+                None => None,
+                Some(id) if from <= 1 => Some(Chain::genesis(&id)),
+                Some(_) => {
+                    let stored: Option<Option<Vec<u8>>> = conn
+                        .query_row("SELECT chain FROM events WHERE lsn = ?1", [(from - 1) as i64], |r| r.get(0))
+                        .optional()
+                        .map_err(db("scan"))?;
+                    match stored.flatten().and_then(|b| Chain::from_slice(&b)) {
+                        Some(c) => Some(c),
+                        None => {
+                            return Err(StoreError::Corrupt {
+                                lsn: from - 1,
+                                detail: "it has no readable hash chain value".into(),
+                            });
+                        }
+                    }
+                }
+            };
+            let sql = if self.id.is_some() {
+                "SELECT lsn, tx, kind, body, chain FROM events WHERE lsn >= ?1 AND lsn <= ?2 ORDER BY lsn"
+            } else {
+                "SELECT lsn, tx, kind, body, NULL FROM events WHERE lsn >= ?1 AND lsn <= ?2 ORDER BY lsn"
+            };
+            let mut stmt = conn.prepare_cached(sql).map_err(db("scan"))?;
+            let mut rows = stmt.query([from as i64, upto as i64]).map_err(db("scan"))?;
             let mut next = from;
             while let Some(row) = rows.next().map_err(db("scan"))? {
                 let lsn: i64 = row.get(0).map_err(db("scan"))?;
@@ -399,12 +858,15 @@ impl SqliteStore {
                         detail: format!("missing; the next row has LSN {lsn}"),
                     });
                 }
-                let event = open::check_row(
-                    row.get_ref(1).map_err(db("scan"))?,
-                    row.get_ref(2).map_err(db("scan"))?,
-                    row.get_ref(3).map_err(db("scan"))?,
-                )
-                .map_err(|detail| StoreError::Corrupt { lsn: next, detail })?;
+                let body: ValueRef<'_> = row.get_ref(3).map_err(db("scan"))?;
+                let (event, bytes) =
+                    open::check_row(row.get_ref(1).map_err(db("scan"))?, row.get_ref(2).map_err(db("scan"))?, body)
+                        .map_err(|detail| StoreError::Corrupt { lsn: next, detail })?;
+                if let Some(p) = prev {
+                    let (c, linked) = open::check_chain(&p, next, bytes, row.get_ref(4).map_err(db("scan"))?);
+                    linked.map_err(|detail| StoreError::Corrupt { lsn: next, detail })?;
+                    prev = Some(c);
+                }
                 next += 1;
                 if !visit(lsn as Lsn, &event) {
                     return Ok((next, true));
@@ -440,6 +902,9 @@ impl Drop for SqliteStore {
 
 impl LedgerStore for SqliteStore {
     fn append(&self, events: &mut dyn Iterator<Item = Event>) -> Result<Lsn, StoreError> {
+        if self.read_only {
+            return Err(StoreError::ReadOnly { path: self.shared.path.clone(), op: "append" });
+        }
         let rows = events.enumerate().map(|(i, e)| Row::encode(i, &e)).collect::<Result<Vec<Row>, StoreError>>()?;
         let mut st = self.shared.state.lock();
         st.failure()?;
@@ -529,14 +994,21 @@ impl LedgerStore for SqliteStore {
         self.shared.last.load(Ordering::Acquire)
     }
 
+    /// The data directory, and the token this open took in `meta` (0 for a read-only store,
+    /// which never writes).
+    fn ownership(&self) -> Ownership {
+        self.ownership.clone()
+    }
+
     /// Reads committed events from SQLite, then the ones still queued or being committed
     /// from memory, so the result is every event appended, in LSN order.
     fn scan(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(), StoreError> {
         let mut pos = from.max(1);
         loop {
             self.shared.state.lock().failure()?;
-            if pos <= self.durable_lsn() {
-                let (next, stopped) = self.scan_committed(pos, visit)?;
+            let durable = self.durable_lsn();
+            if pos <= durable {
+                let (next, stopped) = self.scan_committed(pos, durable, visit)?;
                 if stopped {
                     return Ok(());
                 }
@@ -569,6 +1041,9 @@ impl LedgerStore for SqliteStore {
     /// Hands the checkpoint to the writer, which writes it in its next commit (started at
     /// once), after every batch queued so far; waits for that commit.
     fn put_checkpoint(&self, lsn: Lsn, bytes: &[u8]) -> Result<(), StoreError> {
+        if self.read_only {
+            return Err(StoreError::ReadOnly { path: self.shared.path.clone(), op: "put_checkpoint" });
+        }
         if i64::try_from(lsn).is_err() {
             return Err(StoreError::InvalidArgument {
                 field: "checkpoint lsn",

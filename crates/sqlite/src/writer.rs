@@ -6,8 +6,13 @@
 //!  append(b2) ─► queue [b1 b2]   ◄── woken: someone wants an LSN ──────────────────────────┘
 //!                                    inflight = [b1 b2], queue = []
 //!  append(b3) ─► queue [b3]          BEGIN; INSERT b1, b2; COMMIT (one fsync)
+//!                                    mark ledger.head (lsn, chain); fdatasync
 //!                                    durable = last(b2); inflight = [] ──► wake the waiters ≤ durable
 //! ```
+//!
+//! Each commit also checks the stream's owner token inside its transaction (a newer owner
+//! fences this store out) and chains every row it inserts; after the commit the high-water
+//! mark is advanced and synced, and only then are the waiters woken.
 //!
 //! A commit is started when a waiter wants an LSN that is not durable, when the queue holds
 //! [`Options::max_batch_rows`](super::Options::max_batch_rows) rows, when the oldest queued batch has waited
@@ -22,62 +27,44 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tidegate_core::Event;
-
-use super::Options;
+use tidegate_storage::wire::{self, Chain};
 use tidegate_storage::{Lsn, StoreError};
+
+use crate::Options;
+use crate::head::HeadFile;
 
 /// One encoded event.
 #[derive(Debug)]
-pub(super) struct Row {
-    pub(super) tx: i64,
-    /// The JSON text of the event.
-    pub(super) body: String,
+pub(crate) struct Row {
+    pub(crate) tx: i64,
+    /// The stored bytes of the event ([`wire::encode`]).
+    pub(crate) body: String,
     /// Where the `"event"` tag's value sits in `body`.
     kind: std::ops::Range<usize>,
 }
 
 impl Row {
     /// Encodes the `index`-th event of a batch.
-    pub(super) fn encode(index: usize, event: &Event) -> Result<Row, StoreError> {
+    pub(crate) fn encode(index: usize, event: &Event) -> Result<Row, StoreError> {
         let tx = event.tx().0;
         let tx = i64::try_from(tx).map_err(|_| StoreError::InvalidArgument {
             field: "event.tx",
             value: tx.to_string(),
             expected: "a transaction id ≤ 2^63 - 1",
         })?;
-        let body = serde_json::to_string(event).map_err(|e| StoreError::Encode { index, detail: e.to_string() })?;
-        let kind = kind_range(&body).ok_or_else(|| StoreError::Encode {
-            index,
-            detail: format!("the JSON does not start with an \"event\" tag: {}", preview(&body)),
-        })?;
+        let body = wire::encode(index, event)?;
+        let kind = wire::kind_range(&body).unwrap_or(0..0);
         Ok(Row { tx, body, kind })
     }
 
-    pub(super) fn kind(&self) -> &str {
+    pub(crate) fn kind(&self) -> &str {
         self.body.get(self.kind.clone()).unwrap_or("")
     }
 
-    pub(super) fn decode(&self, lsn: Lsn) -> Result<Event, StoreError> {
-        serde_json::from_str(&self.body).map_err(|e| StoreError::Corrupt { lsn, detail: format!("queued event: {e}") })
-    }
-}
-
-/// The `"event"` tag of an encoded event. Serde writes an internally tagged enum's tag
-/// first, so it is found without parsing the whole body.
-pub(super) fn kind_range(body: &str) -> Option<std::ops::Range<usize>> {
-    const PREFIX: &str = "{\"event\":\"";
-    let rest = body.strip_prefix(PREFIX)?;
-    let len = rest.find('"')?;
-    Some(PREFIX.len()..PREFIX.len() + len)
-}
-
-/// At most the first 80 characters of `s`, for error messages.
-pub(super) fn preview(s: &str) -> String {
-    match s.char_indices().nth(80) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_owned(),
+    pub(crate) fn decode(&self, lsn: Lsn) -> Result<Event, StoreError> {
+        wire::decode(&self.body).map_err(|e| StoreError::Corrupt { lsn, detail: format!("queued event: {e}") })
     }
 }
 
@@ -110,6 +97,8 @@ pub(super) struct State {
     pub(super) durable: Lsn,
     pub(super) appends: u64,
     pub(super) syncs: u64,
+    /// High-water marks written (one per commit that added rows).
+    pub(super) marks: u64,
     pub(super) failed: Option<Arc<StoreError>>,
     pub(super) closing: bool,
     /// Waiters by the LSN they wait for (blocking waiters park behind a thread-unparking
@@ -182,20 +171,40 @@ impl Shared {
     }
 }
 
-/// What the writer needs from [`Options`].
-#[derive(Debug, Clone)]
+/// What the writer needs: the [`Options`], its ownership, and where the chain stands.
+#[derive(Debug)]
 pub(super) struct WriterConfig {
     pub(super) max_batch_rows: usize,
     pub(super) idle_flush: Option<Duration>,
     pub(super) crash_after_syncs: Option<u64>,
+    /// The stream (the data directory) and this owner's fencing token.
+    pub(super) stream: String,
+    pub(super) token: u64,
+    /// The chain value before the first event (for a checkpoint at LSN 0).
+    pub(super) genesis: Chain,
+    /// The chain value at the durable LSN.
+    pub(super) chain: Chain,
+    pub(super) head: HeadFile,
 }
 
 impl WriterConfig {
-    pub(super) fn new(o: &Options, crash_after_syncs: Option<u64>) -> WriterConfig {
+    pub(super) fn new(
+        o: &Options,
+        crash_after_syncs: Option<u64>,
+        chain: (Chain, Chain),
+        head: HeadFile,
+        stream: String,
+        token: u64,
+    ) -> WriterConfig {
         WriterConfig {
             max_batch_rows: o.max_batch_rows.max(1),
             idle_flush: o.idle_flush_ms.map(Duration::from_millis),
             crash_after_syncs,
+            stream,
+            token,
+            genesis: chain.0,
+            chain: chain.1,
+            head,
         }
     }
 }
@@ -215,9 +224,24 @@ impl Drop for ExitGuard<'_> {
     }
 }
 
-/// The writer thread's body: commits queued batches until the store closes or fails.
-pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
+/// The writer thread's body: commits queued batches until the store closes or fails. On a
+/// clean close it folds the write-ahead log into the database before its connection (the last
+/// one) closes.
+pub(super) fn run(shared: &Shared, mut conn: Connection, mut cfg: WriterConfig) {
     let _guard = ExitGuard(shared);
+    commit_loop(shared, &mut conn, &mut cfg);
+    let closed_cleanly = {
+        let st = shared.state.lock();
+        st.failed.is_none() && st.closing
+    };
+    if closed_cleanly {
+        // TRUNCATE: every frame copied into ledger.db and synced, the log emptied; SQLite
+        // removes it when this connection closes.
+        let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    }
+}
+
+fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
     loop {
         let mut st = shared.state.lock();
         // Wait until a commit is due.
@@ -263,7 +287,18 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
         st.inflight.clone_from(&batches);
         drop(st);
 
-        let written = commit(&mut conn, &batches, checkpoint.as_ref().map(|(_, l, b)| (*l, &**b)));
+        let written = commit(conn, &batches, checkpoint.as_ref().map(|(_, l, b)| (*l, &**b)), cfg);
+        // The high-water mark follows the commit, before anyone hears of it.
+        let written = match written {
+            Ok(chain) => match batches.last() {
+                Some(b) => cfg.head.advance(b.last(), chain).map(|()| {
+                    cfg.chain = chain;
+                    true
+                }),
+                None => Ok(false),
+            },
+            Err(e) => Err(e),
+        };
 
         let mut st = shared.state.lock();
         if st.failed.is_some() {
@@ -271,7 +306,10 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
             return;
         }
         match written {
-            Ok(()) => {
+            Ok(marked) => {
+                if marked {
+                    st.marks += 1;
+                }
                 let durable = batches.last().map_or(st.durable, |b| b.last());
                 debug_assert!(durable >= st.durable, "durability went backwards");
                 st.durable = durable;
@@ -288,7 +326,6 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
                 ready.into_values().flatten().for_each(Waker::wake);
             }
             Err(e) => {
-                let e = crate::error::database("commit queued events", &shared.path, e);
                 shared.fail(st, e);
                 return;
             }
@@ -297,26 +334,60 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, cfg: &WriterConfig) {
 }
 
 /// Writes `batches`, then the checkpoint if one is due, in one transaction and commits it
-/// (durably: `synchronous=FULL`). The checkpoint's LSN is at most the last LSN appended when
-/// it was requested, so its events are already durable or in this very transaction.
-fn commit(conn: &mut Connection, batches: &[Arc<Batch>], checkpoint: Option<(Lsn, &[u8])>) -> rusqlite::Result<()> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+/// (durably: `synchronous=FULL`), after checking that this store still owns the stream.
+/// Returns the chain value of the last row written. The checkpoint's LSN is at most the last
+/// LSN appended when it was requested, so its events are already durable or in this very
+/// transaction.
+fn commit(
+    conn: &mut Connection,
+    batches: &[Arc<Batch>],
+    checkpoint: Option<(Lsn, &[u8])>,
+    cfg: &WriterConfig,
+) -> Result<Chain, StoreError> {
+    let path = conn.path().map(std::path::PathBuf::from).unwrap_or_default();
+    let db = |e| crate::error::database("commit queued events", &path, e);
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+    let current: Option<String> =
+        tx.query_row("SELECT value FROM meta WHERE key = 'owner_token'", [], |r| r.get(0)).optional().map_err(db)?;
+    let current = current.and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(u64::MAX);
+    if current != cfg.token {
+        return Err(StoreError::Fenced { stream: cfg.stream.clone(), token: cfg.token, current });
+    }
+    let mut chain = cfg.chain;
+    let mut at_checkpoint = None;
     {
-        let mut insert = tx.prepare_cached("INSERT INTO events (lsn, tx, kind, body) VALUES (?1, ?2, ?3, ?4)")?;
+        let mut insert = tx
+            .prepare_cached("INSERT INTO events (lsn, tx, kind, body, chain) VALUES (?1, ?2, ?3, ?4, ?5)")
+            .map_err(db)?;
         for b in batches {
             for (i, row) in b.rows.iter().enumerate() {
+                let lsn = b.first + i as Lsn;
+                chain = chain.next(lsn, row.body.as_bytes());
+                if checkpoint.is_some_and(|(c, _)| c == lsn) {
+                    at_checkpoint = Some(chain);
+                }
                 // LSNs were checked to fit in an i64 when they were assigned.
-                let lsn = (b.first + i as Lsn) as i64;
-                insert.execute(params![lsn, row.tx, row.kind(), row.body])?;
+                insert.execute(params![lsn as i64, row.tx, row.kind(), row.body, &chain.0[..]]).map_err(db)?;
             }
         }
     }
     if let Some((lsn, body)) = checkpoint {
-        let by = concat!("tidegate-storage ", env!("CARGO_PKG_VERSION"));
+        let ck_chain = match at_checkpoint {
+            Some(c) => Some(c),
+            None if lsn == 0 => Some(cfg.genesis),
+            None => tx
+                .query_row("SELECT chain FROM events WHERE lsn = ?1", [lsn as i64], |r| r.get::<_, Option<Vec<u8>>>(0))
+                .optional()
+                .map_err(db)?
+                .flatten()
+                .and_then(|b| Chain::from_slice(&b)),
+        };
         tx.execute(
-            "INSERT OR REPLACE INTO checkpoint (id, lsn, body, written_by) VALUES (1, ?1, ?2, ?3)",
-            params![lsn as i64, body, by],
-        )?;
+            "INSERT OR REPLACE INTO checkpoint (id, lsn, body, written_by, chain) VALUES (1, ?1, ?2, ?3, ?4)",
+            params![lsn as i64, body, crate::open::WRITTEN_BY, ck_chain.map(|c| c.0.to_vec())],
+        )
+        .map_err(db)?;
     }
-    tx.commit()
+    tx.commit().map_err(db)?;
+    Ok(chain)
 }

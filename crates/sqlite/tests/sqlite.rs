@@ -14,6 +14,7 @@ use serde_json::Value;
 use tidegate_core::{EffectId, Event, TxId};
 use tidegate_sqlite::{Options, SqliteStore, TestHooks, Verify};
 use tidegate_storage::conformance::{collect, event};
+use tidegate_storage::wire::Chain;
 use tidegate_storage::{LedgerStore, Lsn, StoreError, durable, fsync_per_s};
 
 fn append(store: &dyn LedgerStore, events: Vec<Event>) -> Result<Lsn, StoreError> {
@@ -31,6 +32,17 @@ fn on_demand() -> Options {
 
 fn db(dir: &Path) -> Connection {
     Connection::open(dir.join("ledger.db")).unwrap()
+}
+
+/// The high-water mark file's bytes now, to put back later: as if the rows appended after
+/// this point had been committed to SQLite but a crash had come before their mark was
+/// written (the only way a ledger legitimately holds rows above its mark).
+fn save_mark(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join(tidegate_sqlite::HEAD_FILE)).unwrap()
+}
+
+fn restore_mark(dir: &Path, bytes: &[u8]) {
+    std::fs::write(dir.join(tidegate_sqlite::HEAD_FILE), bytes).unwrap();
 }
 
 fn all(store: &dyn LedgerStore) -> Vec<Event> {
@@ -61,7 +73,7 @@ fn open_creates_the_directory_in_wal_mode_and_reports_a_new_ledger() {
     let store = SqliteStore::open(&dir).unwrap();
     assert!(!store.open_report().created);
     assert_eq!(store.open_report().rows_verified, 3);
-    assert_eq!(store.verify().unwrap(), 3);
+    assert_eq!(store.verify().unwrap().rows, 3);
 }
 
 #[test]
@@ -80,9 +92,13 @@ fn schema_and_record_format_match_the_ledger_doc() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(meta[0], ("format_version".into(), tidegate_core::ledger::LEDGER_FORMAT_VERSION.to_string()));
-    assert_eq!(meta[1], ("schema_version".into(), "1".into()));
-    assert!(meta[2].0 == "written_by" && meta[2].1.starts_with("tidegate-storage "));
+    let keys: Vec<&str> = meta.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["format_version", "ledger_id", "owner_token", "schema_version", "written_by"]);
+    assert_eq!(meta[0].1, tidegate_core::ledger::LEDGER_FORMAT_VERSION.to_string());
+    assert!(meta[1].1.len() == 32 && meta[1].1.chars().all(|c| c.is_ascii_hexdigit()), "{:?}", meta[1]);
+    assert_eq!(meta[2].1, "1", "the first open for writing owns the stream with token 1");
+    assert_eq!(meta[3].1, tidegate_sqlite::SCHEMA_VERSION.to_string());
+    assert!(meta[4].1.starts_with("tidegate-sqlite "));
     let rows: Vec<(i64, i64, String, String)> = conn
         .prepare("SELECT lsn, tx, kind, body FROM events ORDER BY lsn")
         .unwrap()
@@ -90,6 +106,20 @@ fn schema_and_record_format_match_the_ledger_doc() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
+    // Each row's chain value follows from the one before it (docs/ledger.md, "Integrity").
+    let id: Vec<u8> = (0..16).map(|i| u8::from_str_radix(&meta[1].1[2 * i..2 * i + 2], 16).unwrap()).collect();
+    let mut prev = Chain::genesis(&id);
+    let chains: Vec<Vec<u8>> = conn
+        .prepare("SELECT chain FROM events ORDER BY lsn")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|c| c.unwrap())
+        .collect();
+    for (i, (lsn, _, _, body)) in rows.iter().enumerate() {
+        prev = prev.next(*lsn as u64, body.as_bytes());
+        assert_eq!(chains[i], prev.0.to_vec(), "chain value of LSN {lsn}");
+    }
     assert_eq!(rows.len(), 2);
     assert_eq!((rows[0].0, rows[0].1, rows[0].2.as_str()), (1, 7, "read"));
     assert_eq!((rows[1].0, rows[1].1, rows[1].2.as_str()), (2, 7, "effect_executed"));
@@ -208,9 +238,12 @@ fn a_corrupt_tail_is_cut_at_the_last_complete_record_and_reported() {
     let store = SqliteStore::open(root.path()).unwrap();
     append(&store, events(1, 4)).unwrap();
     append(&store, events(2, 4)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
     append(&store, events(3, 2)).unwrap();
     store.close().unwrap();
-    // A torn write: the last two rows hold garbage.
+    restore_mark(root.path(), &mark);
+    // Damage from outside above the mark: the last two rows hold garbage.
     db(root.path()).execute("UPDATE events SET body = '{\"event\":\"rea' WHERE lsn >= 9", []).unwrap();
 
     let store = SqliteStore::open(root.path()).unwrap();
@@ -229,15 +262,19 @@ fn a_corrupt_tail_is_cut_at_the_last_complete_record_and_reported() {
     assert_eq!(kept, 2);
     let store = SqliteStore::open(root.path()).unwrap();
     assert!(store.open_report().cut_rows.is_empty());
-    assert_eq!(store.verify().unwrap(), 9);
+    assert_eq!(store.verify().unwrap().rows, 9);
 }
 
 #[test]
 fn a_row_whose_columns_disagree_with_its_body_counts_as_corrupt() {
     let root = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
-    append(&store, events(1, 3)).unwrap();
+    append(&store, events(1, 2)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
+    append(&store, events(1, 1)).unwrap();
     store.close().unwrap();
+    restore_mark(root.path(), &mark);
     db(root.path()).execute("UPDATE events SET kind = 'sealed' WHERE lsn = 3", []).unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
     assert_eq!(store.open_report().cut_rows.len(), 1);
@@ -279,8 +316,12 @@ fn corruption_in_the_middle_is_an_error_naming_the_lsn() {
 fn a_tail_longer_than_max_tail_cut_is_refused_not_cut() {
     let root = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
-    append(&store, events(1, 10)).unwrap();
+    append(&store, events(1, 4)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
+    append(&store, events(1, 6)).unwrap();
     store.close().unwrap();
+    restore_mark(root.path(), &mark);
     db(root.path()).execute("UPDATE events SET body = 'x' WHERE lsn >= 5", []).unwrap();
     let err = SqliteStore::open_with(root.path(), Options { max_tail_cut: 3, ..Options::default() }).unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { lsn: 5, .. }), "{err:?}");
@@ -377,7 +418,7 @@ fn a_crash_at_a_sync_drops_the_unsynced_batches() {
 
     let store = SqliteStore::open(root.path()).unwrap();
     assert_eq!(all(&store), [events(1, 3), events(2, 2)].concat());
-    assert_eq!(store.verify().unwrap(), 5);
+    assert_eq!(store.verify().unwrap().rows, 5);
 }
 
 #[test]
@@ -463,7 +504,7 @@ fn acknowledged_batches_survive_a_crash_at_every_sync_and_only_whole_batches_do(
                 assert!(first > last, "crash at sync {crash_at}: batch {first}..={lsn} survived in part");
             }
         }
-        assert_eq!(store.verify().unwrap(), last);
+        assert_eq!(store.verify().unwrap().rows, last);
     }
 }
 

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use parking_lot::Mutex;
 use tidegate_core::Event;
 
-use crate::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
+use crate::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
 
 /// Where a [`FaultyStore`] crashes. `None` never crashes there.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -208,6 +208,11 @@ impl<S: LedgerStore> LedgerStore for FaultyStore<S> {
 
     fn last_lsn(&self) -> Lsn {
         self.last.load(Ordering::Acquire)
+    }
+
+    /// The inner store's: the wrapper appends through it.
+    fn ownership(&self) -> Ownership {
+        self.inner.ownership()
     }
 
     fn scan(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(), StoreError> {

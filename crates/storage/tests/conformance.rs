@@ -2,12 +2,12 @@
 
 #![allow(clippy::unwrap_used)] // tests unwrap by design
 
-use tidegate_storage::conformance::{self, Reopenable};
+use tidegate_storage::conformance::{self, Owned, Reopenable};
 use tidegate_storage::{FaultOptions, FaultyStore, LedgerStore, MemoryStore};
 
 #[test]
 fn memory_store_conforms() {
-    conformance::run_all(MemoryStore::new);
+    conformance::run_all(Owned::new(MemoryStore::new, |s: &MemoryStore| Ok(s.take_over())));
 }
 
 /// The fault-injecting wrapper with no faults configured is itself a conforming store; its
