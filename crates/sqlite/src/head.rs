@@ -169,6 +169,11 @@ impl HeadFile {
         Ok(HeadFile { file, path, last })
     }
 
+    /// The LSN of the newest mark written.
+    pub(crate) fn lsn(&self) -> Lsn {
+        self.last.lsn
+    }
+
     /// Records that every event up to `lsn` (chain value `chain`) is durable, and syncs it.
     pub(crate) fn advance(&mut self, lsn: Lsn, chain: Chain) -> Result<(), StoreError> {
         let mark = Mark { id: self.last.id, seq: self.last.seq + 1, lsn, chain };

@@ -727,10 +727,20 @@ impl SqliteStore {
             let mut dst = open::connect(&dest_db, Access::Write)?;
             let backup = rusqlite::backup::Backup::new(src, &mut dst)
                 .map_err(|e| crate::error::database("start the backup", &dest_db, e))?;
-            backup
-                .run_to_completion(-1, std::time::Duration::from_millis(10), None)
-                .map_err(|e| crate::error::database("copy the ledger", &dest_db, e))?;
-            Ok(())
+            // All pages in one step, so the copy is one snapshot of the source; a busy or
+            // locked database is retried for a while, then reported.
+            for _ in 0..500 {
+                match backup.step(-1).map_err(|e| crate::error::database("copy the ledger", &dest_db, e))? {
+                    rusqlite::backup::StepResult::Done => return Ok(()),
+                    _ => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+            Err(StoreError::Database {
+                op: "copy the ledger",
+                path: dest_db.clone(),
+                retryable: true,
+                source: "the source stayed busy or locked for 5 s".into(),
+            })
         })?;
         let dst = open::connect(&dest_db, Access::Write)?;
         let kind = open::inspect(&dst, &dest_db)?;

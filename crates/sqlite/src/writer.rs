@@ -93,8 +93,16 @@ pub(super) struct State {
     pub(super) oldest: Option<Instant>,
     /// The highest LSN a waiter is waiting for.
     pub(super) wanted: Lsn,
-    /// Every event up to here is committed (mirrored in [`Shared::durable`]).
+    /// Every event up to here is durable: committed and marked (mirrored in
+    /// [`Shared::durable`]).
     pub(super) durable: Lsn,
+    /// Every event up to here is committed to SQLite (the high-water mark may lag).
+    pub(super) committed: Lsn,
+    /// The newest commit not yet marked: its last LSN, chain value and the newest checkpoint
+    /// request it wrote. The marker takes the newest one (marks coalesce).
+    pub(super) to_mark: Option<(Lsn, Chain, u64)>,
+    /// The writer has exited; the marker drains `to_mark` and exits too.
+    pub(super) writer_done: bool,
     pub(super) appends: u64,
     pub(super) syncs: u64,
     /// High-water marks written (one per commit that added rows).
@@ -127,6 +135,8 @@ pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     /// The writer waits here for work.
     pub(super) work: Condvar,
+    /// The marker waits here for a commit to mark.
+    pub(super) marking: Condvar,
     /// `put_checkpoint` waits here for its checkpoint to be written (or the store to fail).
     pub(super) checkpointed: Condvar,
     /// Every event up to here is durable; read without the lock by `is_durable`.
@@ -140,8 +150,9 @@ pub(super) struct Shared {
 impl Shared {
     pub(super) fn new(path: PathBuf, last: Lsn) -> Shared {
         Shared {
-            state: Mutex::new(State { durable: last, ..State::default() }),
+            state: Mutex::new(State { durable: last, committed: last, ..State::default() }),
             work: Condvar::new(),
+            marking: Condvar::new(),
             checkpointed: Condvar::new(),
             durable: AtomicU64::new(last),
             last: AtomicU64::new(last),
@@ -162,9 +173,11 @@ impl Shared {
         st.queued_rows = 0;
         st.oldest = None;
         st.checkpoint = None;
+        st.to_mark = None;
         let wakers = std::mem::take(&mut st.wakers);
         drop(st);
         self.work.notify_all();
+        self.marking.notify_all();
         self.checkpointed.notify_all();
         wakers.into_values().flatten().for_each(Waker::wake);
         StoreError::Failed { cause }
@@ -182,9 +195,10 @@ pub(super) struct WriterConfig {
     pub(super) token: u64,
     /// The chain value before the first event (for a checkpoint at LSN 0).
     pub(super) genesis: Chain,
-    /// The chain value at the durable LSN.
+    /// The chain value at the committed LSN.
     pub(super) chain: Chain,
-    pub(super) head: HeadFile,
+    /// Taken by the marker thread when the writer starts.
+    pub(super) head: Option<HeadFile>,
 }
 
 impl WriterConfig {
@@ -204,7 +218,7 @@ impl WriterConfig {
             token,
             genesis: chain.0,
             chain: chain.1,
-            head,
+            head: Some(head),
         }
     }
 }
@@ -224,12 +238,39 @@ impl Drop for ExitGuard<'_> {
     }
 }
 
-/// The writer thread's body: commits queued batches until the store closes or fails. On a
-/// clean close it folds the write-ahead log into the database before its connection (the last
-/// one) closes.
+/// The writer thread's body: commits queued batches until the store closes or fails, while
+/// a marker thread advances the high-water mark behind it (so the mark's sync of commit k
+/// overlaps the SQLite commit of k + 1). On a clean close it folds the write-ahead log into
+/// the database before its connection (the last one) closes.
+///
+/// ```text
+///  writer:  commit k ─┬─ commit k+1 ─┬─ ...          committed = last(k), to_mark = k
+///  marker:            └─ mark k ─────┴─ mark k+1      durable = last(k); wake waiters ≤ it
+/// ```
 pub(super) fn run(shared: &Shared, mut conn: Connection, mut cfg: WriterConfig) {
     let _guard = ExitGuard(shared);
-    commit_loop(shared, &mut conn, &mut cfg);
+    let head = cfg.head.take();
+    std::thread::scope(|s| {
+        let marker = head.map(|head| {
+            std::thread::Builder::new()
+                .name("tidegate-ledger-marker".into())
+                .spawn_scoped(s, move || mark_loop(shared, head))
+        });
+        commit_loop(shared, &mut conn, &mut cfg);
+        shared.state.lock().writer_done = true;
+        shared.marking.notify_all();
+        let failed = match marker {
+            Some(Ok(handle)) => handle.join().err().map(|_| StoreError::Io {
+                op: "mark the ledger",
+                source: std::io::Error::other("the marker thread panicked"),
+            }),
+            Some(Err(e)) => Some(StoreError::Io { op: "start the ledger marker thread", source: e }),
+            None => None,
+        };
+        if let Some(e) = failed {
+            shared.fail(shared.state.lock(), e);
+        }
+    });
     let closed_cleanly = {
         let st = shared.state.lock();
         st.failed.is_none() && st.closing
@@ -238,6 +279,55 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, mut cfg: WriterConfig) 
         // TRUNCATE: every frame copied into ledger.db and synced, the log emptied; SQLite
         // removes it when this connection closes.
         let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    }
+}
+
+/// The marker thread's body: for the newest commit not yet marked, writes and syncs the
+/// high-water mark, then publishes the commit as durable and wakes its waiters.
+fn mark_loop(shared: &Shared, mut head: HeadFile) {
+    loop {
+        let mut st = shared.state.lock();
+        let (lsn, chain, checkpoint) = loop {
+            if st.failed.is_some() {
+                return;
+            }
+            if let Some(m) = st.to_mark.take() {
+                break m;
+            }
+            if st.writer_done {
+                return;
+            }
+            shared.marking.wait(&mut st);
+        };
+        drop(st);
+        let marked = if lsn > head.lsn() { head.advance(lsn, chain).map(|()| true) } else { Ok(false) };
+        let mut st = shared.state.lock();
+        if st.failed.is_some() {
+            return;
+        }
+        match marked {
+            Ok(wrote) => {
+                if wrote {
+                    st.marks += 1;
+                }
+                debug_assert!(lsn >= st.durable, "durability went backwards");
+                st.durable = lsn;
+                shared.durable.store(lsn, Ordering::Release);
+                st.inflight.retain(|b| b.last() > lsn);
+                if checkpoint > st.checkpoint_written {
+                    st.checkpoint_written = checkpoint;
+                    shared.checkpointed.notify_all();
+                }
+                let later = st.wakers.split_off(&(lsn + 1));
+                let ready = std::mem::replace(&mut st.wakers, later);
+                drop(st);
+                ready.into_values().flatten().for_each(Waker::wake);
+            }
+            Err(e) => {
+                shared.fail(st, e);
+                return;
+            }
+        }
     }
 }
 
@@ -262,7 +352,7 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
             };
             if st.closing
                 || st.checkpoint.is_some()
-                || st.wanted > st.durable
+                || st.wanted > st.committed
                 || st.queued_rows >= cfg.max_batch_rows
                 || due_at.is_some_and(|t| t <= Instant::now())
             {
@@ -284,21 +374,11 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
             shared.fail(st, StoreError::InjectedCrash { what: "sync", n });
             return;
         }
-        st.inflight.clone_from(&batches);
+        // Kept visible to `scan` until the marker publishes them as durable.
+        st.inflight.extend(batches.iter().cloned());
         drop(st);
 
         let written = commit(conn, &batches, checkpoint.as_ref().map(|(_, l, b)| (*l, &**b)), cfg);
-        // The high-water mark follows the commit, before anyone hears of it.
-        let written = match written {
-            Ok(chain) => match batches.last() {
-                Some(b) => cfg.head.advance(b.last(), chain).map(|()| {
-                    cfg.chain = chain;
-                    true
-                }),
-                None => Ok(false),
-            },
-            Err(e) => Err(e),
-        };
 
         let mut st = shared.state.lock();
         if st.failed.is_some() {
@@ -306,24 +386,17 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
             return;
         }
         match written {
-            Ok(marked) => {
-                if marked {
-                    st.marks += 1;
-                }
-                let durable = batches.last().map_or(st.durable, |b| b.last());
-                debug_assert!(durable >= st.durable, "durability went backwards");
-                st.durable = durable;
-                shared.durable.store(durable, Ordering::Release);
-                st.inflight.clear();
+            Ok(chain) => {
+                cfg.chain = chain;
+                let committed = batches.last().map_or(st.committed, |b| b.last());
+                st.committed = committed;
                 st.syncs += 1;
-                if let Some((seq, _, _)) = checkpoint {
-                    st.checkpoint_written = st.checkpoint_written.max(seq);
-                    shared.checkpointed.notify_all();
-                }
-                let later = st.wakers.split_off(&(durable + 1));
-                let ready = std::mem::replace(&mut st.wakers, later);
+                // The high-water mark follows the commit, before anyone hears of it.
+                let ck = checkpoint.map_or(0, |(seq, _, _)| seq);
+                let ck = st.to_mark.map_or(ck, |(_, _, earlier)| earlier.max(ck));
+                st.to_mark = Some((committed, chain, ck));
                 drop(st);
-                ready.into_values().flatten().for_each(Waker::wake);
+                shared.marking.notify_one();
             }
             Err(e) => {
                 shared.fail(st, e);

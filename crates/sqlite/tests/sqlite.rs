@@ -562,3 +562,218 @@ fn fsync_per_s_measures_a_positive_rate_and_cleans_up() {
     assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
     assert!(matches!(fsync_per_s(root.path(), Duration::ZERO), Err(StoreError::InvalidArgument { .. })));
 }
+
+/// The high-water mark as docs/ledger.md specifies it: two 88-byte slots at offsets 0 and
+/// 4096 (magic, ledger id, seq, lsn, chain, checksum); the newest valid slot counts.
+fn mark_on_disk(dir: &Path) -> (u64, Lsn) {
+    let bytes = std::fs::read(dir.join(tidegate_sqlite::HEAD_FILE)).unwrap();
+    assert_eq!(bytes.len(), 8192);
+    (0..2)
+        .filter_map(|slot| {
+            let b = &bytes[slot * 4096..slot * 4096 + 88];
+            let sum = blake3::hash(&b[..72]);
+            (&b[..8] == b"TGHEAD01" && b[72..88] == sum.as_bytes()[..16]).then(|| {
+                let seq = u64::from_le_bytes(b[24..32].try_into().unwrap());
+                let lsn = u64::from_le_bytes(b[32..40].try_into().unwrap());
+                (seq, lsn)
+            })
+        })
+        .max()
+        .unwrap()
+}
+
+/// No waiter hears "durable" before the high-water mark on disk covers its LSN (the mark is
+/// synced after the SQLite commit and before the wake-up), with concurrent appenders whose
+/// commits and marks overlap.
+#[test]
+fn a_durability_wait_returns_only_after_the_high_water_mark_covers_it() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let store = &store;
+            let dir = root.path();
+            s.spawn(move || {
+                for _ in 0..15 {
+                    let lsn = append(store, events(t, 2)).unwrap();
+                    store.wait_durable(lsn).unwrap();
+                    let (_, marked) = mark_on_disk(dir);
+                    assert!(marked >= lsn, "LSN {lsn} acknowledged with the mark at {marked}");
+                }
+            });
+        }
+    });
+    let stats = store.stats();
+    assert!(stats.marks >= 1 && stats.marks <= stats.syncs, "{stats:?}");
+    store.close().unwrap();
+    assert_eq!(mark_on_disk(root.path()).1, 240, "a clean close leaves the mark at the last LSN");
+}
+
+/// Regression (issue 11): the read-only reader connection closed last, so SQLite never
+/// folded the write-ahead log into ledger.db and most of the ledger lived only in the log.
+#[test]
+fn the_wal_is_folded_into_the_database_on_every_clean_close() {
+    let root = tempfile::tempdir().unwrap();
+    for round in 0..3u64 {
+        let store = SqliteStore::open(root.path()).unwrap();
+        let l = append(&store, events(round, 50)).unwrap();
+        store.wait_durable(l).unwrap();
+        assert_eq!(collect(&store, 1).unwrap().len() as u64, l, "a scan opens a reader connection");
+        store.close().unwrap();
+        assert!(!root.path().join("ledger.db-wal").exists(), "round {round}: the WAL survived a clean close");
+    }
+    // ledger.db alone (with its mark) is the whole ledger.
+    let copy = tempfile::tempdir().unwrap();
+    for f in ["ledger.db", tidegate_sqlite::HEAD_FILE] {
+        std::fs::copy(root.path().join(f), copy.path().join(f)).unwrap();
+    }
+    let store = SqliteStore::open_read_only(copy.path()).unwrap();
+    assert_eq!(store.verify().unwrap().rows, 150);
+}
+
+/// Regression (issue 11): a negative LSN was reported as "LSN 1 is missing".
+#[test]
+fn a_negative_lsn_is_named_as_such() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 5)).unwrap();
+    store.close().unwrap();
+    db(root.path()).execute("UPDATE events SET lsn = -3 WHERE lsn = 2", []).unwrap();
+    let err = SqliteStore::open(root.path()).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("LSN -3") && msg.contains("start at 1"), "{msg}");
+    assert!(!msg.contains("LSN 1 is missing"), "{msg}");
+}
+
+/// The read-only view writes nothing: the database and the mark keep their bytes, the
+/// versions of an older ledger stay as they are, a corrupt tail is reported, not cut.
+#[test]
+fn opening_read_only_changes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 4)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
+    append(&store, events(2, 3)).unwrap();
+    store.close().unwrap();
+    restore_mark(root.path(), &mark);
+    db(root.path()).execute("UPDATE events SET body = 'torn' WHERE lsn = 7", []).unwrap();
+    let before = (std::fs::read(root.path().join("ledger.db")).unwrap(), save_mark(root.path()));
+    let ro = SqliteStore::open_read_only(root.path()).unwrap();
+    let report = ro.open_report().clone();
+    assert!(report.read_only && report.chained);
+    assert_eq!((report.last_lsn, report.acknowledged_lsn), (6, 4));
+    assert_eq!(report.cut_rows.iter().map(|c| c.lsn).collect::<Vec<_>>(), vec![7]);
+    assert!(report.to_string().contains("a writing open would cut"), "{report}");
+    assert_eq!(collect(&ro, 1).unwrap().len(), 6, "the damaged tail is not shown");
+    assert!(matches!(append(&ro, events(3, 1)), Err(StoreError::ReadOnly { .. })));
+    assert!(matches!(ro.put_checkpoint(1, b"x"), Err(StoreError::ReadOnly { .. })));
+    drop(ro);
+    assert_eq!(std::fs::read(root.path().join("ledger.db")).unwrap(), before.0, "ledger.db changed");
+    assert_eq!(save_mark(root.path()), before.1, "ledger.head changed");
+    assert!(!root.path().join("LOCK").exists() || std::fs::read(root.path().join("LOCK")).is_ok());
+}
+
+/// A missing directory is an error naming it, for a read-only open and for a writing open
+/// that may not create; nothing is created.
+#[test]
+fn a_missing_data_directory_is_an_error_naming_it_never_a_new_ledger() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("typo");
+    for err in [
+        SqliteStore::open_read_only(&dir).unwrap_err(),
+        SqliteStore::open_with(&dir, Options { create: false, ..Options::default() }).unwrap_err(),
+    ] {
+        assert!(err.to_string().contains(&dir.display().to_string()), "{err}");
+        assert!(!err.retryable() || matches!(err, StoreError::File { .. }));
+    }
+    assert!(!dir.exists(), "nothing was created");
+    std::fs::create_dir(&dir).unwrap();
+    let err = SqliteStore::open_read_only(&dir).unwrap_err();
+    assert!(matches!(err, StoreError::NotALedger { .. }) && err.to_string().contains("no ledger.db"), "{err}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing was created");
+}
+
+/// The high-water mark refuses what looks whole: a ledger whose mark was deleted, and one
+/// given another ledger's mark.
+#[test]
+fn a_missing_or_foreign_high_water_mark_is_refused() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    for dir in [a.path(), b.path()] {
+        let store = SqliteStore::open(dir).unwrap();
+        append(&store, events(1, 3)).unwrap();
+        store.close().unwrap();
+    }
+    std::fs::copy(b.path().join(tidegate_sqlite::HEAD_FILE), a.path().join(tidegate_sqlite::HEAD_FILE)).unwrap();
+    let err = SqliteStore::open(a.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Unprovable { .. }) && err.to_string().contains("another ledger"), "{err}");
+    std::fs::remove_file(a.path().join(tidegate_sqlite::HEAD_FILE)).unwrap();
+    let err = SqliteStore::open_read_only(a.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Unprovable { .. }) && err.to_string().contains("missing"), "{err}");
+    assert!(!err.retryable());
+}
+
+/// A backup taken while the store appends is a consistent, verified ledger of its own that
+/// holds at least everything acknowledged when it started.
+#[test]
+fn a_backup_taken_while_appending_is_whole_and_verifies() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path().join("src")).unwrap();
+    let l = append(&store, events(1, 100)).unwrap();
+    store.wait_durable(l).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the appender however the backup ends (a panic included), so the scope joins.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let report = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut t = 2;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let l = append(&store, events(t, 3)).unwrap();
+                store.wait_durable(l).unwrap();
+                t += 1;
+            }
+        });
+        let _stop = Stop(&stop);
+        store.backup(root.path().join("copy"))
+    });
+    let report = report.unwrap();
+    assert!(report.last_lsn >= report.acknowledged_lsn && report.acknowledged_lsn >= 100, "{report:?}");
+    let copy = SqliteStore::open_read_only(root.path().join("copy")).unwrap();
+    assert_eq!(copy.verify().unwrap().rows, report.last_lsn);
+    let original: Vec<Event> = all(&store)[..report.last_lsn as usize].to_vec();
+    assert_eq!(all(&copy), original, "the copy is a prefix of the ledger");
+    drop(copy);
+    // The copy opens for writing as a ledger of its own; a second backup into it is refused.
+    let reopened = SqliteStore::open(root.path().join("copy")).unwrap();
+    assert_eq!(reopened.last_lsn(), report.last_lsn);
+    assert!(matches!(store.backup(root.path().join("copy")), Err(StoreError::InvalidArgument { .. })));
+}
+
+/// A last row rewritten with a correctly recomputed chain value still differs from the one the
+/// high-water mark recorded: refused, naming the LSN.
+#[test]
+fn a_rewritten_last_row_with_a_recomputed_chain_is_refused_by_the_mark() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 5)).unwrap();
+    store.close().unwrap();
+    let conn = db(root.path());
+    let prev: Vec<u8> = conn.query_row("SELECT chain FROM events WHERE lsn = 4", [], |r| r.get(0)).unwrap();
+    let forged = serde_json::to_string(&event(9, 9)).unwrap();
+    let chain = Chain::from_slice(&prev).unwrap().next(5, forged.as_bytes());
+    conn.execute(
+        "UPDATE events SET body = ?1, tx = 9, chain = ?2 WHERE lsn = 5",
+        rusqlite::params![forged, &chain.0[..]],
+    )
+    .unwrap();
+    drop(conn);
+    let err = SqliteStore::open(root.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { lsn: 5, .. }), "{err:?}");
+    assert!(err.to_string().contains("not the one acknowledged"), "{err}");
+}
