@@ -7,7 +7,7 @@ use anyhow::Context;
 use tidegate_core::engine::Replay;
 use tidegate_core::{CoreConfig, Event, ScopeRegistry, Timestamp, TxId};
 use tidegate_sqlite::SqliteStore;
-use tidegate_storage::{LedgerStore, Lsn};
+use tidegate_storage::{LedgerStore, Lsn, wire};
 
 use crate::data_dir::DataDir;
 
@@ -75,7 +75,7 @@ fn parse_tx(s: &str) -> anyhow::Result<TxId> {
 }
 
 fn line(lsn: Lsn, e: &Event) -> String {
-    let body = serde_json::to_value(e).unwrap_or_default();
+    let body = wire::to_value(e).unwrap_or_else(|err| serde_json::json!({ "event": "?", "error": err.to_string() }));
     let kind = body["event"].as_str().unwrap_or("?").to_owned();
     let mut rest = body;
     if let Some(o) = rest.as_object_mut() {
@@ -178,7 +178,13 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let mut err = None;
             store.scan(1, &mut |lsn, e| {
-                let mut v = serde_json::to_value(e).unwrap_or_default();
+                let mut v = match wire::to_value(e) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        err = Some(std::io::Error::other(e));
+                        return false;
+                    }
+                };
                 if let Some(o) = v.as_object_mut() {
                     o.insert("lsn".into(), lsn.into());
                 }
@@ -200,7 +206,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             let (mut txs, mut committed, mut aborted, mut last) = (0u64, 0u64, 0u64, 0);
             store.scan(1, &mut |lsn, e| {
                 last = lsn;
-                let v = serde_json::to_value(e).unwrap_or_default();
+                let v = wire::to_value(e).unwrap_or_default();
                 *kinds.entry(v["event"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
                 match e {
                     Event::Begin { .. } => txs += 1,

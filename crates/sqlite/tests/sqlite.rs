@@ -123,7 +123,7 @@ fn schema_and_record_format_match_the_ledger_doc() {
     assert_eq!(rows.len(), 2);
     assert_eq!((rows[0].0, rows[0].1, rows[0].2.as_str()), (1, 7, "read"));
     assert_eq!((rows[1].0, rows[1].1, rows[1].2.as_str()), (2, 7, "effect_executed"));
-    assert_eq!(rows[1].3, serde_json::to_string(&executed).unwrap());
+    assert_eq!(rows[1].3, tidegate_storage::wire::encode(0, &executed).unwrap());
     assert_eq!(rows[1].3, r#"{"event":"effect_executed","tx":7,"effect":2,"output":"ok"}"#);
 }
 
@@ -765,7 +765,7 @@ fn a_rewritten_last_row_with_a_recomputed_chain_is_refused_by_the_mark() {
     store.close().unwrap();
     let conn = db(root.path());
     let prev: Vec<u8> = conn.query_row("SELECT chain FROM events WHERE lsn = 4", [], |r| r.get(0)).unwrap();
-    let forged = serde_json::to_string(&event(9, 9)).unwrap();
+    let forged = tidegate_storage::wire::encode(0, &event(9, 9)).unwrap();
     let chain = Chain::from_slice(&prev).unwrap().next(5, forged.as_bytes());
     conn.execute(
         "UPDATE events SET body = ?1, tx = 9, chain = ?2 WHERE lsn = 5",

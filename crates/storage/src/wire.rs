@@ -1,12 +1,40 @@
-//! The ledger's record format, shared by every backend: how an event is encoded as the bytes a
-//! backend stores, and the hash chain over those bytes.
+//! The ledger's record format, owned here and shared by every backend: how an event is
+//! encoded as the bytes a backend stores, and the hash chain over those bytes. The engine's
+//! [`Event`] is a plain engine type; its stored form is specified on this page (the normative
+//! copy; `docs/ledger.md` repeats it) and implemented by private record types that borrow from
+//! the event when encoding, so appending clones nothing.
 //!
 //! # Record
 //!
-//! A stored event is its JSON object with the `"event"` tag first, e.g.
+//! A stored event is one JSON object with its kind in `"event"` first, e.g.
 //! `{"event":"effect_executed","tx":7,"effect":2,"output":"ok"}`, produced by [`encode`] and
-//! read by [`decode`]. The format version is [`LEDGER_FORMAT_VERSION`]; see `docs/ledger.md`
-//! for the rule for adding fields.
+//! read by [`decode`]. Integers are JSON numbers (`u64`, effect ids `u32`); `?` marks a field
+//! written only when present (read as absent/false when missing).
+//!
+//! | `event` | fields, in order |
+//! | --- | --- |
+//! | `begin` | `tx`, `epoch`, `agent` (string), `group`?, `may_touch`? (list of scopes; absent: undeclared), `lease_until` (ns on the engine clock) |
+//! | `read` | `tx`, `scope`, `version` |
+//! | `effect_recorded` | `tx`, `effect`, `tool`, `class` (`reversible`, `reversible_with_cost`, `bufferable`, `gated`, `idempotent`), `scopes`, `key`, `args` (any JSON), `compensable`, `adapter_key`? |
+//! | `effect_executed` | `tx`, `effect`, `output` (any JSON; registers the compensation) |
+//! | `effect_failed` | `tx`, `effect`, `error`, `unknown` |
+//! | `sealed` | `tx` |
+//! | `decided` | `tx`, `commit`, `stamp`? (commits), `reason`? (aborts: an object tagged by `kind`: `tool_failed`, `release_failed`, `vetoed`, `lost_branch`, `stale_read`, `lease_expired`, `wait_timeout`, `protocol_violation`, `explicit`, `write_conflict`, `lock_conflict`, `cascading_abort`, `phantom_tool`, with their fields) |
+//! | `release_started` | `tx`, `effect` |
+//! | `released` | `tx`, `effect`, `output`?, `error`?, `unknown`? |
+//! | `compensated` | `tx`, `effect`, `residue`?, `error`? |
+//! | `settled` | `tx`, `committed`, `effects`: list of `[effect, disposition, tag]` (dispositions `accepted`, `applied`, `fired`, `discarded`, `compensated`, `compensation_failed`, `not_compensable`, `release_failed`, `not_released`, `unknown`, `replayed`; tags `clean`, `leaked`, `unresolved`, `partial-commit`) |
+//! | `tool_changed` | `tool`, `version`, `present` (engine-wide: no transaction; its `tx` is 0) |
+//!
+//! # Version and the rule for adding fields
+//!
+//! The format version is [`LEDGER_FORMAT_VERSION`] (1, the first; 2 added `tool_changed`).
+//! Within one version, fields may only be *added*, and must be optional (absent in older
+//! records reads as a default), so older ledgers still read; removing a field, changing its
+//! meaning or shape, or adding an event kind (or class, disposition, tag, abort reason) older
+//! readers must understand bumps the version, and readers refuse a ledger whose version is
+//! newer than theirs. An engine `Event` (or enum value) with no record form fails the append
+//! with [`StoreError::Encode`] instead of writing something older readers misread.
 //!
 //! # Chain
 //!
@@ -28,6 +56,10 @@ use std::fmt;
 use tidegate_core::Event;
 
 use crate::{Lsn, StoreError};
+
+mod record;
+
+use record::Record;
 
 /// The ledger format version written by this build (the `format_version` a backend stores).
 /// History: 1, the first; 2 adds the `tool_changed` event (the versioned tool registry).
@@ -85,7 +117,8 @@ impl fmt::Debug for Chain {
 /// Encodes `event` as the bytes a backend stores (the `index`-th event of its batch, for the
 /// error). Fails with [`StoreError::Encode`] if it cannot be represented.
 pub fn encode(index: usize, event: &Event) -> Result<String, StoreError> {
-    let body = serde_json::to_string(event).map_err(|e| StoreError::Encode { index, detail: e.to_string() })?;
+    let record = Record::of(event).map_err(|detail| StoreError::Encode { index, detail })?;
+    let body = serde_json::to_string(&record).map_err(|e| StoreError::Encode { index, detail: e.to_string() })?;
     if kind_range(&body).is_none() {
         return Err(StoreError::Encode {
             index,
@@ -97,7 +130,15 @@ pub fn encode(index: usize, event: &Event) -> Result<String, StoreError> {
 
 /// Decodes a stored event; the error says what is wrong, with a preview of the text.
 pub fn decode(text: &str) -> Result<Event, String> {
-    serde_json::from_str(text).map_err(|e| format!("body does not decode as an event ({e}): {}", preview(text)))
+    serde_json::from_str::<Record<'_>>(text)
+        .map(Record::into_event)
+        .map_err(|e| format!("body does not decode as an event ({e}): {}", preview(text)))
+}
+
+/// The record of `event` as a JSON value (for tools that show or export the ledger).
+pub fn to_value(event: &Event) -> Result<serde_json::Value, StoreError> {
+    let record = Record::of(event).map_err(|detail| StoreError::Encode { index: 0, detail })?;
+    serde_json::to_value(&record).map_err(|e| StoreError::Encode { index: 0, detail: e.to_string() })
 }
 
 /// The `"event"` tag of an encoded event. The tag is written first, so it is found without
