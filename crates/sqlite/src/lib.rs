@@ -288,6 +288,9 @@ pub struct SqliteStore {
     read_only: bool,
     /// The ledger's identity (`None`: a schema-1 ledger opened read-only, without a chain).
     id: Option<LedgerId>,
+    /// Rows from this LSN on were verified at open (or written by this store): a scan checks
+    /// the chain only below it.
+    checked_from: Lsn,
     access: Access,
     ownership: Ownership,
     crash_after_appends: Option<u64>,
@@ -416,6 +419,7 @@ impl SqliteStore {
             writer: None,
             read_only: true,
             id,
+            checked_from: v.checked_from,
             access,
             ownership: Ownership { stream, token: 0 },
             crash_after_appends: None,
@@ -470,7 +474,6 @@ impl SqliteStore {
             }
             std::fs::create_dir_all(dir).map_err(|e| crate::error::file("create the data directory", dir, e))?;
         }
-        let lock = if hooks.ignore_dir_lock { None } else { Some(open::lock_dir(dir)?) };
         let path = dir.join(DB_FILE);
         if !opts.create && !path.is_file() {
             return Err(StoreError::NotALedger {
@@ -478,6 +481,7 @@ impl SqliteStore {
                 detail: format!("there is no {DB_FILE} in {}", dir.display()),
             });
         }
+        let lock = if hooks.ignore_dir_lock { None } else { Some(open::lock_dir(dir)?) };
         let found = head::read(dir)?;
         let mut conn = open::connect(&path, Access::Write)?;
         let kind = open::inspect(&conn, &path)?;
@@ -589,6 +593,7 @@ impl SqliteStore {
             writer: Some(writer),
             read_only: false,
             id: Some(id),
+            checked_from: v.checked_from,
             access: Access::Read,
             ownership: Ownership { stream, token },
             crash_after_appends: hooks.crash_after_appends,
@@ -835,6 +840,8 @@ impl SqliteStore {
             let db = |op| move |e| crate::error::database(op, path, e);
             let mut prev = match self.id {
                 None => None,
+                // Verified at open, or written by this store.
+                Some(_) if from >= self.checked_from => None,
                 Some(id) if from <= 1 => Some(Chain::genesis(&id)),
                 Some(_) => {
                     let stored: Option<Option<Vec<u8>>> = conn
@@ -875,7 +882,7 @@ impl SqliteStore {
                 if let Some(p) = prev {
                     let (c, linked) = open::check_chain(&p, next, bytes, row.get_ref(4).map_err(db("scan"))?);
                     linked.map_err(|detail| StoreError::Corrupt { lsn: next, detail })?;
-                    prev = Some(c);
+                    prev = if next + 1 >= self.checked_from { None } else { Some(c) };
                 }
                 next += 1;
                 if !visit(lsn as Lsn, &event) {

@@ -459,6 +459,9 @@ pub(crate) struct Verified {
     /// A corrupt tail above the high-water mark, to cut (or, read-only, to hide).
     pub(crate) bad: Vec<CutRow>,
     pub(crate) notes: Vec<String>,
+    /// The first LSN whose row (and chain value) was checked: every row from here on is
+    /// verified.
+    pub(crate) checked_from: Lsn,
 }
 
 /// The stored chain value of the row at `lsn`.
@@ -577,6 +580,7 @@ pub(crate) fn verify_rows(conn: &Connection, path: &Path, check: &Check) -> Resu
     if from > max {
         from = max + 1;
     }
+    out.checked_from = from;
     {
         let mut stmt = conn
             .prepare(if chained {

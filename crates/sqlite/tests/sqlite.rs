@@ -691,6 +691,8 @@ fn a_missing_data_directory_is_an_error_naming_it_never_a_new_ledger() {
     std::fs::create_dir(&dir).unwrap();
     let err = SqliteStore::open_read_only(&dir).unwrap_err();
     assert!(matches!(err, StoreError::NotALedger { .. }) && err.to_string().contains("no ledger.db"), "{err}");
+    let err = SqliteStore::open_with(&dir, Options { create: false, ..Options::default() }).unwrap_err();
+    assert!(matches!(err, StoreError::NotALedger { .. }), "{err}");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing was created");
 }
 
@@ -776,4 +778,25 @@ fn a_rewritten_last_row_with_a_recomputed_chain_is_refused_by_the_mark() {
     let err = SqliteStore::open(root.path()).unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { lsn: 5, .. }), "{err:?}");
     assert!(err.to_string().contains("not the one acknowledged"), "{err}");
+}
+
+/// A crash between a group commit and its mark leaves rows above the mark: they are durable,
+/// not acknowledged; open accepts them and marks them.
+#[test]
+fn rows_committed_after_the_last_mark_are_accepted_and_marked_at_open() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 3)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
+    append(&store, events(2, 4)).unwrap();
+    store.close().unwrap();
+    restore_mark(root.path(), &mark);
+    assert_eq!(mark_on_disk(root.path()).1, 3);
+    let store = SqliteStore::open(root.path()).unwrap();
+    let report = store.open_report();
+    assert_eq!((report.acknowledged_lsn, report.last_lsn), (3, 7));
+    assert!(report.cut_rows.is_empty());
+    assert_eq!(mark_on_disk(root.path()).1, 7, "the open marked the durable rows");
+    assert_eq!(all(&store), [events(1, 3), events(2, 4)].concat());
 }
