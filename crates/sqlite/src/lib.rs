@@ -7,8 +7,8 @@
 //! last acknowledged LSN and its chain value, so a ledger that lost, reordered or changed
 //! acknowledged events is refused at open, never replayed as if whole. The record format,
 //! the schema, the guarantees and their limits and the upgrade rule are specified in
-//! `docs/ledger.md`. With the cargo feature `test-hooks`, [`TestHooks`] and
-//! [`SqliteStore::crash_now`] inject crashes for tests; production builds have neither.
+//! `docs/ledger.md`. With the cargo feature `test-hooks`, `TestHooks` and
+//! `SqliteStore::crash_now` inject crashes for tests; production builds have neither.
 
 #![deny(missing_docs)]
 

@@ -9,12 +9,12 @@
 //!   the N-th append or sync, for crash tests.
 //!
 //! Durable backends are sibling crates that implement [`LedgerStore`] and pass the same
-//! [`conformance`] suite: `tidegate-sqlite` (the embedded default: SQLite in WAL mode with
+//! `conformance` suite: `tidegate-sqlite` (the embedded default: SQLite in WAL mode with
 //! group commit, in a data directory) today, a PostgreSQL backend later. A user of the
 //! contract compiles no database.
 //!
 //! [`fsync_per_s`] measures the disk's physical sync rate, the ceiling a durable store is
-//! compared against. With the `conformance` feature, [`conformance`] is the suite every
+//! compared against. With the `conformance` feature, `conformance` is the suite every
 //! backend must pass. This crate must not know about tools, clocks or the async runtime.
 //! The ledger's record format and the contract are specified in `docs/ledger.md`.
 
