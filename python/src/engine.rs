@@ -74,7 +74,7 @@ fn registry(py: Python<'_>, types: Vec<(String, String, String)>) -> PyResult<Sc
 
 /// Opens the embedded SQLite ledger in `dir`. (The one place that names the SQLite store.)
 fn open_store(dir: &std::path::Path) -> Result<Arc<dyn tidegate_storage::LedgerStore>, Error> {
-    Ok(Arc::new(tidegate_storage::SqliteStore::open(dir).map_err(Error::Store)?))
+    Ok(Arc::new(tidegate_sqlite::SqliteStore::open(dir).map_err(Error::Store)?))
 }
 
 /// The engine: one per `tidegate.open()`.

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use tidegate_storage::SqliteStore;
+use tidegate_sqlite::{Options, SqliteStore, Verify};
 
 /// `--data-dir`, shared by every command that opens the embedded ledger.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,10 +32,31 @@ impl DataDir {
         Ok(PathBuf::from(home).join(".local/share/tidegate"))
     }
 
-    /// Opens the embedded ledger.
+    /// Opens the embedded ledger for writing, creating it if there is none. Every row and the
+    /// whole hash chain are verified first ([`Verify::Full`]), so a command that appends refuses
+    /// a ledger `tidegate ledger verify` would reject.
     pub fn open(&self) -> anyhow::Result<Arc<SqliteStore>> {
+        self.open_with(true)
+    }
+
+    /// Opens an existing ledger for writing; a missing directory or ledger is an error naming
+    /// it.
+    pub fn open_existing(&self) -> anyhow::Result<Arc<SqliteStore>> {
+        self.open_with(false)
+    }
+
+    fn open_with(&self, create: bool) -> anyhow::Result<Arc<SqliteStore>> {
         let dir = self.path()?;
-        let store = SqliteStore::open(&dir).with_context(|| format!("opening the ledger in {}", dir.display()))?;
+        let opts = Options { verify: Verify::Full, create, ..Options::default() };
+        let store =
+            SqliteStore::open_with(&dir, opts).with_context(|| format!("opening the ledger in {}", dir.display()))?;
         Ok(Arc::new(store))
+    }
+
+    /// Opens the ledger read-only (it changes nothing, works on a read-only directory and
+    /// beside a running engine); a missing directory or ledger is an error naming it.
+    pub fn open_read_only(&self) -> anyhow::Result<SqliteStore> {
+        let dir = self.path()?;
+        SqliteStore::open_read_only(&dir).with_context(|| format!("opening the ledger in {} read-only", dir.display()))
     }
 }

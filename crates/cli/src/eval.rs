@@ -1,13 +1,18 @@
 //! `tidegate bench contention|speculation|irreversible|recovery|stress|annotations|all`: the
-//! evaluation harness of `tidegate-eval`, next to the engine micro-benchmarks.
+//! evaluation harness of `tidegate-eval`, next to the engine micro-benchmarks. The harness is
+//! compiled in only with the cargo feature `eval` (it needs tokio's `test-util` for its
+//! virtual clock); without it the workload subcommands say how to get it.
 
 use std::path::PathBuf;
 
+#[cfg(feature = "eval")]
 use anyhow::Context;
+#[cfg(feature = "eval")]
 use tidegate_eval::{Config, Env, WORKLOADS};
 
 /// `tidegate bench ...`: the engine benchmarks and the evaluation workloads.
 #[derive(Debug, clap::Subcommand)]
+#[cfg_attr(not(feature = "eval"), allow(dead_code))]
 pub enum BenchCmd {
     #[command(flatten)]
     Engine(crate::bench::Which),
@@ -29,6 +34,7 @@ pub enum BenchCmd {
 
 /// Options of every evaluation workload.
 #[derive(Debug, clap::Args)]
+#[cfg_attr(not(feature = "eval"), allow(dead_code))]
 pub struct EvalArgs {
     /// Reduced trials (`all --quick` finishes in under two minutes).
     #[arg(long)]
@@ -58,6 +64,19 @@ pub struct EvalArgs {
 }
 
 /// Runs a `tidegate bench` subcommand.
+#[cfg(not(feature = "eval"))]
+pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Engine(which) => crate::bench::run(which),
+        _ => anyhow::bail!(
+            "this tidegate was built without the evaluation harness (cargo feature `eval`); \
+             build it with `cargo build --release -p tidegate --features eval`"
+        ),
+    }
+}
+
+/// Runs a `tidegate bench` subcommand.
+#[cfg(feature = "eval")]
 pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     let (names, args): (Vec<&str>, EvalArgs) = match cmd {
         BenchCmd::Engine(which) => return crate::bench::run(which),

@@ -6,7 +6,8 @@ use std::io::Write;
 use anyhow::Context;
 use tidegate_core::engine::Replay;
 use tidegate_core::{CoreConfig, Event, ScopeRegistry, Timestamp, TxId};
-use tidegate_storage::{LedgerStore, Lsn};
+use tidegate_sqlite::SqliteStore;
+use tidegate_storage::{LedgerStore, Lsn, wire};
 
 use crate::data_dir::DataDir;
 
@@ -24,10 +25,19 @@ pub enum Cmd {
         #[arg(long)]
         last: Option<usize>,
     },
-    /// Check the ledger and the projections rebuilt from it.
+    /// Check the ledger (every row, the hash chain, the high-water mark) and the projections
+    /// rebuilt from it. Read-only; exits non-zero when anything is wrong.
     Verify {
         #[command(flatten)]
         dir: DataDir,
+    },
+    /// Copy the ledger into a new data directory DEST with SQLite's online backup API (a
+    /// consistent copy, also while an engine is writing), then verify the copy.
+    Backup {
+        #[command(flatten)]
+        dir: DataDir,
+        /// The new data directory (must not hold a ledger).
+        dest: std::path::PathBuf,
     },
     /// Every event as JSON Lines (`{"lsn": n, ...event}`).
     Export {
@@ -65,7 +75,7 @@ fn parse_tx(s: &str) -> anyhow::Result<TxId> {
 }
 
 fn line(lsn: Lsn, e: &Event) -> String {
-    let body = serde_json::to_value(e).unwrap_or_default();
+    let body = wire::to_value(e).unwrap_or_else(|err| serde_json::json!({ "event": "?", "error": err.to_string() }));
     let kind = body["event"].as_str().unwrap_or("?").to_owned();
     let mut rest = body;
     if let Some(o) = rest.as_object_mut() {
@@ -100,8 +110,8 @@ fn compare_checkpoint(
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Inspect { dir, tx, last } => {
-            let store = dir.open()?;
-            let events = all(&*store)?;
+            let store = dir.open_read_only()?;
+            let events = all(&store)?;
             let wanted: Vec<TxId> = match tx {
                 Some(t) => vec![parse_tx(&t)?],
                 None => {
@@ -132,59 +142,24 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Verify { dir } => {
-            let store = dir.open()?;
-            println!("{}", store.open_report());
-            let rows = store.verify()?;
-            let (cfg, reg) = (CoreConfig::default(), ScopeRegistry::default());
-            // Replay the whole ledger (streamed); at the stored checkpoint's LSN, the replayed
-            // state must equal the checkpoint's.
-            let checkpoint = store.checkpoint()?;
-            let mut replay = Replay::new(cfg.clone(), reg.clone());
-            let mut failed = None;
-            let mut checked = None;
-            if checkpoint.as_ref().is_some_and(|c| c.lsn == 0) {
-                checked = Some(compare_checkpoint(&replay, checkpoint.as_ref(), &cfg, &reg));
-            }
-            store.scan(1, &mut |lsn, e| {
-                if let Err(err) = replay.apply(e) {
-                    failed = Some(err);
-                    return false;
-                }
-                if checkpoint.as_ref().is_some_and(|c| c.lsn == lsn) {
-                    checked = Some(compare_checkpoint(&replay, checkpoint.as_ref(), &cfg, &reg));
-                }
-                true
-            })?;
-            if let Some(e) = failed {
-                anyhow::bail!("the ledger does not replay: {e}");
-            }
-            match (&checkpoint, checked) {
-                (None, _) => println!("no checkpoint stored (an open replays the whole ledger)"),
-                (Some(c), None) => {
-                    anyhow::bail!("the checkpoint is at LSN {} but the ledger ends at {}", c.lsn, replay.lsn())
-                }
-                (Some(_), Some(Err(e))) => return Err(e),
-                (Some(c), Some(Ok(()))) => println!(
-                    "ok: checkpoint at LSN {} ({} bytes) equals the replay of events 1..={}",
-                    c.lsn,
-                    c.bytes.len(),
-                    c.lsn
-                ),
-            }
-            let (core, rec) = replay.finish(Timestamp(0));
-            core.check_integrity().map_err(|e| anyhow::anyhow!("rebuilt projections are inconsistent: {e}"))?;
+        Cmd::Verify { dir } => verify(&dir.open_read_only()?),
+        Cmd::Backup { dir, dest } => {
+            let store = dir.open_read_only()?;
+            let r = store.backup(&dest).with_context(|| format!("backing up the ledger into {}", dest.display()))?;
             println!(
-                "ok: {rows} events verified; replay rebuilt {} unfinished transaction(s), {} in-doubt call(s), {} commit(s) and {} abort(s) to resume",
-                rec.unfinished,
-                rec.in_doubt.len(),
-                rec.committing.len(),
-                rec.aborting.len()
+                "copied LSN 1..={} ({} bytes) into {} (the source had acknowledged up to LSN {} when the copy began)",
+                r.last_lsn,
+                r.bytes,
+                r.dir.display(),
+                r.acknowledged_lsn
             );
-            Ok(())
+            drop(store);
+            let copy = SqliteStore::open_read_only(&dest)
+                .with_context(|| format!("opening the copy in {} read-only", dest.display()))?;
+            verify(&copy)
         }
         Cmd::Checkpoint { dir } => {
-            let store = dir.open()?;
+            let store = dir.open_existing()?;
             let tg = tidegate_runtime::Tidegate::builder().store(store.clone()).build()?;
             let r = tg.open_report();
             println!(
@@ -199,11 +174,17 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Export { dir, .. } => {
-            let store = dir.open()?;
+            let store = dir.open_read_only()?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let mut err = None;
             store.scan(1, &mut |lsn, e| {
-                let mut v = serde_json::to_value(e).unwrap_or_default();
+                let mut v = match wire::to_value(e) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        err = Some(std::io::Error::other(e));
+                        return false;
+                    }
+                };
                 if let Some(o) = v.as_object_mut() {
                     o.insert("lsn".into(), lsn.into());
                 }
@@ -220,12 +201,12 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Stats { dir } => {
-            let store = dir.open()?;
+            let store = dir.open_read_only()?;
             let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
             let (mut txs, mut committed, mut aborted, mut last) = (0u64, 0u64, 0u64, 0);
             store.scan(1, &mut |lsn, e| {
                 last = lsn;
-                let v = serde_json::to_value(e).unwrap_or_default();
+                let v = wire::to_value(e).unwrap_or_default();
                 *kinds.entry(v["event"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
                 match e {
                     Event::Begin { .. } => txs += 1,
@@ -247,4 +228,71 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `tidegate ledger verify` on an open store: the store's own checks, then a replay of every
+/// event, the checkpoint compared with the replay at its LSN, and the rebuilt projections'
+/// integrity check.
+fn verify(store: &SqliteStore) -> anyhow::Result<()> {
+    println!("{}", store.open_report());
+    let v = store.verify()?;
+    let (cfg, reg) = (CoreConfig::default(), ScopeRegistry::default());
+    // Replay the whole ledger (streamed); at the stored checkpoint's LSN, the replayed
+    // state must equal the checkpoint's.
+    let checkpoint = store.checkpoint()?;
+    let mut replay = Replay::new(cfg.clone(), reg.clone());
+    let mut failed = None;
+    let mut checked = None;
+    if checkpoint.as_ref().is_some_and(|c| c.lsn == 0) {
+        checked = Some(compare_checkpoint(&replay, checkpoint.as_ref(), &cfg, &reg));
+    }
+    store.scan(1, &mut |lsn, e| {
+        if let Err(err) = replay.apply(e) {
+            failed = Some(err);
+            return false;
+        }
+        if checkpoint.as_ref().is_some_and(|c| c.lsn == lsn) {
+            checked = Some(compare_checkpoint(&replay, checkpoint.as_ref(), &cfg, &reg));
+        }
+        true
+    })?;
+    if let Some(e) = failed {
+        anyhow::bail!("the ledger does not replay: {e}");
+    }
+    match (&checkpoint, checked) {
+        (None, _) => println!("no checkpoint stored (an open replays the whole ledger)"),
+        (Some(c), None) => {
+            anyhow::bail!("the checkpoint is at LSN {} but the ledger ends at {}", c.lsn, replay.lsn())
+        }
+        (Some(_), Some(Err(e))) => return Err(e),
+        (Some(c), Some(Ok(()))) => println!(
+            "ok: checkpoint at LSN {} ({} bytes) equals the replay of events 1..={}",
+            c.lsn,
+            c.bytes.len(),
+            c.lsn
+        ),
+    }
+    let (core, rec) = replay.finish(Timestamp(0));
+    core.check_integrity().map_err(|e| anyhow::anyhow!("rebuilt projections are inconsistent: {e}"))?;
+    if v.chained {
+        println!(
+            "ok: {} events verified (every row, the hash chain from the ledger's start, and the high-water mark at \
+             LSN {})",
+            v.rows, v.acknowledged_lsn
+        );
+    } else {
+        println!(
+            "ok: {} events verified (a schema-1 ledger without a hash chain: whether events were lost before this \
+             point cannot be proven; the next open for writing upgrades it)",
+            v.rows
+        );
+    }
+    println!(
+        "replay rebuilt {} unfinished transaction(s), {} in-doubt call(s), {} commit(s) and {} abort(s) to resume",
+        rec.unfinished,
+        rec.in_doubt.len(),
+        rec.committing.len(),
+        rec.aborting.len()
+    );
+    Ok(())
 }

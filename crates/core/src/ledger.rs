@@ -2,11 +2,11 @@
 //!
 //! # Format
 //!
-//! Events serialise as JSON objects tagged by `"event"` (snake_case). The format version is
-//! [`LEDGER_FORMAT_VERSION`]. Rule for changes: within one version, fields may only be *added*
-//! and must be optional (`#[serde(default)]`) so older ledgers still read; removing or changing
-//! the meaning of a field, or adding an event kind older readers must understand, bumps the
-//! version, and readers refuse a ledger whose version is newer than theirs.
+//! [`Event`] is an engine type: it has no serialised form of its own. The ledger's record
+//! format (the bytes a store keeps, their version and the rule for adding fields) is owned by
+//! `tidegate_storage::wire`, which converts events to and from its record types. Adding an
+//! event kind here is also a format change there: until `wire` knows the kind, appending it
+//! fails with an encode error instead of writing something older readers misread.
 //!
 //! A compensation registration is not a separate event: [`Event::EffectExecuted`] carries
 //! everything its compensation needs (the tool named in [`Event::EffectRecorded`], the
@@ -15,22 +15,20 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::effect::{AbortReason, Disposition, EffectClass, Tag};
 use crate::ids::{EffectId, Epoch, GroupId, Timestamp, TxId, Version};
 
-/// The ledger format version written by this build.
+/// The version of the event set this engine writes and understands, recorded in checkpoints.
+/// `tidegate_storage::wire::LEDGER_FORMAT_VERSION` is the same number (asserted at compile
+/// time there): a new event kind is a new format.
 ///
-/// History: 1, the first; 2 adds [`Event::ToolChanged`] (the versioned tool registry), which a
-/// version-1 reader cannot parse. A version-1 ledger is read as is and raised to 2 when opened
-/// for writing.
+/// History: 1, the first; 2 adds [`Event::ToolChanged`] (the versioned tool registry).
 pub const LEDGER_FORMAT_VERSION: u32 = 2;
 
 /// One ledger fact.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Event {
     /// A transaction began.
@@ -42,10 +40,8 @@ pub enum Event {
         /// The agent.
         agent: Arc<str>,
         /// Speculation group, if a branch.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         group: Option<GroupId>,
         /// Declared may-touch scopes (`None`: undeclared, blocks everything until sealed).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         may_touch: Option<Vec<String>>,
         /// When the lease expires unless renewed.
         lease_until: Timestamp,
@@ -80,7 +76,6 @@ pub enum Event {
         compensable: bool,
         /// Whether the key came from the adapter (engine-wide) rather than being derived
         /// (local to the transaction).
-        #[serde(default)]
         adapter_key: bool,
     },
     /// An eager effect executed; registers its compensation.
@@ -115,10 +110,8 @@ pub enum Event {
         /// `true` for commit.
         commit: bool,
         /// Commit stamp (versions written), for commits.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         stamp: Option<u64>,
         /// Why, for aborts.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<AbortReason>,
     },
     /// A held effect is about to be released: written (durably) before its tool is called,
@@ -137,13 +130,10 @@ pub enum Event {
         /// Issuance position.
         effect: EffectId,
         /// Output on success.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         output: Option<Arc<Value>>,
         /// Error text on failure.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
         /// Whether a failed release may nevertheless have taken effect.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         unknown: bool,
     },
     /// A compensation ran (or failed).
@@ -153,10 +143,8 @@ pub enum Event {
         /// Issuance position of the forward effect.
         effect: EffectId,
         /// Residue reported by a reversible-with-cost compensation.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         residue: Option<String>,
         /// Error text on failure.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
     /// Final per-effect tags; the transaction is finished.

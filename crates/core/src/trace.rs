@@ -1,6 +1,9 @@
-//! Operation records: one per finished transaction, in the JSON Lines trace format of
-//! docs/trace-format.md (schema 1.0), so `tidegate check` and any other reader of that format
-//! can decide from the engine's own runs which anomalies happened.
+//! Operation records: one per finished transaction, so `tidegate check` and any other reader
+//! of the trace format can decide from the engine's own runs which anomalies happened.
+//!
+//! These are plain engine types. The trace format (docs/trace-format.md) is owned by
+//! `tidegate-detect` (`tidegate_detect::wire`); `tidegate-runtime` converts each record into
+//! that format's types when it writes a trace.
 //!
 //! The engine's logical clock is its commit stamp: a read happens at the stamp of the last
 //! decided commit (it sees that commit's writes), a commit advances the stamp by one. A
@@ -10,15 +13,14 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use crate::engine::Level;
 
-/// The trace schema version the engine writes.
+/// The trace schema version the engine's record shape corresponds to (the version written is
+/// `tidegate_detect::wire::SchemaVersion::CURRENT`).
 pub const TRACE_SCHEMA_VERSION: &str = "1.0";
 
 /// One read of a record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceRead {
     /// The canonical scope.
     pub cell: Arc<str>,
@@ -29,7 +31,7 @@ pub struct TraceRead {
 }
 
 /// One registry entry of a record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceTool {
     /// Tool name.
     pub name: Arc<str>,
@@ -37,8 +39,8 @@ pub struct TraceTool {
     pub signature: u64,
 }
 
-/// One operation record. Serialises as one line of the trace format.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One operation record (written as one line of the trace format by the runtime).
+#[derive(Debug, Clone, PartialEq)]
 pub struct TraceRecord {
     /// Always [`TRACE_SCHEMA_VERSION`].
     pub schema_version: &'static str,
@@ -60,7 +62,6 @@ pub struct TraceRecord {
     /// decision.
     pub writes: Vec<(Arc<str>, u64)>,
     /// Commit stamp, if decided to commit.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub write_time: Option<u64>,
     /// The tools used, as in the registry at the decision (absent ones omitted).
     pub registry_at_commit: Vec<TraceTool>,
@@ -72,11 +73,4 @@ pub struct TraceRecord {
     pub aborted: bool,
     /// Transactions whose committed writes this one's reads observed.
     pub predecessors: Vec<u64>,
-}
-
-impl TraceRecord {
-    /// The record as one JSON line (no trailing newline).
-    pub fn to_json_line(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"unserialisable record: {e}\"}}"))
-    }
 }

@@ -312,6 +312,25 @@ fn a_checkpoint_from_a_newer_format_is_refused_with_both_versions() {
     }
 }
 
+/// Regression (issue 11): a checkpoint built from a newer ledger format was refused as
+/// "format version 1, newer than 1", naming the checkpoint's own versions.
+#[test]
+fn a_checkpoint_from_a_newer_ledger_format_names_the_ledger_format_versions() {
+    let (cfg, reg) = (CoreConfig::default(), ScopeRegistry::default());
+    let r = Replay::new(cfg.clone(), reg.clone());
+    let good = String::from_utf8(r.checkpoint().unwrap()).unwrap();
+    let ledger = tidegate_core::ledger::LEDGER_FORMAT_VERSION;
+    let newer = good.replacen(&format!("\"ledger_format\":{ledger}"), &format!("\"ledger_format\":{}", ledger + 7), 1);
+    assert_ne!(newer, good, "the header names the ledger format");
+    match Replay::load(cfg, reg, 0, newer.as_bytes()) {
+        Err(e @ CheckpointError::NewerFormat { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("ledger format version {}, newer than {ledger}", ledger + 7)), "{msg}");
+        }
+        other => panic!("expected NewerFormat, got {:?}", other.map(|r| r.lsn())),
+    }
+}
+
 /// Regression: replayed commits kept their lease entries (the live engine drops them at the
 /// commit request, which logs nothing), so checkpoints grew with finished history.
 #[test]

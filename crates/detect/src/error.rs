@@ -49,6 +49,32 @@ pub enum Error {
         /// The major version this reader supports.
         supported: u32,
     },
+    /// The line is longer than [`crate::ReadOptions::max_line_bytes`]. It was not held in
+    /// memory: the reader skipped it to its end (`ended`, a malformed line lenient reading
+    /// counts and passes), or found no end within as many bytes again and stopped.
+    #[error(
+        "line {line} is longer than {limit} bytes (max_line_bytes){}",
+        if *ended { "; skipped" } else { ", with no end within as many bytes again: stopped reading (not a JSON Lines trace?)" }
+    )]
+    LineTooLong {
+        /// 1-based line number in the trace.
+        line: u64,
+        /// The limit in bytes.
+        limit: usize,
+        /// Whether the line's end was found (so reading could go on after it).
+        ended: bool,
+    },
+    /// Lenient reading gave up: the first lines of the input held no record at all.
+    #[error(
+        "nothing readable: the first {lines} lines hold no operation record ({malformed} malformed); \
+         this does not look like a JSON Lines trace"
+    )]
+    NothingReadable {
+        /// Lines read before giving up.
+        lines: u64,
+        /// How many of them were malformed.
+        malformed: u64,
+    },
     /// Reading from the underlying file or stream failed.
     #[error("reading the trace failed after line {line}: {source}")]
     Io {
@@ -67,7 +93,9 @@ impl Error {
             Error::Syntax { line, .. }
             | Error::Field { line, .. }
             | Error::UnsupportedVersion { line, .. }
+            | Error::LineTooLong { line, .. }
             | Error::Io { line, .. } => *line,
+            Error::NothingReadable { lines, .. } => *lines,
         }
     }
 
@@ -77,7 +105,7 @@ impl Error {
             Error::Syntax { column, .. } | Error::Field { column, .. } | Error::UnsupportedVersion { column, .. } => {
                 Some(*column)
             }
-            Error::Io { .. } => None,
+            Error::Io { .. } | Error::LineTooLong { .. } | Error::NothingReadable { .. } => None,
         }
     }
 
@@ -97,6 +125,10 @@ impl Error {
 
     /// Whether the error is about one line's content (so lenient reading may skip the line).
     pub fn is_malformed_line(&self) -> bool {
-        !matches!(self, Error::Io { .. })
+        match self {
+            Error::Io { .. } | Error::NothingReadable { .. } => false,
+            Error::LineTooLong { ended, .. } => *ended,
+            _ => true,
+        }
     }
 }

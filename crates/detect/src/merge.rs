@@ -25,7 +25,9 @@ impl Error {
             Error::Syntax { line, .. }
             | Error::Field { line, .. }
             | Error::UnsupportedVersion { line, .. }
+            | Error::LineTooLong { line, .. }
             | Error::Io { line, .. } => *line += by,
+            Error::NothingReadable { lines, .. } => *lines += by,
         }
         self
     }

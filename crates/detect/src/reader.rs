@@ -25,11 +25,26 @@ pub struct ReadOptions {
     /// [`read_path`] reads files at least this large as two halves on two threads
     /// (default 16 MiB; `u64::MAX` disables it). The result does not depend on it.
     pub split_threshold: u64,
+    /// The longest line accepted, in bytes (default 64 MiB). A longer line is malformed
+    /// ([`Error::LineTooLong`]) and is never held in memory: the reader skips it to its end, and
+    /// stops with an error if no end comes within as many bytes again.
+    pub max_line_bytes: usize,
+    /// Lenient reading gives up with [`Error::NothingReadable`] when this many lines from the
+    /// start of the input were malformed before any record was read (default 10 000), so an
+    /// input that is not a trace at all (`/dev/urandom`) ends instead of being skipped forever.
+    pub give_up_after_malformed: u64,
 }
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { strict: false, null_string: None, max_errors_kept: 100, split_threshold: 16 << 20 }
+        ReadOptions {
+            strict: false,
+            null_string: None,
+            max_errors_kept: 100,
+            split_threshold: 16 << 20,
+            max_line_bytes: 64 << 20,
+            give_up_after_malformed: 10_000,
+        }
     }
 }
 
@@ -44,23 +59,106 @@ impl ReadOptions {
     }
 }
 
-/// Reads a whole trace from a buffered reader.
+/// Reads a whole trace from a buffered reader. A UTF-8 byte-order mark at the start is
+/// skipped.
 ///
 /// Errors: in strict mode the first malformed line ([`Error::Syntax`], [`Error::Field`],
-/// [`Error::UnsupportedVersion`]); in any mode an I/O failure ([`Error::Io`]).
-pub fn read_trace<R: BufRead>(mut input: R, opts: &ReadOptions) -> Result<Trace> {
+/// [`Error::UnsupportedVersion`], [`Error::LineTooLong`]); in any mode an I/O failure
+/// ([`Error::Io`]), a line with no end in sight ([`Error::LineTooLong`] with `ended: false`),
+/// and, leniently, an input whose first lines hold no record ([`Error::NothingReadable`]).
+pub fn read_trace<R: BufRead>(input: R, opts: &ReadOptions) -> Result<Trace> {
+    read_from(input, opts, true)
+}
+
+/// What [`next_line`] found.
+enum Line {
+    Eof,
+    /// A line (possibly without its final newline) is in the buffer.
+    Read,
+    /// A line longer than the limit, skipped; `ended` says whether its end was found.
+    TooLong {
+        ended: bool,
+    },
+}
+
+/// Reads the next line into `buf` (cleared first), holding at most `max` bytes of it: a longer
+/// line is consumed in chunks without being kept, up to `max` more bytes.
+fn next_line<R: BufRead>(input: &mut R, buf: &mut Vec<u8>, max: usize) -> std::io::Result<Line> {
+    buf.clear();
+    let mut skipped: Option<usize> = None;
+    let mut any = false;
+    loop {
+        let available = match input.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            return Ok(match (skipped, any) {
+                (Some(_), _) => Line::TooLong { ended: true },
+                (None, false) => Line::Eof,
+                (None, true) => Line::Read,
+            });
+        }
+        any = true;
+        let (chunk, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (available.len(), false),
+        };
+        match &mut skipped {
+            None if buf.len() + chunk <= max.saturating_add(1) => buf.extend_from_slice(&available[..chunk]),
+            None => {
+                skipped = Some(buf.len() + chunk);
+                *buf = Vec::new();
+            }
+            Some(n) => *n += chunk,
+        }
+        input.consume(chunk);
+        if done {
+            return Ok(if skipped.is_some() { Line::TooLong { ended: true } } else { Line::Read });
+        }
+        if skipped.is_some_and(|n| n > max.saturating_mul(2)) {
+            return Ok(Line::TooLong { ended: false });
+        }
+    }
+}
+
+fn read_from<R: BufRead>(mut input: R, opts: &ReadOptions, at_start: bool) -> Result<Trace> {
     let mut builder = TraceBuilder::new().null_string(opts.null_string.clone());
     let mut buf = Vec::with_capacity(4096);
     let mut line_no: u64 = 0;
+    let max = opts.max_line_bytes.max(1);
     loop {
-        buf.clear();
-        let n = input.read_until(b'\n', &mut buf).map_err(|source| Error::Io { line: line_no, source })?;
-        if n == 0 {
-            break;
-        }
-        line_no += 1;
-        builder.stats_mut().lines += 1;
-        if let Err(err) = push_line(&mut builder, line_no, &buf) {
+        let got = next_line(&mut input, &mut buf, max).map_err(|source| Error::Io { line: line_no, source })?;
+        let outcome = match got {
+            Line::Eof => break,
+            Line::Read => {
+                line_no += 1;
+                builder.stats_mut().lines += 1;
+                let mut line = &buf[..];
+                if at_start && line_no == 1 {
+                    line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+                }
+                // The newline is not part of the line; a line that still exceeds the limit
+                // (it ended exactly at the buffer's edge) is too long.
+                let content = line.strip_suffix(b"\n").unwrap_or(line);
+                if content.len() > max {
+                    Err(Error::LineTooLong { line: line_no, limit: max, ended: true })
+                } else {
+                    push_line(&mut builder, line_no, line)
+                }
+            }
+            Line::TooLong { ended } => {
+                line_no += 1;
+                builder.stats_mut().lines += 1;
+                let e = Error::LineTooLong { line: line_no, limit: max, ended };
+                if !ended {
+                    return Err(e); // no end in sight: nothing after it can be read
+                }
+                Err(e)
+            }
+        };
+        if let Err(err) = outcome {
             if opts.strict {
                 return Err(err);
             }
@@ -68,6 +166,10 @@ pub fn read_trace<R: BufRead>(mut input: R, opts: &ReadOptions) -> Result<Trace>
             stats.malformed += 1;
             if stats.errors.len() < opts.max_errors_kept {
                 stats.errors.push(err);
+            }
+            if at_start && builder.is_empty() && builder.stats_mut().malformed >= opts.give_up_after_malformed.max(1) {
+                let stats = builder.stats_mut();
+                return Err(Error::NothingReadable { lines: stats.lines, malformed: stats.malformed });
             }
         }
     }
@@ -98,7 +200,7 @@ pub fn read_path(path: impl AsRef<Path>, opts: &ReadOptions) -> Result<Trace> {
     let first = open_at(0).map_err(io)?;
     let second = open_at(split).map_err(io)?;
     let (a, b) = std::thread::scope(|s| {
-        let tail = s.spawn(|| read_trace(second, opts));
+        let tail = s.spawn(|| read_from(second, opts, false));
         let head = read_trace(std::io::Read::take(first, split), opts);
         (head, tail.join())
     });
@@ -176,7 +278,11 @@ fn json_error(line_no: u64, line: &[u8], e: &serde_json::Error) -> Error {
     };
     match e.classify() {
         serde_json::error::Category::Data => {
-            let field = field_path_at(line, column.saturating_sub(1));
+            // A missing field is reported where its object ends: name that object, not the
+            // last field it does have. (Regression, issue 11: `reads[0].value: missing field
+            // cell` pointed one step too deep.)
+            let object = message.starts_with("missing field");
+            let field = field_path_at(line, column.saturating_sub(1), object);
             let field = if field.is_empty() { "(record)".to_owned() } else { field };
             Error::Field { line: line_no, column, field, message }
         }
@@ -189,11 +295,12 @@ fn find_key(line: &[u8], key: &str) -> Option<usize> {
     line.windows(pat.len()).position(|w| w == pat.as_bytes())
 }
 
-/// The JSON path (`reads[1].time`) of the value being parsed at byte offset `at` of `line`.
+/// The JSON path (`reads[1].time`) of the value being parsed at byte offset `at` of `line`;
+/// with `object`, the path of the innermost object open there (`reads[1]`).
 ///
 /// A small scanner that tracks the stack of open objects (with their current key) and arrays
 /// (with their current index); used only to name the field of an error.
-pub(crate) fn field_path_at(line: &[u8], at: usize) -> String {
+pub(crate) fn field_path_at(line: &[u8], at: usize, object: bool) -> String {
     enum Frame {
         Obj { key: Option<String>, in_key: bool },
         Arr { index: usize },
@@ -237,6 +344,9 @@ pub(crate) fn field_path_at(line: &[u8], at: usize) -> String {
         }
         i += 1;
     }
+    if object && let Some(Frame::Obj { key, .. }) = stack.last_mut() {
+        *key = None;
+    }
     let mut path = String::new();
     for frame in &stack {
         match frame {
@@ -261,7 +371,9 @@ mod tests {
     fn field_path_names_nested_array_fields() {
         let line = br#"{"tx":"a","reads":[{"cell":"c","time":1},{"cell":"d","time":"x"}]}"#;
         let at = line.windows(3).position(|w| w == b"\"x\"").unwrap_or(0) + 3;
-        assert_eq!(field_path_at(line, at), "reads[1].time");
-        assert_eq!(field_path_at(line, 7), "tx");
+        assert_eq!(field_path_at(line, at, false), "reads[1].time");
+        assert_eq!(field_path_at(line, 7, false), "tx");
+        assert_eq!(field_path_at(line, at, true), "reads[1]");
+        assert_eq!(field_path_at(line, 7, true), "");
     }
 }

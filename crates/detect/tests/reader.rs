@@ -4,7 +4,7 @@
 
 mod common;
 
-use tidegate_detect::{Error, ReadOptions, check, read_path, read_str};
+use tidegate_detect::{Error, ReadOptions, check, read_path, read_str, read_trace};
 
 const GOOD: &str =
     r#"{"tx":"a","agent":"x","reads":[{"cell":"c","value":1}],"read_time":0,"writes":[["c",2]],"write_time":1}"#;
@@ -165,4 +165,65 @@ fn missing_file_is_an_io_error() {
     let err = read_path("/nonexistent/trace.jsonl", &ReadOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Io { .. }));
     assert!(!err.is_malformed_line());
+}
+
+/// Regression (issue 11): `reads[0].value: missing field cell` named the last field the object
+/// had, one step too deep; the path names the object that lacks the field.
+#[test]
+fn a_missing_field_names_the_object_that_lacks_it() {
+    let err = read_str(r#"{"tx":"a","reads":[{"cell":"c"},{"value":1}]}"#, &ReadOptions::strict()).unwrap_err();
+    match err {
+        Error::Field { field, message, .. } => {
+            assert_eq!(field, "reads[1]");
+            assert!(message.contains("missing field `cell`"), "{message}");
+        }
+        other => panic!("expected a field error, got {other:?}"),
+    }
+}
+
+/// Regression (issue 11): a UTF-8 byte-order mark made line 1 malformed.
+#[test]
+fn a_utf8_byte_order_mark_is_accepted() {
+    let text = "\u{feff}{\"tx\":\"a\",\"reads\":[{\"cell\":\"c\",\"value\":1}]}\n{\"tx\":\"b\"}\n";
+    let trace = read_str(text, &ReadOptions::strict()).unwrap();
+    assert_eq!((trace.len(), trace.stats().malformed), (2, 0));
+    // Only at the start: a mark on a later line is malformed.
+    let later = "{\"tx\":\"a\"}\n\u{feff}{\"tx\":\"b\"}\n";
+    assert_eq!(read_str(later, &ReadOptions::lenient()).unwrap().stats().malformed, 1);
+}
+
+/// Regression (issue 11): `check /dev/zero` grew one line without bound. A line over the limit
+/// is malformed and skipped without being held; one with no end in sight stops the read.
+#[test]
+fn a_line_over_the_limit_is_malformed_and_never_held() {
+    let opts = ReadOptions { max_line_bytes: 64, ..ReadOptions::lenient() };
+    let long = format!("{{\"tx\":\"{}\"}}", "x".repeat(100));
+    let text = format!("{{\"tx\":\"a\"}}\n{long}\n{{\"tx\":\"b\"}}\n");
+    let trace = read_str(&text, &opts).unwrap();
+    assert_eq!((trace.len(), trace.stats().malformed), (2, 1));
+    assert!(matches!(trace.stats().errors[0], Error::LineTooLong { line: 2, limit: 64, ended: true }));
+    let strict = ReadOptions { max_line_bytes: 64, ..ReadOptions::strict() };
+    assert!(matches!(read_str(&text, &strict), Err(Error::LineTooLong { line: 2, .. })));
+    // Exactly at the limit is fine.
+    let exact = format!("{{\"tx\":\"{}\"}}", "y".repeat(64 - 9));
+    assert_eq!(exact.len(), 64);
+    assert_eq!(read_str(&exact, &opts).unwrap().len(), 1);
+    // No end within twice the limit: the reader stops instead of skipping forever.
+    let endless = std::io::Read::take(std::io::repeat(b'0'), 1 << 20);
+    let err = read_trace(std::io::BufReader::new(endless), &opts).unwrap_err();
+    assert!(matches!(err, Error::LineTooLong { ended: false, .. }), "{err:?}");
+    assert!(!err.is_malformed_line());
+}
+
+/// Lenient reading of something that is not a trace gives up instead of skipping forever.
+#[test]
+fn lenient_reading_gives_up_when_nothing_is_readable() {
+    let opts = ReadOptions { give_up_after_malformed: 50, ..ReadOptions::lenient() };
+    let garbage = "not json\n".repeat(1000);
+    let err = read_str(&garbage, &opts).unwrap_err();
+    assert!(matches!(err, Error::NothingReadable { lines: 50, malformed: 50 }), "{err:?}");
+    // Once a record was read, malformed lines are skipped however many follow.
+    let mixed = format!("{{\"tx\":\"a\"}}\n{garbage}");
+    let trace = read_str(&mixed, &opts).unwrap();
+    assert_eq!((trace.len(), trace.stats().malformed), (1, 1000));
 }

@@ -430,10 +430,14 @@ pub(crate) fn replay(
                     report.checkpoint_lsn = Some(c.lsn);
                     replay = Some(r);
                 }
-                Err(tidegate_core::engine::CheckpointError::NewerFormat { found, supported, .. }) => {
+                Err(tidegate_core::engine::CheckpointError::NewerFormat { what, found, supported, .. }) => {
                     return Err(Error::Store(StoreError::NewerFormat {
                         path: format!("the checkpoint at LSN {}", c.lsn).into(),
-                        key: "checkpoint format_version",
+                        key: if what == "format version" {
+                            "checkpoint format_version"
+                        } else {
+                            "checkpoint ledger_format"
+                        },
                         found: found.into(),
                         supported: supported.into(),
                     }));

@@ -143,7 +143,7 @@ async fn reopening_a_sqlite_ledger_replays_only_the_events_after_its_checkpoint(
     let dir = TempDir(root);
     let world = World::new();
     let (last, ckpt_lsn, committed) = {
-        let store = Arc::new(tidegate_storage::SqliteStore::open(dir.path()).unwrap());
+        let store = Arc::new(tidegate_sqlite::SqliteStore::open(dir.path()).unwrap());
         let tg = Tidegate::builder()
             .store(store.clone())
             .checkpoints(CheckpointPolicy { every_events: None, on_close: false })
@@ -169,9 +169,9 @@ async fn reopening_a_sqlite_ledger_replays_only_the_events_after_its_checkpoint(
         (store.last_lsn(), info.lsn, tg.stats().committed)
     };
     let store = Arc::new(
-        tidegate_storage::SqliteStore::open_with(
+        tidegate_sqlite::SqliteStore::open_with(
             dir.path(),
-            tidegate_storage::Options { verify: tidegate_storage::Verify::SinceCheckpoint, ..Default::default() },
+            tidegate_sqlite::Options { verify: tidegate_sqlite::Verify::SinceCheckpoint, ..Default::default() },
         )
         .unwrap(),
     );

@@ -276,14 +276,14 @@ async fn an_adapter_key_that_executed_replays_after_a_restart() {
     let charge = world.tool("charge", EffectClass::Idempotent, "retail:payment");
     let opts = || tidegate_runtime::CallOptions { key: Some("charge-order-42".into()), scopes: None };
     {
-        let store = Arc::new(tidegate_storage::SqliteStore::open(&dir).unwrap());
+        let store = Arc::new(tidegate_sqlite::SqliteStore::open(&dir).unwrap());
         let tg = Tidegate::builder().store(store).build().unwrap();
         let tx = tg.begin("a").unwrap();
         tx.call_with(&charge, json!({"id": "P42"}), opts()).await.unwrap();
         tx.seal().unwrap();
         tx.commit().await.unwrap();
     }
-    let store = Arc::new(tidegate_storage::SqliteStore::open(&dir).unwrap());
+    let store = Arc::new(tidegate_sqlite::SqliteStore::open(&dir).unwrap());
     let tg = Tidegate::builder().store(store).build().unwrap();
     tg.register(&charge).unwrap();
     tg.recover().await.unwrap();

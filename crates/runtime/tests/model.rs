@@ -1297,7 +1297,10 @@ fn run_schedule(seed: u64) -> Result<Coverage, String> {
 }
 
 fn ledger_text(events: &[Event]) -> String {
-    events.iter().map(|e| format!("  {}\n", serde_json::to_string(e).unwrap_or_default())).collect()
+    events
+        .iter()
+        .map(|e| format!("  {}\n", tidegate_storage::wire::encode(0, e).unwrap_or_else(|err| err.to_string())))
+        .collect()
 }
 
 async fn drive(plan: &SchedulePlan) -> Result<History, String> {

@@ -93,6 +93,10 @@ impl LedgerStore for TappedStore {
         self.inner.last_lsn()
     }
 
+    fn ownership(&self) -> tidegate_storage::Ownership {
+        self.inner.ownership()
+    }
+
     fn scan(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(), StoreError> {
         self.inner.scan(from, visit)
     }

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use tidegate_runtime::{CheckpointPolicy, Level, Ordering, RetryPolicy, Speculation, Tidegate, Transaction, TxId};
-use tidegate_storage::{LedgerStore, MemoryStore, SqliteStore};
+use tidegate_sqlite::SqliteStore;
+use tidegate_storage::{LedgerStore, MemoryStore};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 

@@ -1,11 +1,16 @@
 //! The conformance suite every [`LedgerStore`] backend must pass, run once per backend.
 //!
 //! ```no_run
-//! use tidegate_storage::conformance::{self, Reopenable};
-//! use tidegate_storage::{MemoryStore, SqliteStore};
+//! use tidegate_storage::{MemoryStore, conformance};
 //! // A volatile backend: a closure making a new, empty store.
 //! conformance::run_all(MemoryStore::new);
-//! // A durable backend: also say how to close a store and reopen the same ledger.
+//! ```
+//!
+//! A durable backend also says how to close a store and reopen the same ledger (this is
+//! `tidegate-sqlite`'s own test):
+//!
+//! ```ignore
+//! use tidegate_storage::conformance::{self, Reopenable};
 //! let mut n = 0;
 //! conformance::run_all(Reopenable::new(
 //!     || { n += 1; SqliteStore::open(format!("/tmp/conformance/{n}")).unwrap() },
@@ -30,6 +35,9 @@ use tidegate_core::{EffectId, Event, TxId, Version};
 
 use crate::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
 
+/// How long the fencing case waits for an old owner's refused write to be reported.
+const FENCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How the suite gets stores from a backend.
 pub trait Backend {
     /// The store type.
@@ -43,6 +51,45 @@ pub trait Backend {
     fn reopen(&mut self, store: Self::Store) -> Option<Self::Store> {
         drop(store);
         None
+    }
+
+    /// Opens the stream of `store` for a new owner while `store` is still open: `Ok` with the
+    /// new owner's handle (which must fence `store` out), `Err` if the backend refuses a second
+    /// owner while the first lives (an exclusive lock), or `None` if the backend has no way to
+    /// open a stream twice (the fencing case is then skipped). Default `None`.
+    fn take_over(&mut self, store: &Self::Store) -> Option<Result<Self::Store, StoreError>> {
+        let _ = store;
+        None
+    }
+}
+
+/// A backend plus how a new owner takes a stream over ([`Backend::take_over`]).
+#[derive(Debug)]
+pub struct Owned<B, T> {
+    backend: B,
+    take_over: T,
+}
+
+impl<B, T> Owned<B, T> {
+    /// `take_over` opens the stream of a store that is still open, for a new owner.
+    pub fn new(backend: B, take_over: T) -> Owned<B, T> {
+        Owned { backend, take_over }
+    }
+}
+
+impl<B: Backend, T: FnMut(&B::Store) -> Result<B::Store, StoreError>> Backend for Owned<B, T> {
+    type Store = B::Store;
+
+    fn create(&mut self) -> B::Store {
+        self.backend.create()
+    }
+
+    fn reopen(&mut self, store: B::Store) -> Option<B::Store> {
+        self.backend.reopen(store)
+    }
+
+    fn take_over(&mut self, store: &B::Store) -> Option<Result<B::Store, StoreError>> {
+        Some((self.take_over)(store))
     }
 }
 
@@ -85,7 +132,7 @@ type Case<B> = (&'static str, fn(&mut B));
 
 /// Runs every case against `backend`, printing each case's name to stderr as it starts.
 pub fn run_all<B: Backend>(mut backend: B) {
-    let cases: [Case<B>; 13] = [
+    let cases: [Case<B>; 14] = [
         ("lsns_start_at_one_and_are_consecutive", lsns_start_at_one_and_are_consecutive),
         ("empty_batch_appends_nothing", empty_batch_appends_nothing),
         ("concurrent_batches_are_atomic_and_in_call_order", concurrent_batches_are_atomic_and_in_call_order),
@@ -99,6 +146,7 @@ pub fn run_all<B: Backend>(mut backend: B) {
         ("reopen_after_clean_close_keeps_every_event", reopen_after_clean_close_keeps_every_event),
         ("checkpoints_keep_the_latest_and_survive_reopen", checkpoints_keep_the_latest_and_survive_reopen),
         ("a_stored_checkpoint_makes_its_events_durable", a_stored_checkpoint_makes_its_events_durable),
+        ("a_fenced_out_owner_can_never_append_again", a_fenced_out_owner_can_never_append_again),
     ];
     for (name, case) in cases {
         eprintln!("conformance: {name}");
@@ -468,4 +516,63 @@ pub fn a_stored_checkpoint_makes_its_events_durable<B: Backend>(backend: &mut B)
     let Some(store) = backend.reopen(store) else { return };
     assert_eq!(ok(CASE, "scan", collect(&store, 1)), numbered(&a, 1), "{CASE}: events after reopen");
     assert_eq!(ok(CASE, "checkpoint", store.checkpoint()).map(|c| c.lsn), Some(l), "{CASE}: checkpoint after reopen");
+}
+
+/// Ownership: a new owner of the stream gets a larger token and sees every durable event; the
+/// old handle's later writes are refused with [`StoreError::Fenced`] (not retryable), never
+/// become durable or visible to the new owner, and stay refused. A backend that refuses the
+/// second owner while the first lives must say so with a non-retryable error and keep the
+/// first owner working.
+pub fn a_fenced_out_owner_can_never_append_again<B: Backend>(backend: &mut B) {
+    const CASE: &str = "a_fenced_out_owner_can_never_append_again";
+    let old = backend.create();
+    let before: Vec<Event> = (0..3).map(|n| event(6, n)).collect();
+    let l = append(CASE, &old, before.clone());
+    ok(CASE, "wait_durable", old.wait_durable(l));
+    let new = match backend.take_over(&old) {
+        None => {
+            eprintln!("conformance: {CASE} skipped (the backend cannot open a stream twice)");
+            return;
+        }
+        Some(Err(e)) => {
+            assert!(!e.retryable(), "{CASE}: refusing a second owner must not be retryable: {e:?}");
+            let l = append(CASE, &old, vec![event(6, 9)]);
+            ok(CASE, "wait_durable after the refused take-over", old.wait_durable(l));
+            eprintln!("conformance: {CASE}: the backend refuses a second owner while the first lives: {e}");
+            return;
+        }
+        Some(Ok(new)) => new,
+    };
+    let (was, now) = (old.ownership(), new.ownership());
+    assert_eq!(was.stream, now.stream, "{CASE}: the new owner holds the same stream");
+    assert!(now.token > was.token, "{CASE}: the new owner's token {} must exceed the old {}", now.token, was.token);
+    assert_eq!(ok(CASE, "scan", collect(&new, 1)), numbered(&before, 1), "{CASE}: the new owner sees the events");
+    let mine = append(CASE, &new, vec![event(7, 0)]);
+    ok(CASE, "new owner's wait_durable", new.wait_durable(mine));
+
+    // The old owner wakes up and tries to append: refused at the append, or at the latest
+    // when it waits for durability; never durable, never seen by the new owner.
+    let refused = match old.append(&mut vec![event(6, 100)].into_iter()) {
+        Err(e) => e,
+        Ok(lsn) => {
+            let started = std::time::Instant::now();
+            let r = old.wait_durable(lsn);
+            assert!(started.elapsed() < FENCE_WAIT, "{CASE}: the old owner's wait took too long");
+            match r {
+                Err(e) => e,
+                Ok(()) => panic!("{CASE}: the fenced-out owner's append at LSN {lsn} became durable"),
+            }
+        }
+    };
+    assert!(refused.is_fenced(), "{CASE}: the old owner's write must fail with Fenced, got {refused:?}");
+    assert!(!refused.retryable(), "{CASE}: Fenced is not retryable");
+    assert!(old.append(&mut vec![event(6, 101)].into_iter()).is_err(), "{CASE}: a fenced owner stays refused");
+    let seen: Vec<Event> = ok(CASE, "scan", collect(&new, 1)).into_iter().map(|(_, e)| e).collect();
+    assert!(!seen.contains(&event(6, 100)), "{CASE}: the new owner sees the fenced-out owner's event");
+    let more = append(CASE, &new, vec![event(7, 1)]);
+    ok(CASE, "new owner's wait_durable", new.wait_durable(more));
+    assert_eq!(more, mine + 1, "{CASE}: the new owner's LSNs go on without a gap");
+    drop(old);
+    let seen = ok(CASE, "scan", collect(&new, 1));
+    assert_eq!(seen.len() as Lsn, more, "{CASE}: the new owner's ledger after the old handle is dropped");
 }

@@ -43,6 +43,33 @@ pub enum StoreError {
         /// What is wrong.
         detail: String,
     },
+    /// The ledger ends before the last position that was acknowledged: events a caller was
+    /// told are durable are missing. Refused, never replayed as if whole.
+    #[error(
+        "ledger {} ends at LSN {last}, but LSN {acknowledged} was acknowledged (its high-water mark says so): \
+         events {}..={acknowledged} are missing. This is what a lost, truncated or damaged write-ahead log, \
+         or a copy of the database file without it, looks like. The ledger is refused rather than replayed \
+         as if whole; restore the data directory from a backup (`tidegate ledger backup`)",
+        path.display(),
+        last.saturating_add(1)
+    )]
+    Shortened {
+        /// The ledger.
+        path: PathBuf,
+        /// The last LSN acknowledged as durable.
+        acknowledged: Lsn,
+        /// The last LSN the ledger holds.
+        last: Lsn,
+    },
+    /// The ledger's completeness cannot be proven: its high-water mark is missing, damaged, or
+    /// belongs to another ledger. Refused, never replayed as if whole.
+    #[error("cannot prove that ledger {} is whole: {detail}", path.display())]
+    Unprovable {
+        /// The ledger.
+        path: PathBuf,
+        /// What is missing or wrong, and what to do.
+        detail: String,
+    },
     /// The store was closed.
     #[error("ledger store is closed")]
     Closed,
@@ -124,8 +151,8 @@ pub enum StoreError {
         /// The last LSN assigned when the wait started.
         last: Lsn,
     },
-    /// A fault injected on purpose ([`crate::FaultyStore`], or the crash options of
-    /// [`crate::SqliteStore::open_with`]): the store "crashed" here.
+    /// A fault injected on purpose ([`crate::FaultyStore`], or a backend's test hooks): the
+    /// store "crashed" here.
     #[error("injected crash at {what} #{n}")]
     InjectedCrash {
         /// `"append"`, `"sync"` or `"crash_now"`.
@@ -137,6 +164,29 @@ pub enum StoreError {
     #[error("this ledger backend does not support {op}")]
     Unsupported {
         /// The operation.
+        op: &'static str,
+    },
+    /// A newer owner holds the ledger stream: this handle was fenced out. Its writes are
+    /// refused for good (not retryable); the process that holds it must stop using the
+    /// stream, and requests go to the new owner.
+    #[error(
+        "ledger stream {stream} is owned by token {current} now; this handle (token {token}) was fenced out \
+         and may not append"
+    )]
+    Fenced {
+        /// The stream.
+        stream: String,
+        /// This handle's token.
+        token: u64,
+        /// The current owner's token.
+        current: u64,
+    },
+    /// The store is open read-only (an operator's view); it never writes.
+    #[error("ledger {} is open read-only; {op} needs it opened for writing", path.display())]
+    ReadOnly {
+        /// The ledger.
+        path: PathBuf,
+        /// The refused operation.
         op: &'static str,
     },
     /// The store stopped after an earlier failure (a failed write or an injected crash) and
@@ -157,6 +207,8 @@ impl StoreError {
             StoreError::Io { .. } | StoreError::File { .. } => true,
             StoreError::Database { retryable, .. } => *retryable,
             StoreError::Corrupt { .. }
+            | StoreError::Shortened { .. }
+            | StoreError::Unprovable { .. }
             | StoreError::Closed
             | StoreError::Locked { .. }
             | StoreError::NewerFormat { .. }
@@ -166,7 +218,18 @@ impl StoreError {
             | StoreError::BeyondEnd { .. }
             | StoreError::InjectedCrash { .. }
             | StoreError::Unsupported { .. }
+            | StoreError::Fenced { .. }
+            | StoreError::ReadOnly { .. }
             | StoreError::Failed { .. } => false,
+        }
+    }
+
+    /// Whether this error is, or was caused by, this handle being fenced out by a newer owner.
+    pub fn is_fenced(&self) -> bool {
+        match self {
+            StoreError::Fenced { .. } => true,
+            StoreError::Failed { cause } => cause.is_fenced(),
+            _ => false,
         }
     }
 
@@ -177,14 +240,6 @@ impl StoreError {
             StoreError::Failed { cause } => cause.is_injected_crash(),
             _ => false,
         }
-    }
-
-    pub(crate) fn database(op: &'static str, path: &std::path::Path, e: rusqlite::Error) -> StoreError {
-        let retryable = matches!(
-            e.sqlite_error_code(),
-            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-        );
-        StoreError::Database { op, path: path.to_owned(), retryable, source: Box::new(e) }
     }
 
     pub(crate) fn file(op: &'static str, path: &std::path::Path, source: std::io::Error) -> StoreError {

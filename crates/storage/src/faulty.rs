@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use parking_lot::Mutex;
 use tidegate_core::Event;
 
-use crate::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
+use crate::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
 
 /// Where a [`FaultyStore`] crashes. `None` never crashes there.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,7 +30,8 @@ pub struct FaultOptions {
 /// [`StoreError::Failed`] (its cause [`StoreError::InjectedCrash`]). The inner store then holds
 /// exactly the synced events, which is what a real store shows after reopening:
 /// [`FaultyStore::into_inner`] returns it (for a [`crate::MemoryStore`], that *is* the
-/// reopened ledger; for a [`crate::SqliteStore`], drop it and reopen the directory).
+/// reopened ledger; for a durable backend such as `tidegate_sqlite::SqliteStore`, drop it and
+/// reopen the directory).
 ///
 /// Syncs happen only when asked for, under the wrapper's lock, so a single-threaded test is
 /// deterministic: the N-th sync is the N-th wait that found something pending. Concurrent
@@ -207,6 +208,11 @@ impl<S: LedgerStore> LedgerStore for FaultyStore<S> {
 
     fn last_lsn(&self) -> Lsn {
         self.last.load(Ordering::Acquire)
+    }
+
+    /// The inner store's: the wrapper appends through it.
+    fn ownership(&self) -> Ownership {
+        self.inner.ownership()
     }
 
     fn scan(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(), StoreError> {

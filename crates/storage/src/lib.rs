@@ -5,15 +5,18 @@
 //! backend, and the backends:
 //!
 //! * [`MemoryStore`]: in memory, for tests, benchmarks and embedding without durability;
-//! * [`SqliteStore`]: the embedded default (SQLite in WAL mode with group commit) in a data
-//!   directory;
 //! * [`FaultyStore`]: a wrapper that simulates group commit over any store and "crashes" at
 //!   the N-th append or sync, for crash tests.
 //!
+//! Durable backends are sibling crates that implement [`LedgerStore`] and pass the same
+//! `conformance` suite: `tidegate-sqlite` (the embedded default: SQLite in WAL mode with
+//! group commit, in a data directory) today, a PostgreSQL backend later. A user of the
+//! contract compiles no database.
+//!
 //! [`fsync_per_s`] measures the disk's physical sync rate, the ceiling a durable store is
-//! compared against. With the `conformance` feature, [`conformance`] is the suite every
+//! compared against. With the `conformance` feature, `conformance` is the suite every
 //! backend must pass. This crate must not know about tools, clocks or the async runtime.
-//! The ledger's schema and record format are specified in `docs/ledger.md`.
+//! The ledger's record format and the contract are specified in `docs/ledger.md`.
 
 #![deny(missing_docs)]
 
@@ -23,22 +26,40 @@ pub mod conformance;
 mod error;
 mod faulty;
 mod memory;
-mod sqlite;
+pub mod wire;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 pub use bench::fsync_per_s;
 pub use error::{Result, StoreError};
 pub use faulty::{FaultOptions, FaultyStore};
 pub use memory::MemoryStore;
-pub use sqlite::{CutRow, OpenReport, Options, SqliteStore, StoreStats, Verify};
 
 use tidegate_core::Event;
 
 /// A position in the ledger. The first event has LSN 1; 0 means "nothing".
 pub type Lsn = u64;
+
+/// Who may append to a ledger stream: the stream's name and the fencing token of the handle.
+///
+/// A *ledger stream* is one ledger (one per tenant: docs/deployment.md). At any time one owner
+/// holds it; every change of owner gives the new owner a token larger than every earlier one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Ownership {
+    /// The stream, in the backend's terms (a data directory, a tenant's stream id).
+    pub stream: Arc<str>,
+    /// The fencing token this handle appends with.
+    pub token: u64,
+}
+
+impl std::fmt::Display for Ownership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stream {} (owner token {})", self.stream, self.token)
+    }
+}
 
 /// The storage contract.
 ///
@@ -47,20 +68,23 @@ pub type Lsn = u64;
 ///   ── append([e1, e2]) ──────────────────────► ordered, atomic: both or neither; LSNs n+1, n+2
 ///   ◄─ Ok(n+2) ───────────────────────────────  (queued for the next group commit, no I/O yet)
 ///   (lock released)
-///   ── is_durable(n+2)? / wait_durable(n+2) ──► resolves once e1, e2 (and all before) survive a crash
-///                                               one sync covers every batch queued before it
+///   ── durable(store, n+2).await ─────────────► resolves once e1, e2 (and all before) survive a crash
+///      (or is_durable / wait_durable)            one sync covers every batch queued before it
 /// ```
 ///
 /// * `append` MUST be atomic per call (all events of the batch or none become visible and,
 ///   later, durable) and MUST preserve call order: the runtime calls it while holding the
 ///   engine lock, so ledger order equals decision order. LSNs are consecutive, the first
-///   event of a ledger has LSN 1, and a batch's events get consecutive LSNs. It SHOULD NOT
-///   block on I/O; a durable backend enqueues the batch for its group commit and returns the
-///   LSN. An empty batch appends nothing and returns the current last LSN.
-/// * `wait_durable(lsn)` MUST NOT resolve before every event up to `lsn` is durable. Several
-///   waiters share one sync (group commit). Nothing is acknowledged to an agent before its
-///   events are durable. `lsn == 0` resolves at once; an `lsn` beyond [`Self::last_lsn`]
-///   fails with [`StoreError::BeyondEnd`] instead of blocking forever.
+///   event of a ledger has LSN 1, and a batch's events get consecutive LSNs. It MUST NOT wait
+///   for I/O: a durable backend, local or across a network, assigns the LSNs itself (it is the
+///   stream's only owner, see below), queues the batch for its group commit and returns. The
+///   returned LSN is a promise whose fulfilment is the future [`durable`] (built on
+///   [`Self::poll_durable`]); the runtime awaits it after releasing the engine lock. An empty
+///   batch appends nothing and returns the current last LSN.
+/// * `wait_durable(lsn)` / `durable(store, lsn)` MUST NOT resolve before every event up to
+///   `lsn` is durable. Several waiters share one sync (group commit). Nothing is acknowledged
+///   to an agent before its events are durable. `lsn == 0` resolves at once; an `lsn` beyond
+///   [`Self::last_lsn`] fails with [`StoreError::BeyondEnd`] instead of blocking forever.
 /// * Durability is a prefix: if `lsn` is durable, so is every smaller LSN, and it stays so.
 /// * A failed `append` leaves nothing of the batch behind. If the error is
 ///   [`StoreError::retryable`] the caller may retry it.
@@ -68,10 +92,21 @@ pub type Lsn = u64;
 ///   store stops: every later call fails with [`StoreError::Failed`], every waiter is woken
 ///   with it, events that were not durable are dropped (reopen shows none of them), and no
 ///   durable event is lost. Nothing that was not written is ever reported durable.
+/// * **Ownership and fencing** ([`Self::ownership`]). A handle is opened for one ledger stream
+///   by one owner, with a fencing token larger than every earlier owner's. Every write carries
+///   the handle's token and the backend checks it atomically with the write (in the same
+///   database transaction). Once a newer owner holds the stream, the older handle's writes MUST
+///   be refused with [`StoreError::Fenced`] (not retryable): its events not yet durable never
+///   become durable, its waits for them fail with `Fenced`, and it stays refused, so a paused
+///   old owner that wakes up can never append. A backend whose exclusive lock keeps a second
+///   owner out while the first lives (the SQLite directory lock) refuses the second *open*
+///   instead ([`StoreError::Locked`]); it still checks the token on every write.
 /// * `scan` returns events in LSN order, including ones not yet durable.
 /// * A durable backend, reopened after `wait_durable(n)` returned, shows at least the events
 ///   `1..=n`, unchanged, with the same LSNs; reopened after a clean close, it shows every
-///   event appended.
+///   event appended. If it cannot show them (its files were shortened, damaged or reordered
+///   from outside), opening MUST fail with an error naming what is wrong, never present a
+///   shorter or altered ledger as whole.
 /// * Checkpoints ([`Self::put_checkpoint`], [`Self::checkpoint`]): the backend keeps the
 ///   latest one, opaque bytes tagged with the LSN they summarise. A stored checkpoint at LSN
 ///   `l` is never durable without the events `1..=l` (it rides the same sync or a later
@@ -112,6 +147,9 @@ pub trait LedgerStore: Send + Sync + std::fmt::Debug {
 
     /// The last LSN appended.
     fn last_lsn(&self) -> Lsn;
+
+    /// The stream this handle writes and the fencing token its writes carry.
+    fn ownership(&self) -> Ownership;
 
     /// Visits events with LSN ≥ `from`, in order, until `visit` returns `false`. `from == 0`
     /// is read as 1.

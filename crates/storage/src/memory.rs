@@ -1,33 +1,52 @@
 //! The in-memory ledger: ordered, atomic per batch, never durable across processes.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use parking_lot::Mutex;
 use tidegate_core::Event;
 
-use crate::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
+use crate::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
+
+/// Streams of this process get distinct names (`memory-1`, `memory-2`, ...).
+static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
+
+/// One in-memory ledger stream, shared by the handles of its successive owners.
+#[derive(Debug)]
+struct Ledger {
+    name: Arc<str>,
+    /// The events, and the token of the stream's current owner (checked under the same lock
+    /// as the append, as a networked backend checks it in the append's transaction).
+    inner: Mutex<Inner>,
+    /// The last LSN; written only under `inner`'s lock, read without it.
+    last: AtomicU64,
+    checkpoint: Mutex<Option<StoredCheckpoint>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    events: Vec<Event>,
+    owner: u64,
+}
 
 /// A ledger held in memory. Every append is immediately "durable" (there is nothing to
 /// survive). `retain_events(false)` keeps only the LSN counter, for benchmarks of the engine
 /// alone; the default keeps every event so the ledger can be inspected.
+///
+/// [`MemoryStore::take_over`] models a change of owner of the stream (as a networked backend
+/// does when another node takes a tenant): the new handle gets a larger fencing token and the
+/// old one's appends are refused with [`StoreError::Fenced`] from then on.
 #[derive(Debug)]
 pub struct MemoryStore {
-    events: Mutex<Vec<Event>>,
-    /// The last LSN; written only under `events`' lock, read without it.
-    last: AtomicU64,
+    ledger: Arc<Ledger>,
+    token: u64,
     retain: bool,
-    checkpoint: Mutex<Option<StoredCheckpoint>>,
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        MemoryStore {
-            events: Mutex::new(Vec::new()),
-            last: AtomicU64::new(0),
-            retain: true,
-            checkpoint: Mutex::new(None),
-        }
+        MemoryStore::from_events(Vec::new())
     }
 }
 
@@ -41,18 +60,23 @@ impl MemoryStore {
     /// (e.g. the durable events of a [`crate::FaultyStore`] after a simulated crash).
     pub fn from_events(events: Vec<Event>) -> MemoryStore {
         let last = events.len() as Lsn;
+        let n = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
         MemoryStore {
-            events: Mutex::new(events),
-            last: AtomicU64::new(last),
+            ledger: Arc::new(Ledger {
+                name: format!("memory-{n}").into(),
+                inner: Mutex::new(Inner { events, owner: 1 }),
+                last: AtomicU64::new(last),
+                checkpoint: Mutex::new(None),
+            }),
+            token: 1,
             retain: true,
-            checkpoint: Mutex::new(None),
         }
     }
 
     /// The same store holding `checkpoint` as its latest checkpoint (e.g. the one a
     /// [`crate::FaultyStore`] had synced before a simulated crash).
     pub fn with_checkpoint(self, checkpoint: Option<StoredCheckpoint>) -> MemoryStore {
-        *self.checkpoint.lock() = checkpoint;
+        *self.ledger.checkpoint.lock() = checkpoint;
         self
     }
 
@@ -64,31 +88,47 @@ impl MemoryStore {
 
     /// A copy of every retained event, in order.
     pub fn events(&self) -> Vec<Event> {
-        self.events.lock().clone()
+        self.ledger.inner.lock().events.clone()
+    }
+
+    /// A new owner takes the stream: returns its handle, with a fencing token larger than
+    /// every earlier one. From now on every append through an older handle fails with
+    /// [`StoreError::Fenced`]; the new handle sees every event appended before.
+    pub fn take_over(&self) -> MemoryStore {
+        let mut inner = self.ledger.inner.lock();
+        inner.owner += 1;
+        MemoryStore { ledger: self.ledger.clone(), token: inner.owner, retain: self.retain }
+    }
+
+    fn fenced(&self, current: u64) -> StoreError {
+        StoreError::Fenced { stream: self.ledger.name.to_string(), token: self.token, current }
     }
 }
 
 impl LedgerStore for MemoryStore {
     fn append(&self, events: &mut dyn Iterator<Item = Event>) -> Result<Lsn, StoreError> {
-        let mut all = self.events.lock();
+        let mut inner = self.ledger.inner.lock();
+        if inner.owner != self.token {
+            return Err(self.fenced(inner.owner));
+        }
         let added = if self.retain {
-            let before = all.len();
-            all.extend(events);
-            all.len() - before
+            let before = inner.events.len();
+            inner.events.extend(events);
+            inner.events.len() - before
         } else {
             events.count()
         };
-        let last = self.last.load(Ordering::Relaxed) + added as Lsn;
-        self.last.store(last, Ordering::Release);
+        let last = self.ledger.last.load(Ordering::Relaxed) + added as Lsn;
+        self.ledger.last.store(last, Ordering::Release);
         Ok(last)
     }
 
     fn is_durable(&self, lsn: Lsn) -> bool {
-        lsn <= self.last.load(Ordering::Acquire)
+        lsn <= self.ledger.last.load(Ordering::Acquire)
     }
 
     fn wait_durable(&self, lsn: Lsn) -> Result<(), StoreError> {
-        let last = self.last.load(Ordering::Acquire);
+        let last = self.ledger.last.load(Ordering::Acquire);
         if lsn > last {
             return Err(StoreError::BeyondEnd { lsn, last });
         }
@@ -100,13 +140,17 @@ impl LedgerStore for MemoryStore {
     }
 
     fn last_lsn(&self) -> Lsn {
-        self.last.load(Ordering::Acquire)
+        self.ledger.last.load(Ordering::Acquire)
+    }
+
+    fn ownership(&self) -> Ownership {
+        Ownership { stream: self.ledger.name.clone(), token: self.token }
     }
 
     fn scan(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(), StoreError> {
-        let all = self.events.lock();
+        let inner = self.ledger.inner.lock();
         let start = usize::try_from(from.max(1) - 1).unwrap_or(usize::MAX);
-        for (i, e) in all.iter().enumerate().skip(start) {
+        for (i, e) in inner.events.iter().enumerate().skip(start) {
             if !visit(i as Lsn + 1, e) {
                 break;
             }
@@ -115,15 +159,19 @@ impl LedgerStore for MemoryStore {
     }
 
     fn put_checkpoint(&self, lsn: Lsn, bytes: &[u8]) -> Result<(), StoreError> {
-        let last = self.last.load(Ordering::Acquire);
+        let inner = self.ledger.inner.lock();
+        if inner.owner != self.token {
+            return Err(self.fenced(inner.owner));
+        }
+        let last = self.ledger.last.load(Ordering::Acquire);
         if lsn > last {
             return Err(StoreError::BeyondEnd { lsn, last });
         }
-        *self.checkpoint.lock() = Some(StoredCheckpoint { lsn, bytes: bytes.to_vec() });
+        *self.ledger.checkpoint.lock() = Some(StoredCheckpoint { lsn, bytes: bytes.to_vec() });
         Ok(())
     }
 
     fn checkpoint(&self) -> Result<Option<StoredCheckpoint>, StoreError> {
-        Ok(self.checkpoint.lock().clone())
+        Ok(self.ledger.checkpoint.lock().clone())
     }
 }

@@ -2,31 +2,12 @@
 
 #![allow(clippy::unwrap_used)] // tests unwrap by design
 
-use tidegate_storage::conformance::{self, Reopenable};
-use tidegate_storage::{FaultOptions, FaultyStore, LedgerStore, MemoryStore, SqliteStore};
+use tidegate_storage::conformance::{self, Owned, Reopenable};
+use tidegate_storage::{FaultOptions, FaultyStore, LedgerStore, MemoryStore};
 
 #[test]
 fn memory_store_conforms() {
-    conformance::run_all(MemoryStore::new);
-}
-
-#[test]
-fn sqlite_store_conforms() {
-    let root = tempfile::tempdir().unwrap();
-    let mut n = 0;
-    conformance::run_all(Reopenable::new(
-        || {
-            n += 1;
-            SqliteStore::open(root.path().join(format!("ledger-{n}"))).unwrap()
-        },
-        |store: SqliteStore| {
-            let dir = store.dir().to_owned();
-            store.close().unwrap();
-            let store = SqliteStore::open(&dir).unwrap();
-            assert!(store.open_report().cut_rows.is_empty(), "a clean reopen cuts nothing");
-            store
-        },
-    ));
+    conformance::run_all(Owned::new(MemoryStore::new, |s: &MemoryStore| Ok(s.take_over())));
 }
 
 /// The fault-injecting wrapper with no faults configured is itself a conforming store; its

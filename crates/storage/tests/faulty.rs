@@ -4,7 +4,7 @@
 
 use tidegate_core::Event;
 use tidegate_storage::conformance::{collect, event};
-use tidegate_storage::{FaultOptions, FaultyStore, LedgerStore, Lsn, MemoryStore, SqliteStore, StoreError};
+use tidegate_storage::{FaultOptions, FaultyStore, LedgerStore, Lsn, MemoryStore, StoreError};
 
 fn append(store: &dyn LedgerStore, events: Vec<Event>) -> Result<Lsn, StoreError> {
     store.append(&mut events.into_iter())
@@ -78,20 +78,4 @@ fn scan_shows_synced_and_pending_events_in_order() {
     let got: Vec<Lsn> = collect(&store, 2).unwrap().into_iter().map(|(l, _)| l).collect();
     assert_eq!(got, vec![2, 3, 4, 5]);
     assert_eq!(store.inner().last_lsn(), 3);
-}
-
-#[test]
-fn wrapping_a_sqlite_store_crashes_it_without_committing_pending_batches() {
-    let root = tempfile::tempdir().unwrap();
-    let store = FaultyStore::new(
-        SqliteStore::open(root.path()).unwrap(),
-        FaultOptions { crash_after_syncs: Some(1), ..Default::default() },
-    );
-    let a = append(&store, events(1, 2)).unwrap();
-    store.wait_durable(a).unwrap();
-    let b = append(&store, events(2, 2)).unwrap();
-    assert!(store.wait_durable(b).unwrap_err().is_injected_crash());
-    drop(store);
-    let reopened = SqliteStore::open(root.path()).unwrap();
-    assert_eq!(collect(&reopened, 1).unwrap().into_iter().map(|(_, e)| e).collect::<Vec<_>>(), events(1, 2));
 }

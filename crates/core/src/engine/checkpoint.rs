@@ -53,12 +53,15 @@ pub enum CheckpointError {
     /// Written by a newer build: refuse rather than guess (the ledger after it may be newer
     /// too).
     #[error(
-        "checkpoint at LSN {lsn} has format version {found}, newer than {supported}, the newest this build \
+        "checkpoint at LSN {lsn} has {what} {found}, newer than {supported}, the newest this build \
          reads; open the data directory with a newer tidegate"
     )]
     NewerFormat {
         /// The checkpoint's LSN.
         lsn: u64,
+        /// Which version: `"format version"` (the checkpoint's) or `"ledger format version"`
+        /// (the events it was built from).
+        what: &'static str,
         /// Its format version.
         found: u32,
         /// The newest this build reads.
@@ -177,6 +180,7 @@ impl Replay {
         if header.format > CHECKPOINT_FORMAT_VERSION {
             return Err(CheckpointError::NewerFormat {
                 lsn,
+                what: "format version",
                 found: header.format,
                 supported: CHECKPOINT_FORMAT_VERSION,
             });
@@ -185,10 +189,13 @@ impl Replay {
             return Err(corrupt(format!("format version {} is not one this build writes", header.format)));
         }
         if header.ledger_format > LEDGER_FORMAT_VERSION {
+            // Regression (issue 11): this named the checkpoint's own versions ("format
+            // version 1, newer than 1") instead of the ledger format's.
             return Err(CheckpointError::NewerFormat {
                 lsn,
-                found: header.format,
-                supported: CHECKPOINT_FORMAT_VERSION,
+                what: "ledger format version",
+                found: header.ledger_format,
+                supported: LEDGER_FORMAT_VERSION,
             });
         }
         if header.lsn != lsn {

@@ -50,6 +50,7 @@
 //! | `co` | list of [`Effect`] | the same effects in the order they were committed/externalised |
 //! | `aborted` | bool | the operation was aborted (or retracted after committing) |
 //! | `predecessors` | list of tx ids | committed transactions whose writes this one observed |
+//! | `level` | string | (1.1) the consistency level the producer ran at; informational |
 //!
 //! Logical times are non-negative integers on one clock per trace (the paper uses the length
 //! of the operation log). A write committed at time `t` is visible to reads at time `t` and
@@ -196,11 +197,22 @@ pub struct RecordLine<'a> {
     /// Transactions whose committed writes this one observed.
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub predecessors: Option<Vec<Id<'a>>>,
+    /// The consistency level the producing system ran at, e.g. `"L4"` (1.1; informational:
+    /// the detectors decide the level from the records, never from this).
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<Str<'a>>,
 }
 
 impl<'a> RecordLine<'a> {
     /// Parses one line. Errors carry serde_json's line/column (line is always 1 here).
     pub fn parse(line: &'a [u8]) -> serde_json::Result<Self> {
         serde_json::from_slice(line)
+    }
+
+    /// The record as one line of the trace format (no newline). Writers of traces use this,
+    /// so the format has one owner.
+    pub fn to_line(&self) -> String {
+        // Every type here serialises without failing (no map with non-string keys).
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"unserialisable record: {e}\"}}"))
     }
 }

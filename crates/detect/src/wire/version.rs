@@ -15,7 +15,7 @@ pub struct SchemaVersion {
 
 impl SchemaVersion {
     /// The version this crate writes and reads.
-    pub const CURRENT: SchemaVersion = SchemaVersion { major: 1, minor: 0 };
+    pub const CURRENT: SchemaVersion = SchemaVersion { major: 1, minor: 1 };
 }
 
 impl fmt::Display for SchemaVersion {

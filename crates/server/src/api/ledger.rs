@@ -16,7 +16,7 @@ use crate::ids;
 
 /// A ledger event on the wire.
 pub fn event_out(tag: &str, lsn: Lsn, e: &Event) -> LedgerEventOut {
-    let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
+    let mut v = tidegate_storage::wire::to_value(e).unwrap_or(Value::Null);
     let kind = v.get("event").and_then(Value::as_str).unwrap_or("unknown").to_owned();
     if let Some(o) = v.as_object_mut() {
         o.remove("event");

@@ -45,8 +45,8 @@ async fn acknowledged_commits_and_open_transactions_survive_a_graceful_restart()
     assert_eq!(r.body["transaction"]["state"], "committed", "{r:?}");
     assert_ne!(r.body["transaction"]["id"], done.as_str());
     let dir = h.stop().await.unwrap();
-    let store = tidegate_storage::SqliteStore::open(dir.path().join("tenants/acme")).unwrap();
-    assert!(store.verify().unwrap() > 0, "the ledger verifies clean");
+    let store = tidegate_sqlite::SqliteStore::open(dir.path().join("tenants/acme")).unwrap();
+    assert!(store.verify().unwrap().rows > 0, "the ledger verifies clean");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use serde_json::Value;
 use tidegate_core::{EffectId, Event, TxId};
+use tidegate_sqlite::{Options, SqliteStore, TestHooks, Verify};
 use tidegate_storage::conformance::{collect, event};
-use tidegate_storage::{LedgerStore, Lsn, Options, SqliteStore, StoreError, Verify, durable, fsync_per_s};
+use tidegate_storage::wire::Chain;
+use tidegate_storage::{LedgerStore, Lsn, StoreError, durable, fsync_per_s};
 
 fn append(store: &dyn LedgerStore, events: Vec<Event>) -> Result<Lsn, StoreError> {
     store.append(&mut events.into_iter())
@@ -30,6 +32,17 @@ fn on_demand() -> Options {
 
 fn db(dir: &Path) -> Connection {
     Connection::open(dir.join("ledger.db")).unwrap()
+}
+
+/// The high-water mark file's bytes now, to put back later: as if the rows appended after
+/// this point had been committed to SQLite but a crash had come before their mark was
+/// written (the only way a ledger legitimately holds rows above its mark).
+fn save_mark(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join(tidegate_sqlite::HEAD_FILE)).unwrap()
+}
+
+fn restore_mark(dir: &Path, bytes: &[u8]) {
+    std::fs::write(dir.join(tidegate_sqlite::HEAD_FILE), bytes).unwrap();
 }
 
 fn all(store: &dyn LedgerStore) -> Vec<Event> {
@@ -60,7 +73,7 @@ fn open_creates_the_directory_in_wal_mode_and_reports_a_new_ledger() {
     let store = SqliteStore::open(&dir).unwrap();
     assert!(!store.open_report().created);
     assert_eq!(store.open_report().rows_verified, 3);
-    assert_eq!(store.verify().unwrap(), 3);
+    assert_eq!(store.verify().unwrap().rows, 3);
 }
 
 #[test]
@@ -79,9 +92,13 @@ fn schema_and_record_format_match_the_ledger_doc() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(meta[0], ("format_version".into(), tidegate_core::ledger::LEDGER_FORMAT_VERSION.to_string()));
-    assert_eq!(meta[1], ("schema_version".into(), "1".into()));
-    assert!(meta[2].0 == "written_by" && meta[2].1.starts_with("tidegate-storage "));
+    let keys: Vec<&str> = meta.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["format_version", "ledger_id", "owner_token", "schema_version", "written_by"]);
+    assert_eq!(meta[0].1, tidegate_core::ledger::LEDGER_FORMAT_VERSION.to_string());
+    assert!(meta[1].1.len() == 32 && meta[1].1.chars().all(|c| c.is_ascii_hexdigit()), "{:?}", meta[1]);
+    assert_eq!(meta[2].1, "1", "the first open for writing owns the stream with token 1");
+    assert_eq!(meta[3].1, tidegate_sqlite::SCHEMA_VERSION.to_string());
+    assert!(meta[4].1.starts_with("tidegate-sqlite "));
     let rows: Vec<(i64, i64, String, String)> = conn
         .prepare("SELECT lsn, tx, kind, body FROM events ORDER BY lsn")
         .unwrap()
@@ -89,10 +106,24 @@ fn schema_and_record_format_match_the_ledger_doc() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
+    // Each row's chain value follows from the one before it (docs/ledger.md, "Integrity").
+    let id: Vec<u8> = (0..16).map(|i| u8::from_str_radix(&meta[1].1[2 * i..2 * i + 2], 16).unwrap()).collect();
+    let mut prev = Chain::genesis(&id);
+    let chains: Vec<Vec<u8>> = conn
+        .prepare("SELECT chain FROM events ORDER BY lsn")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|c| c.unwrap())
+        .collect();
+    for (i, (lsn, _, _, body)) in rows.iter().enumerate() {
+        prev = prev.next(*lsn as u64, body.as_bytes());
+        assert_eq!(chains[i], prev.0.to_vec(), "chain value of LSN {lsn}");
+    }
     assert_eq!(rows.len(), 2);
     assert_eq!((rows[0].0, rows[0].1, rows[0].2.as_str()), (1, 7, "read"));
     assert_eq!((rows[1].0, rows[1].1, rows[1].2.as_str()), (2, 7, "effect_executed"));
-    assert_eq!(rows[1].3, serde_json::to_string(&executed).unwrap());
+    assert_eq!(rows[1].3, tidegate_storage::wire::encode(0, &executed).unwrap());
     assert_eq!(rows[1].3, r#"{"event":"effect_executed","tx":7,"effect":2,"output":"ok"}"#);
 }
 
@@ -207,9 +238,12 @@ fn a_corrupt_tail_is_cut_at_the_last_complete_record_and_reported() {
     let store = SqliteStore::open(root.path()).unwrap();
     append(&store, events(1, 4)).unwrap();
     append(&store, events(2, 4)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
     append(&store, events(3, 2)).unwrap();
     store.close().unwrap();
-    // A torn write: the last two rows hold garbage.
+    restore_mark(root.path(), &mark);
+    // Damage from outside above the mark: the last two rows hold garbage.
     db(root.path()).execute("UPDATE events SET body = '{\"event\":\"rea' WHERE lsn >= 9", []).unwrap();
 
     let store = SqliteStore::open(root.path()).unwrap();
@@ -228,15 +262,19 @@ fn a_corrupt_tail_is_cut_at_the_last_complete_record_and_reported() {
     assert_eq!(kept, 2);
     let store = SqliteStore::open(root.path()).unwrap();
     assert!(store.open_report().cut_rows.is_empty());
-    assert_eq!(store.verify().unwrap(), 9);
+    assert_eq!(store.verify().unwrap().rows, 9);
 }
 
 #[test]
 fn a_row_whose_columns_disagree_with_its_body_counts_as_corrupt() {
     let root = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
-    append(&store, events(1, 3)).unwrap();
+    append(&store, events(1, 2)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
+    append(&store, events(1, 1)).unwrap();
     store.close().unwrap();
+    restore_mark(root.path(), &mark);
     db(root.path()).execute("UPDATE events SET kind = 'sealed' WHERE lsn = 3", []).unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
     assert_eq!(store.open_report().cut_rows.len(), 1);
@@ -278,8 +316,12 @@ fn corruption_in_the_middle_is_an_error_naming_the_lsn() {
 fn a_tail_longer_than_max_tail_cut_is_refused_not_cut() {
     let root = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
-    append(&store, events(1, 10)).unwrap();
+    append(&store, events(1, 4)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
+    append(&store, events(1, 6)).unwrap();
     store.close().unwrap();
+    restore_mark(root.path(), &mark);
     db(root.path()).execute("UPDATE events SET body = 'x' WHERE lsn >= 5", []).unwrap();
     let err = SqliteStore::open_with(root.path(), Options { max_tail_cut: 3, ..Options::default() }).unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { lsn: 5, .. }), "{err:?}");
@@ -354,7 +396,12 @@ fn an_async_waiter_is_woken_by_the_writer() {
 #[test]
 fn a_crash_at_a_sync_drops_the_unsynced_batches() {
     let root = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open_with(root.path(), Options { crash_after_syncs: Some(2), ..on_demand() }).unwrap();
+    let store = SqliteStore::open_with_hooks(
+        root.path(),
+        on_demand(),
+        TestHooks { crash_after_syncs: Some(2), ..TestHooks::default() },
+    )
+    .unwrap();
     let a = append(&store, events(1, 3)).unwrap();
     store.wait_durable(a).unwrap();
     let b = append(&store, events(2, 2)).unwrap();
@@ -371,13 +418,18 @@ fn a_crash_at_a_sync_drops_the_unsynced_batches() {
 
     let store = SqliteStore::open(root.path()).unwrap();
     assert_eq!(all(&store), [events(1, 3), events(2, 2)].concat());
-    assert_eq!(store.verify().unwrap(), 5);
+    assert_eq!(store.verify().unwrap().rows, 5);
 }
 
 #[test]
 fn a_crash_at_an_append_fails_it_and_everything_after() {
     let root = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open_with(root.path(), Options { crash_after_appends: Some(3), ..on_demand() }).unwrap();
+    let store = SqliteStore::open_with_hooks(
+        root.path(),
+        on_demand(),
+        TestHooks { crash_after_appends: Some(3), ..TestHooks::default() },
+    )
+    .unwrap();
     for tx in 0..3 {
         let l = append(&store, events(tx, 2)).unwrap();
         store.wait_durable(l).unwrap();
@@ -412,9 +464,10 @@ fn crash_now_drops_queued_batches_and_wakes_waiters_with_an_error() {
 fn acknowledged_batches_survive_a_crash_at_every_sync_and_only_whole_batches_do() {
     for crash_at in 0..12u64 {
         let root = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_with(
+        let store = SqliteStore::open_with_hooks(
             root.path(),
-            Options { crash_after_syncs: Some(crash_at), idle_flush_ms: Some(1), ..Options::default() },
+            Options { idle_flush_ms: Some(1), ..Options::default() },
+            TestHooks { crash_after_syncs: Some(crash_at), ..TestHooks::default() },
         )
         .unwrap();
         // (thread, batch) -> (last LSN, events, acknowledged)
@@ -451,7 +504,7 @@ fn acknowledged_batches_survive_a_crash_at_every_sync_and_only_whole_batches_do(
                 assert!(first > last, "crash at sync {crash_at}: batch {first}..={lsn} survived in part");
             }
         }
-        assert_eq!(store.verify().unwrap(), last);
+        assert_eq!(store.verify().unwrap().rows, last);
     }
 }
 
@@ -497,6 +550,8 @@ fn options_read_from_json_with_defaults_and_refuse_unknown_fields() {
     let opts: Options = serde_json::from_str(r#"{"idle_flush_ms": null, "verify": {"tail": {"rows": 5}}}"#).unwrap();
     assert_eq!(opts, Options { idle_flush_ms: None, verify: Verify::Tail { rows: 5 }, ..Options::default() });
     assert!(serde_json::from_str::<Options>(r#"{"crash_after_sync": 1}"#).is_err());
+    // Crash switches are test hooks (feature `test-hooks`), never production options.
+    assert!(serde_json::from_str::<Options>(r#"{"crash_after_syncs": 1}"#).is_err());
 }
 
 #[test]
@@ -506,4 +561,242 @@ fn fsync_per_s_measures_a_positive_rate_and_cleans_up() {
     assert!(rate > 0.0 && rate.is_finite(), "{rate}");
     assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
     assert!(matches!(fsync_per_s(root.path(), Duration::ZERO), Err(StoreError::InvalidArgument { .. })));
+}
+
+/// The high-water mark as docs/ledger.md specifies it: two 88-byte slots at offsets 0 and
+/// 4096 (magic, ledger id, seq, lsn, chain, checksum); the newest valid slot counts.
+fn mark_on_disk(dir: &Path) -> (u64, Lsn) {
+    let bytes = std::fs::read(dir.join(tidegate_sqlite::HEAD_FILE)).unwrap();
+    assert_eq!(bytes.len(), 8192);
+    (0..2)
+        .filter_map(|slot| {
+            let b = &bytes[slot * 4096..slot * 4096 + 88];
+            let sum = blake3::hash(&b[..72]);
+            (&b[..8] == b"TGHEAD01" && b[72..88] == sum.as_bytes()[..16]).then(|| {
+                let seq = u64::from_le_bytes(b[24..32].try_into().unwrap());
+                let lsn = u64::from_le_bytes(b[32..40].try_into().unwrap());
+                (seq, lsn)
+            })
+        })
+        .max()
+        .unwrap()
+}
+
+/// No waiter hears "durable" before the high-water mark on disk covers its LSN (the mark is
+/// synced after the SQLite commit and before the wake-up), with concurrent appenders whose
+/// commits and marks overlap.
+#[test]
+fn a_durability_wait_returns_only_after_the_high_water_mark_covers_it() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let store = &store;
+            let dir = root.path();
+            s.spawn(move || {
+                for _ in 0..15 {
+                    let lsn = append(store, events(t, 2)).unwrap();
+                    store.wait_durable(lsn).unwrap();
+                    let (_, marked) = mark_on_disk(dir);
+                    assert!(marked >= lsn, "LSN {lsn} acknowledged with the mark at {marked}");
+                }
+            });
+        }
+    });
+    let stats = store.stats();
+    assert!(stats.marks >= 1 && stats.marks <= stats.syncs, "{stats:?}");
+    store.close().unwrap();
+    assert_eq!(mark_on_disk(root.path()).1, 240, "a clean close leaves the mark at the last LSN");
+}
+
+/// Regression (issue 11): the read-only reader connection closed last, so SQLite never
+/// folded the write-ahead log into ledger.db and most of the ledger lived only in the log.
+#[test]
+fn the_wal_is_folded_into_the_database_on_every_clean_close() {
+    let root = tempfile::tempdir().unwrap();
+    for round in 0..3u64 {
+        let store = SqliteStore::open(root.path()).unwrap();
+        let l = append(&store, events(round, 50)).unwrap();
+        store.wait_durable(l).unwrap();
+        assert_eq!(collect(&store, 1).unwrap().len() as u64, l, "a scan opens a reader connection");
+        store.close().unwrap();
+        assert!(!root.path().join("ledger.db-wal").exists(), "round {round}: the WAL survived a clean close");
+    }
+    // ledger.db alone (with its mark) is the whole ledger.
+    let copy = tempfile::tempdir().unwrap();
+    for f in ["ledger.db", tidegate_sqlite::HEAD_FILE] {
+        std::fs::copy(root.path().join(f), copy.path().join(f)).unwrap();
+    }
+    let store = SqliteStore::open_read_only(copy.path()).unwrap();
+    assert_eq!(store.verify().unwrap().rows, 150);
+}
+
+/// Regression (issue 11): a negative LSN was reported as "LSN 1 is missing".
+#[test]
+fn a_negative_lsn_is_named_as_such() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 5)).unwrap();
+    store.close().unwrap();
+    db(root.path()).execute("UPDATE events SET lsn = -3 WHERE lsn = 2", []).unwrap();
+    let err = SqliteStore::open(root.path()).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("LSN -3") && msg.contains("start at 1"), "{msg}");
+    assert!(!msg.contains("LSN 1 is missing"), "{msg}");
+}
+
+/// The read-only view writes nothing: the database and the mark keep their bytes, the
+/// versions of an older ledger stay as they are, a corrupt tail is reported, not cut.
+#[test]
+fn opening_read_only_changes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 4)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
+    append(&store, events(2, 3)).unwrap();
+    store.close().unwrap();
+    restore_mark(root.path(), &mark);
+    db(root.path()).execute("UPDATE events SET body = 'torn' WHERE lsn = 7", []).unwrap();
+    let before = (std::fs::read(root.path().join("ledger.db")).unwrap(), save_mark(root.path()));
+    let ro = SqliteStore::open_read_only(root.path()).unwrap();
+    let report = ro.open_report().clone();
+    assert!(report.read_only && report.chained);
+    assert_eq!((report.last_lsn, report.acknowledged_lsn), (6, 4));
+    assert_eq!(report.cut_rows.iter().map(|c| c.lsn).collect::<Vec<_>>(), vec![7]);
+    assert!(report.to_string().contains("a writing open would cut"), "{report}");
+    assert_eq!(collect(&ro, 1).unwrap().len(), 6, "the damaged tail is not shown");
+    assert!(matches!(append(&ro, events(3, 1)), Err(StoreError::ReadOnly { .. })));
+    assert!(matches!(ro.put_checkpoint(1, b"x"), Err(StoreError::ReadOnly { .. })));
+    drop(ro);
+    assert_eq!(std::fs::read(root.path().join("ledger.db")).unwrap(), before.0, "ledger.db changed");
+    assert_eq!(save_mark(root.path()), before.1, "ledger.head changed");
+    assert!(!root.path().join("LOCK").exists() || std::fs::read(root.path().join("LOCK")).is_ok());
+}
+
+/// A missing directory is an error naming it, for a read-only open and for a writing open
+/// that may not create; nothing is created.
+#[test]
+fn a_missing_data_directory_is_an_error_naming_it_never_a_new_ledger() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("typo");
+    for err in [
+        SqliteStore::open_read_only(&dir).unwrap_err(),
+        SqliteStore::open_with(&dir, Options { create: false, ..Options::default() }).unwrap_err(),
+    ] {
+        assert!(err.to_string().contains(&dir.display().to_string()), "{err}");
+        assert!(!err.retryable() || matches!(err, StoreError::File { .. }));
+    }
+    assert!(!dir.exists(), "nothing was created");
+    std::fs::create_dir(&dir).unwrap();
+    let err = SqliteStore::open_read_only(&dir).unwrap_err();
+    assert!(matches!(err, StoreError::NotALedger { .. }) && err.to_string().contains("no ledger.db"), "{err}");
+    let err = SqliteStore::open_with(&dir, Options { create: false, ..Options::default() }).unwrap_err();
+    assert!(matches!(err, StoreError::NotALedger { .. }), "{err}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing was created");
+}
+
+/// The high-water mark refuses what looks whole: a ledger whose mark was deleted, and one
+/// given another ledger's mark.
+#[test]
+fn a_missing_or_foreign_high_water_mark_is_refused() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    for dir in [a.path(), b.path()] {
+        let store = SqliteStore::open(dir).unwrap();
+        append(&store, events(1, 3)).unwrap();
+        store.close().unwrap();
+    }
+    std::fs::copy(b.path().join(tidegate_sqlite::HEAD_FILE), a.path().join(tidegate_sqlite::HEAD_FILE)).unwrap();
+    let err = SqliteStore::open(a.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Unprovable { .. }) && err.to_string().contains("another ledger"), "{err}");
+    std::fs::remove_file(a.path().join(tidegate_sqlite::HEAD_FILE)).unwrap();
+    let err = SqliteStore::open_read_only(a.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Unprovable { .. }) && err.to_string().contains("missing"), "{err}");
+    assert!(!err.retryable());
+}
+
+/// A backup taken while the store appends is a consistent, verified ledger of its own that
+/// holds at least everything acknowledged when it started.
+#[test]
+fn a_backup_taken_while_appending_is_whole_and_verifies() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path().join("src")).unwrap();
+    let l = append(&store, events(1, 100)).unwrap();
+    store.wait_durable(l).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the appender however the backup ends (a panic included), so the scope joins.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let report = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut t = 2;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let l = append(&store, events(t, 3)).unwrap();
+                store.wait_durable(l).unwrap();
+                t += 1;
+            }
+        });
+        let _stop = Stop(&stop);
+        store.backup(root.path().join("copy"))
+    });
+    let report = report.unwrap();
+    assert!(report.last_lsn >= report.acknowledged_lsn && report.acknowledged_lsn >= 100, "{report:?}");
+    let copy = SqliteStore::open_read_only(root.path().join("copy")).unwrap();
+    assert_eq!(copy.verify().unwrap().rows, report.last_lsn);
+    let original: Vec<Event> = all(&store)[..report.last_lsn as usize].to_vec();
+    assert_eq!(all(&copy), original, "the copy is a prefix of the ledger");
+    drop(copy);
+    // The copy opens for writing as a ledger of its own; a second backup into it is refused.
+    let reopened = SqliteStore::open(root.path().join("copy")).unwrap();
+    assert_eq!(reopened.last_lsn(), report.last_lsn);
+    assert!(matches!(store.backup(root.path().join("copy")), Err(StoreError::InvalidArgument { .. })));
+}
+
+/// A last row rewritten with a correctly recomputed chain value still differs from the one the
+/// high-water mark recorded: refused, naming the LSN.
+#[test]
+fn a_rewritten_last_row_with_a_recomputed_chain_is_refused_by_the_mark() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 5)).unwrap();
+    store.close().unwrap();
+    let conn = db(root.path());
+    let prev: Vec<u8> = conn.query_row("SELECT chain FROM events WHERE lsn = 4", [], |r| r.get(0)).unwrap();
+    let forged = tidegate_storage::wire::encode(0, &event(9, 9)).unwrap();
+    let chain = Chain::from_slice(&prev).unwrap().next(5, forged.as_bytes());
+    conn.execute(
+        "UPDATE events SET body = ?1, tx = 9, chain = ?2 WHERE lsn = 5",
+        rusqlite::params![forged, &chain.0[..]],
+    )
+    .unwrap();
+    drop(conn);
+    let err = SqliteStore::open(root.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { lsn: 5, .. }), "{err:?}");
+    assert!(err.to_string().contains("not the one acknowledged"), "{err}");
+}
+
+/// A crash between a group commit and its mark leaves rows above the mark: they are durable,
+/// not acknowledged; open accepts them and marks them.
+#[test]
+fn rows_committed_after_the_last_mark_are_accepted_and_marked_at_open() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(root.path()).unwrap();
+    append(&store, events(1, 3)).unwrap();
+    store.sync().unwrap();
+    let mark = save_mark(root.path());
+    append(&store, events(2, 4)).unwrap();
+    store.close().unwrap();
+    restore_mark(root.path(), &mark);
+    assert_eq!(mark_on_disk(root.path()).1, 3);
+    let store = SqliteStore::open(root.path()).unwrap();
+    let report = store.open_report();
+    assert_eq!((report.acknowledged_lsn, report.last_lsn), (3, 7));
+    assert!(report.cut_rows.is_empty());
+    assert_eq!(mark_on_disk(root.path()).1, 7, "the open marked the durable rows");
+    assert_eq!(all(&store), [events(1, 3), events(2, 4)].concat());
 }

@@ -1,0 +1,68 @@
+//! `tidegate ledger` and `demo` on damaged, missing and copied data directories.
+
+#![allow(clippy::unwrap_used)] // tests unwrap by design
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tidegate");
+
+fn run(args: &[&str], dir: &Path) -> Output {
+    Command::new(BIN).args(args).arg("--data-dir").arg(dir).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Regression (issue 11): `ledger verify|stats|export|inspect` on a mistyped directory created
+/// an empty ledger and answered "ok: 0 events verified" with exit 0.
+#[test]
+fn ledger_commands_on_a_missing_directory_fail_naming_it_and_create_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let typo = root.path().join("typo");
+    for cmd in [&["ledger", "verify"][..], &["ledger", "stats"], &["ledger", "export"], &["ledger", "inspect"]] {
+        let out = run(cmd, &typo);
+        assert!(!out.status.success(), "{cmd:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&typo.display().to_string()), "{cmd:?}: {err}");
+        // Regression (issue 11): error chains repeated their text.
+        assert_eq!(err.matches("no such directory").count(), 1, "{cmd:?}: {err}");
+        assert!(!typo.exists(), "{cmd:?} created the directory");
+    }
+}
+
+#[test]
+fn backup_copies_a_ledger_that_verifies_on_its_own() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data");
+    assert!(run(&["demo"], &dir).status.success());
+    let copy = root.path().join("copy");
+    let out = Command::new(BIN).args(["ledger", "backup", "--data-dir"]).arg(&dir).arg(&copy).output().unwrap();
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains("copied LSN 1..=") && shown.contains("hash chain"), "{shown}");
+    let verify = run(&["ledger", "verify"], &copy);
+    assert!(verify.status.success(), "{}", text(&verify));
+    // The copy is a ledger of its own: the demo runs on it.
+    assert!(run(&["demo"], &copy).status.success());
+}
+
+/// Regression (issue 11): `demo` kept appending to a ledger that `verify` rejected. Here the
+/// ledger's high-water mark is gone, so nothing proves it whole: both refuse, and the demo
+/// changes nothing.
+#[test]
+fn demo_refuses_a_ledger_that_verify_rejects() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data");
+    assert!(run(&["demo"], &dir).status.success());
+    std::fs::remove_file(dir.join("ledger.head")).unwrap();
+    let before = std::fs::read(dir.join("ledger.db")).unwrap();
+    let verify = run(&["ledger", "verify"], &dir);
+    assert!(!verify.status.success());
+    assert!(text(&verify).contains("cannot prove"), "{}", text(&verify));
+    let demo = run(&["demo"], &dir);
+    assert!(!demo.status.success(), "{}", text(&demo));
+    assert!(text(&demo).contains("cannot prove"), "{}", text(&demo));
+    assert_eq!(std::fs::read(dir.join("ledger.db")).unwrap(), before, "the refused ledger was changed");
+}

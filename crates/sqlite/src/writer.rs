@@ -1,0 +1,466 @@
+//! Group commit: the queue shared by appenders and waiters, and the single writer thread.
+//!
+//! ```text
+//!  appenders (engine lock held)        writer thread                      waiters
+//!  append(b1) ─► queue [b1]                                               wait_durable(l1) ─► wanted = l1
+//!  append(b2) ─► queue [b1 b2]   ◄── woken: someone wants an LSN ──────────────────────────┘
+//!                                    inflight = [b1 b2], queue = []
+//!  append(b3) ─► queue [b3]          BEGIN; INSERT b1, b2; COMMIT (one fsync)
+//!                                    mark ledger.head (lsn, chain); fdatasync
+//!                                    durable = last(b2); inflight = [] ──► wake the waiters ≤ durable
+//! ```
+//!
+//! Each commit also checks the stream's owner token inside its transaction (a newer owner
+//! fences this store out) and chains every row it inserts; after the commit the high-water
+//! mark is advanced and synced, and only then are the waiters woken.
+//!
+//! A commit is started when a waiter wants an LSN that is not durable, when the queue holds
+//! [`Options::max_batch_rows`](super::Options::max_batch_rows) rows, when the oldest queued batch has waited
+//! [`Options::idle_flush_ms`](super::Options::idle_flush_ms), or when the store closes. Everything queued goes into that
+//! one transaction, so concurrent appenders share one sync.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use tidegate_core::Event;
+use tidegate_storage::wire::{self, Chain};
+use tidegate_storage::{Lsn, StoreError};
+
+use crate::Options;
+use crate::head::HeadFile;
+
+/// One encoded event.
+#[derive(Debug)]
+pub(crate) struct Row {
+    pub(crate) tx: i64,
+    /// The stored bytes of the event ([`wire::encode`]).
+    pub(crate) body: String,
+    /// Where the `"event"` tag's value sits in `body`.
+    kind: std::ops::Range<usize>,
+}
+
+impl Row {
+    /// Encodes the `index`-th event of a batch.
+    pub(crate) fn encode(index: usize, event: &Event) -> Result<Row, StoreError> {
+        let tx = event.tx().0;
+        let tx = i64::try_from(tx).map_err(|_| StoreError::InvalidArgument {
+            field: "event.tx",
+            value: tx.to_string(),
+            expected: "a transaction id ≤ 2^63 - 1",
+        })?;
+        let body = wire::encode(index, event)?;
+        let kind = wire::kind_range(&body).unwrap_or(0..0);
+        Ok(Row { tx, body, kind })
+    }
+
+    pub(crate) fn kind(&self) -> &str {
+        self.body.get(self.kind.clone()).unwrap_or("")
+    }
+
+    pub(crate) fn decode(&self, lsn: Lsn) -> Result<Event, StoreError> {
+        wire::decode(&self.body).map_err(|e| StoreError::Corrupt { lsn, detail: format!("queued event: {e}") })
+    }
+}
+
+/// Consecutive events appended by one call.
+#[derive(Debug)]
+pub(super) struct Batch {
+    pub(super) first: Lsn,
+    pub(super) rows: Vec<Row>,
+}
+
+impl Batch {
+    pub(super) fn last(&self) -> Lsn {
+        self.first + self.rows.len() as Lsn - 1
+    }
+}
+
+/// Everything appenders, waiters and the writer share, behind one lock.
+#[derive(Debug, Default)]
+pub(super) struct State {
+    /// Batches appended and not yet taken by the writer, in LSN order.
+    pub(super) queue: Vec<Arc<Batch>>,
+    /// Batches the writer is committing (kept so `scan` sees them).
+    pub(super) inflight: Vec<Arc<Batch>>,
+    pub(super) queued_rows: usize,
+    /// When the oldest queued batch was appended.
+    pub(super) oldest: Option<Instant>,
+    /// The highest LSN a waiter is waiting for.
+    pub(super) wanted: Lsn,
+    /// Every event up to here is durable: committed and marked (mirrored in
+    /// [`Shared::durable`]).
+    pub(super) durable: Lsn,
+    /// Every event up to here is committed to SQLite (the high-water mark may lag).
+    pub(super) committed: Lsn,
+    /// The newest commit not yet marked: its last LSN, chain value and the newest checkpoint
+    /// request it wrote. The marker takes the newest one (marks coalesce).
+    pub(super) to_mark: Option<(Lsn, Chain, u64)>,
+    /// The writer has exited; the marker drains `to_mark` and exits too.
+    pub(super) writer_done: bool,
+    pub(super) appends: u64,
+    pub(super) syncs: u64,
+    /// High-water marks written (one per commit that added rows).
+    pub(super) marks: u64,
+    pub(super) failed: Option<Arc<StoreError>>,
+    pub(super) closing: bool,
+    /// Waiters by the LSN they wait for (blocking waiters park behind a thread-unparking
+    /// waker), so a commit wakes exactly the waiters it satisfies.
+    pub(super) wakers: BTreeMap<Lsn, Vec<Waker>>,
+    /// A checkpoint to write with the next commit (a newer one replaces an older one not
+    /// yet written), and the sequence number of the request.
+    pub(super) checkpoint: Option<(u64, Lsn, Arc<[u8]>)>,
+    /// Requests made so far, and the newest one written.
+    pub(super) checkpoint_requested: u64,
+    pub(super) checkpoint_written: u64,
+}
+
+impl State {
+    pub(super) fn failure(&self) -> Result<(), StoreError> {
+        match &self.failed {
+            Some(cause) => Err(StoreError::Failed { cause: cause.clone() }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The state plus the signals around it.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) state: Mutex<State>,
+    /// The writer waits here for work.
+    pub(super) work: Condvar,
+    /// The marker waits here for a commit to mark.
+    pub(super) marking: Condvar,
+    /// `put_checkpoint` waits here for its checkpoint to be written (or the store to fail).
+    pub(super) checkpointed: Condvar,
+    /// Every event up to here is durable; read without the lock by `is_durable`.
+    pub(super) durable: AtomicU64,
+    /// The last LSN assigned.
+    pub(super) last: AtomicU64,
+    /// The database file, for error messages.
+    pub(super) path: PathBuf,
+}
+
+impl Shared {
+    pub(super) fn new(path: PathBuf, last: Lsn) -> Shared {
+        Shared {
+            state: Mutex::new(State { durable: last, committed: last, ..State::default() }),
+            work: Condvar::new(),
+            marking: Condvar::new(),
+            checkpointed: Condvar::new(),
+            durable: AtomicU64::new(last),
+            last: AtomicU64::new(last),
+            path,
+        }
+    }
+
+    /// Stops the store: drops every batch not yet durable, wakes every waiter with the
+    /// failure, tells the writer to exit. Returns the error for the caller.
+    pub(super) fn fail(&self, mut st: MutexGuard<'_, State>, cause: StoreError) -> StoreError {
+        if let Some(earlier) = &st.failed {
+            return StoreError::Failed { cause: earlier.clone() };
+        }
+        let cause = Arc::new(cause);
+        st.failed = Some(cause.clone());
+        st.queue = Vec::new();
+        st.inflight = Vec::new();
+        st.queued_rows = 0;
+        st.oldest = None;
+        st.checkpoint = None;
+        st.to_mark = None;
+        let wakers = std::mem::take(&mut st.wakers);
+        drop(st);
+        self.work.notify_all();
+        self.marking.notify_all();
+        self.checkpointed.notify_all();
+        wakers.into_values().flatten().for_each(Waker::wake);
+        StoreError::Failed { cause }
+    }
+}
+
+/// What the writer needs: the [`Options`], its ownership, and where the chain stands.
+#[derive(Debug)]
+pub(super) struct WriterConfig {
+    pub(super) max_batch_rows: usize,
+    pub(super) idle_flush: Option<Duration>,
+    pub(super) crash_after_syncs: Option<u64>,
+    /// The stream (the data directory) and this owner's fencing token.
+    pub(super) stream: String,
+    pub(super) token: u64,
+    /// The chain value before the first event (for a checkpoint at LSN 0).
+    pub(super) genesis: Chain,
+    /// The chain value at the committed LSN.
+    pub(super) chain: Chain,
+    /// Taken by the marker thread when the writer starts.
+    pub(super) head: Option<HeadFile>,
+}
+
+impl WriterConfig {
+    pub(super) fn new(
+        o: &Options,
+        crash_after_syncs: Option<u64>,
+        chain: (Chain, Chain),
+        head: HeadFile,
+        stream: String,
+        token: u64,
+    ) -> WriterConfig {
+        WriterConfig {
+            max_batch_rows: o.max_batch_rows.max(1),
+            idle_flush: o.idle_flush_ms.map(Duration::from_millis),
+            crash_after_syncs,
+            stream,
+            token,
+            genesis: chain.0,
+            chain: chain.1,
+            head: Some(head),
+        }
+    }
+}
+
+/// Marks the store failed if the writer thread exits without a clean close (an error it
+/// could not report otherwise, or a panic), so no waiter blocks forever.
+struct ExitGuard<'a>(&'a Shared);
+
+impl Drop for ExitGuard<'_> {
+    fn drop(&mut self) {
+        let st = self.0.state.lock();
+        if st.failed.is_none() && !(st.closing && st.queue.is_empty() && st.checkpoint.is_none()) {
+            let e =
+                StoreError::Io { op: "run the ledger writer", source: std::io::Error::other("writer thread exited") };
+            self.0.fail(st, e);
+        }
+    }
+}
+
+/// The writer thread's body: commits queued batches until the store closes or fails, while
+/// a marker thread advances the high-water mark behind it (so the mark's sync of commit k
+/// overlaps the SQLite commit of k + 1). On a clean close it folds the write-ahead log into
+/// the database before its connection (the last one) closes.
+///
+/// ```text
+///  writer:  commit k ─┬─ commit k+1 ─┬─ ...          committed = last(k), to_mark = k
+///  marker:            └─ mark k ─────┴─ mark k+1      durable = last(k); wake waiters ≤ it
+/// ```
+pub(super) fn run(shared: &Shared, mut conn: Connection, mut cfg: WriterConfig) {
+    let _guard = ExitGuard(shared);
+    let head = cfg.head.take();
+    std::thread::scope(|s| {
+        let marker = head.map(|head| {
+            std::thread::Builder::new()
+                .name("tidegate-ledger-marker".into())
+                .spawn_scoped(s, move || mark_loop(shared, head))
+        });
+        commit_loop(shared, &mut conn, &mut cfg);
+        shared.state.lock().writer_done = true;
+        shared.marking.notify_all();
+        let failed = match marker {
+            Some(Ok(handle)) => handle.join().err().map(|_| StoreError::Io {
+                op: "mark the ledger",
+                source: std::io::Error::other("the marker thread panicked"),
+            }),
+            Some(Err(e)) => Some(StoreError::Io { op: "start the ledger marker thread", source: e }),
+            None => None,
+        };
+        if let Some(e) = failed {
+            shared.fail(shared.state.lock(), e);
+        }
+    });
+    let closed_cleanly = {
+        let st = shared.state.lock();
+        st.failed.is_none() && st.closing
+    };
+    if closed_cleanly {
+        // TRUNCATE: every frame copied into ledger.db and synced, the log emptied; SQLite
+        // removes it when this connection closes.
+        let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    }
+}
+
+/// The marker thread's body: for the newest commit not yet marked, writes and syncs the
+/// high-water mark, then publishes the commit as durable and wakes its waiters.
+fn mark_loop(shared: &Shared, mut head: HeadFile) {
+    loop {
+        let mut st = shared.state.lock();
+        let (lsn, chain, checkpoint) = loop {
+            if st.failed.is_some() {
+                return;
+            }
+            if let Some(m) = st.to_mark.take() {
+                break m;
+            }
+            if st.writer_done {
+                return;
+            }
+            shared.marking.wait(&mut st);
+        };
+        drop(st);
+        let marked = if lsn > head.lsn() { head.advance(lsn, chain).map(|()| true) } else { Ok(false) };
+        let mut st = shared.state.lock();
+        if st.failed.is_some() {
+            return;
+        }
+        match marked {
+            Ok(wrote) => {
+                if wrote {
+                    st.marks += 1;
+                }
+                debug_assert!(lsn >= st.durable, "durability went backwards");
+                st.durable = lsn;
+                shared.durable.store(lsn, Ordering::Release);
+                st.inflight.retain(|b| b.last() > lsn);
+                if checkpoint > st.checkpoint_written {
+                    st.checkpoint_written = checkpoint;
+                    shared.checkpointed.notify_all();
+                }
+                let later = st.wakers.split_off(&(lsn + 1));
+                let ready = std::mem::replace(&mut st.wakers, later);
+                drop(st);
+                ready.into_values().flatten().for_each(Waker::wake);
+            }
+            Err(e) => {
+                shared.fail(st, e);
+                return;
+            }
+        }
+    }
+}
+
+fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
+    loop {
+        let mut st = shared.state.lock();
+        // Wait until a commit is due.
+        loop {
+            if st.failed.is_some() {
+                return;
+            }
+            if st.queue.is_empty() && st.checkpoint.is_none() {
+                if st.closing {
+                    return;
+                }
+                shared.work.wait(&mut st);
+                continue;
+            }
+            let due_at = match (cfg.idle_flush, st.oldest) {
+                (Some(d), Some(t)) => Some(t + d),
+                _ => None,
+            };
+            if st.closing
+                || st.checkpoint.is_some()
+                || st.wanted > st.committed
+                || st.queued_rows >= cfg.max_batch_rows
+                || due_at.is_some_and(|t| t <= Instant::now())
+            {
+                break;
+            }
+            match due_at {
+                Some(t) => {
+                    shared.work.wait_until(&mut st, t);
+                }
+                None => shared.work.wait(&mut st),
+            }
+        }
+        let batches = std::mem::take(&mut st.queue);
+        let checkpoint = st.checkpoint.take();
+        st.queued_rows = 0;
+        st.oldest = None;
+        if cfg.crash_after_syncs.is_some_and(|n| st.syncs >= n) {
+            let n = st.syncs + 1;
+            shared.fail(st, StoreError::InjectedCrash { what: "sync", n });
+            return;
+        }
+        // Kept visible to `scan` until the marker publishes them as durable.
+        st.inflight.extend(batches.iter().cloned());
+        drop(st);
+
+        let written = commit(conn, &batches, checkpoint.as_ref().map(|(_, l, b)| (*l, &**b)), cfg);
+
+        let mut st = shared.state.lock();
+        if st.failed.is_some() {
+            // Failed meanwhile (crash_now, a crash at an append): the waiters were told.
+            return;
+        }
+        match written {
+            Ok(chain) => {
+                cfg.chain = chain;
+                let committed = batches.last().map_or(st.committed, |b| b.last());
+                st.committed = committed;
+                st.syncs += 1;
+                // The high-water mark follows the commit, before anyone hears of it.
+                let ck = checkpoint.map_or(0, |(seq, _, _)| seq);
+                let ck = st.to_mark.map_or(ck, |(_, _, earlier)| earlier.max(ck));
+                st.to_mark = Some((committed, chain, ck));
+                drop(st);
+                shared.marking.notify_one();
+            }
+            Err(e) => {
+                shared.fail(st, e);
+                return;
+            }
+        }
+    }
+}
+
+/// Writes `batches`, then the checkpoint if one is due, in one transaction and commits it
+/// (durably: `synchronous=FULL`), after checking that this store still owns the stream.
+/// Returns the chain value of the last row written. The checkpoint's LSN is at most the last
+/// LSN appended when it was requested, so its events are already durable or in this very
+/// transaction.
+fn commit(
+    conn: &mut Connection,
+    batches: &[Arc<Batch>],
+    checkpoint: Option<(Lsn, &[u8])>,
+    cfg: &WriterConfig,
+) -> Result<Chain, StoreError> {
+    let path = conn.path().map(std::path::PathBuf::from).unwrap_or_default();
+    let db = |e| crate::error::database("commit queued events", &path, e);
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+    let current: Option<String> =
+        tx.query_row("SELECT value FROM meta WHERE key = 'owner_token'", [], |r| r.get(0)).optional().map_err(db)?;
+    let current = current.and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(u64::MAX);
+    if current != cfg.token {
+        return Err(StoreError::Fenced { stream: cfg.stream.clone(), token: cfg.token, current });
+    }
+    let mut chain = cfg.chain;
+    let mut at_checkpoint = None;
+    {
+        let mut insert = tx
+            .prepare_cached("INSERT INTO events (lsn, tx, kind, body, chain) VALUES (?1, ?2, ?3, ?4, ?5)")
+            .map_err(db)?;
+        for b in batches {
+            for (i, row) in b.rows.iter().enumerate() {
+                let lsn = b.first + i as Lsn;
+                chain = chain.next(lsn, row.body.as_bytes());
+                if checkpoint.is_some_and(|(c, _)| c == lsn) {
+                    at_checkpoint = Some(chain);
+                }
+                // LSNs were checked to fit in an i64 when they were assigned.
+                insert.execute(params![lsn as i64, row.tx, row.kind(), row.body, &chain.0[..]]).map_err(db)?;
+            }
+        }
+    }
+    if let Some((lsn, body)) = checkpoint {
+        let ck_chain = match at_checkpoint {
+            Some(c) => Some(c),
+            None if lsn == 0 => Some(cfg.genesis),
+            None => tx
+                .query_row("SELECT chain FROM events WHERE lsn = ?1", [lsn as i64], |r| r.get::<_, Option<Vec<u8>>>(0))
+                .optional()
+                .map_err(db)?
+                .flatten()
+                .and_then(|b| Chain::from_slice(&b)),
+        };
+        tx.execute(
+            "INSERT OR REPLACE INTO checkpoint (id, lsn, body, written_by, chain) VALUES (1, ?1, ?2, ?3, ?4)",
+            params![lsn as i64, body, crate::open::WRITTEN_BY, ck_chain.map(|c| c.0.to_vec())],
+        )
+        .map_err(db)?;
+    }
+    tx.commit().map_err(db)?;
+    Ok(chain)
+}
