@@ -38,7 +38,23 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<File, StoreError> {
         .truncate(false)
         .open(&path)
         .map_err(|e| crate::error::file("open the lock file", &path, e))?;
-    match file.try_lock() {
+    // A lock held by this very process can look taken for a moment after it was released:
+    // a thread that forks a child (std::process::Command) duplicates every descriptor, and
+    // the child holds the lock until its exec closes them. So a refusal is retried for a
+    // short, bounded time before it is reported.
+    let mut waited = std::time::Duration::ZERO;
+    let step = std::time::Duration::from_millis(20);
+    let patience = std::time::Duration::from_millis(500);
+    let taken = loop {
+        match file.try_lock() {
+            Err(TryLockError::WouldBlock) if waited < patience => {
+                std::thread::sleep(step);
+                waited += step;
+            }
+            other => break other,
+        }
+    };
+    match taken {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
             let mut holder = String::new();
