@@ -113,7 +113,8 @@ fn generate_finished(core: &mut Core, store: &dyn LedgerStore, first: u64, n: u6
     for i in first..first + n {
         let s = &scopes[(i % 64) as usize];
         let now = Timestamp(i);
-        let b = core.begin(BeginRequest { agent: "bench".into(), may_touch: Some(vec![s.clone()]), lease: None }, now);
+        let b =
+            core.begin(BeginRequest { agent: "bench".into(), may_touch: Some(vec![s.clone()]), lease: None }, now)?;
         core.read(b.tx, s, now)?;
         let decl = EffectDecl {
             tool: tool.clone(),

@@ -149,6 +149,34 @@ pub enum EngineError {
         /// Its branches still open.
         branches: Vec<TxId>,
     },
+    /// An effect's arguments are larger than the engine accepts (`CoreConfig::max_args_bytes`).
+    /// Nothing was recorded; the transaction is unchanged.
+    #[error(
+        "arguments of tool `{tool}` are {bytes} bytes of JSON, over the limit of {limit} bytes; pass a \
+         reference (a file or object id) instead of the data, or raise the limit (max_args_bytes)"
+    )]
+    ArgsTooLarge {
+        /// The tool.
+        tool: String,
+        /// The size of the arguments' JSON.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// An allocator reached the end of its range: ids, epochs, stamps and registry versions
+    /// are `u64` and never wrap. Only a ledger holding values no real history reaches (edited
+    /// or forged near `u64::MAX`) gets here; restore the ledger from a backup.
+    #[error(
+        "the {counter} allocator is exhausted (at {value}; the next value would pass u64::MAX): the ledger \
+         holds values no real history reaches; restore it from a backup"
+    )]
+    Exhausted {
+        /// Which allocator: `"transaction id"`, `"epoch"`, `"group id"`, `"commit stamp"`,
+        /// `"tool registry version"`.
+        counter: &'static str,
+        /// Its current value.
+        value: u64,
+    },
 }
 
 impl EngineError {

@@ -33,9 +33,18 @@ struct Node {
     write_sub: u64,
 }
 
-impl Node {
-    fn is_vacant(&self) -> bool {
-        self.children.is_empty() && self.sub.is_empty() && self.write_sub == 0
+/// Dropping a deep subtree the default way recurses once per level; this drops it level by
+/// level with a heap stack, so a scope of any depth (replay accepts logged scopes beyond the
+/// live limits) costs no stack.
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.children.is_empty() {
+            return;
+        }
+        let mut stack: Vec<Node> = self.children.drain().map(|(_, n)| n).collect();
+        while let Some(mut n) = stack.pop() {
+            stack.extend(n.children.drain().map(|(_, c)| c));
+        }
     }
 }
 
@@ -45,9 +54,12 @@ struct Claims(Vec<(u64, u32)>);
 
 impl Claims {
     fn add(&mut self, e: u64) {
+        self.add_n(e, 1);
+    }
+    fn add_n(&mut self, e: u64, n: u32) {
         match self.0.binary_search_by_key(&e, |&(k, _)| k) {
-            Ok(i) => self.0[i].1 += 1,
-            Err(i) => self.0.insert(i, (e, 1)),
+            Ok(i) => self.0[i].1 = self.0[i].1.saturating_add(n),
+            Err(i) => self.0.insert(i, (e, n)),
         }
     }
     fn remove(&mut self, e: u64) -> bool {
@@ -98,25 +110,25 @@ fn is_zero(v: &u64) -> bool {
 
 impl ScopeIndex {
     /// Every node with a claim or a write ending at it, in path order (deterministic).
+    /// Iterative (a heap stack), so depth costs no stack.
     fn flatten(&self) -> Vec<FlatNode> {
-        fn walk(node: &Node, path: &mut Vec<Box<str>>, out: &mut Vec<FlatNode>) {
+        fn sorted(children: &HashMap<Box<str>, Node>) -> Vec<(&str, &Node)> {
+            let mut kids: Vec<(&str, &Node)> = children.iter().map(|(k, n)| (&**k, n)).collect();
+            kids.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            kids
+        }
+        let mut out = Vec::new();
+        // (depth of the node's path, its last path element, the node), popped in path order.
+        let mut stack: Vec<(usize, &str, &Node)> =
+            sorted(&self.roots).into_iter().rev().map(|(k, n)| (0, k, n)).collect();
+        let mut path: Vec<Box<str>> = Vec::new();
+        while let Some((depth, seg, node)) = stack.pop() {
+            path.truncate(depth);
+            path.push(seg.into());
             if !node.here.is_empty() || node.write_here != 0 {
                 out.push(FlatNode { path: path.clone(), here: node.here.0.clone(), write: node.write_here });
             }
-            let mut kids: Vec<_> = node.children.iter().collect();
-            kids.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            for (seg, child) in kids {
-                path.push(seg.clone());
-                walk(child, path, out);
-                path.pop();
-            }
-        }
-        let mut out = Vec::new();
-        let mut roots: Vec<_> = self.roots.iter().collect();
-        roots.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        for (kind, root) in roots {
-            let mut path = vec![kind.clone()];
-            walk(root, &mut path, &mut out);
+            stack.extend(sorted(&node.children).into_iter().rev().map(|(k, n)| (depth + 1, k, n)));
         }
         out
     }
@@ -129,18 +141,14 @@ impl ScopeIndex {
                 return Err("an index node with an empty path".into());
             };
             let mut node = ix.roots.entry(kind.clone()).or_default();
-            for (e, c) in &n.here {
-                for _ in 0..*c {
-                    node.sub.add(*e);
-                }
+            for &(e, c) in &n.here {
+                node.sub.add_n(e, c);
             }
             node.write_sub = node.write_sub.max(n.write);
             for seg in segs {
                 node = node.children.entry(seg.clone()).or_default();
-                for (e, c) in &n.here {
-                    for _ in 0..*c {
-                        node.sub.add(*e);
-                    }
+                for &(e, c) in &n.here {
+                    node.sub.add_n(e, c);
                 }
                 node.write_sub = node.write_sub.max(n.write);
             }
@@ -188,11 +196,46 @@ impl ScopeIndex {
             debug_assert!(false, "unclaim of unknown kind {scope}");
             return;
         };
-        let segs: smallvec::SmallVec<[&str; 8]> = scope.segments().collect();
-        let removed = unclaim_rec(root, &segs, epoch.0);
-        debug_assert!(removed, "unclaim of a scope never claimed: {scope} at {epoch}");
-        if root.is_vacant() && root.here.is_empty() {
+        let e = epoch.0;
+        // Is the claim there? (Nothing changes if not.)
+        let mut node: &Node = root;
+        for seg in scope.segments() {
+            match node.children.get(seg) {
+                Some(c) => node = c,
+                None => {
+                    debug_assert!(false, "unclaim of a scope never claimed: {scope} at {epoch}");
+                    return;
+                }
+            }
+        }
+        if !node.here.0.iter().any(|&(k, _)| k == e) {
+            debug_assert!(false, "unclaim of a scope never claimed: {scope} at {epoch}");
+            return;
+        }
+        // Remove it from every aggregate on the path, and where it ends.
+        let mut node: &mut Node = root;
+        node.sub.remove(e);
+        for seg in scope.segments() {
+            node = node.children.get_mut(seg).expect("checked above");
+            node.sub.remove(e);
+        }
+        node.here.remove(e);
+        // Prune the shallowest node on the path whose subtree holds no claim and no write
+        // (every node below it on the path is then vacant too; no other branch of it exists,
+        // since vacant nodes are never kept).
+        let root = self.roots.get_mut(scope.kind()).expect("present");
+        if root.sub.is_empty() && root.write_sub == 0 {
             self.roots.remove(scope.kind());
+            return;
+        }
+        let mut node: &mut Node = root;
+        for seg in scope.segments() {
+            let child = node.children.get(seg).expect("checked above");
+            if child.sub.is_empty() && child.write_sub == 0 {
+                node.children.remove(seg);
+                return;
+            }
+            node = node.children.get_mut(seg).expect("checked above");
         }
     }
 
@@ -200,14 +243,14 @@ impl ScopeIndex {
     pub(crate) fn blocked_before(&self, scope: &Scope, epoch: Epoch) -> bool {
         let Some(root) = self.roots.get(scope.kind()) else { return false };
         let segs: smallvec::SmallVec<[&str; 8]> = scope.segments().collect();
-        blocked_rec(root, &segs, epoch.0)
+        blocked(root, &segs, epoch.0)
     }
 
     /// The version of `scope`: the largest write stamp overlapping it.
     pub(crate) fn version(&self, scope: &Scope) -> Version {
         let Some(root) = self.roots.get(scope.kind()) else { return Version(0) };
         let segs: smallvec::SmallVec<[&str; 8]> = scope.segments().collect();
-        Version(version_rec(root, &segs))
+        Version(version_of(root, &segs))
     }
 
     /// Records a committed write to `scope` with commit stamp `stamp` (monotonic).
@@ -224,76 +267,79 @@ impl ScopeIndex {
     /// Number of nodes (for tests and stats).
     #[cfg(test)]
     pub(crate) fn node_count(&self) -> usize {
-        fn count(n: &Node) -> usize {
-            1 + n.children.values().map(count).sum::<usize>()
+        let mut stack: Vec<&Node> = self.roots.values().collect();
+        let mut n = 0;
+        while let Some(node) = stack.pop() {
+            n += 1;
+            stack.extend(node.children.values());
         }
-        self.roots.values().map(count).sum()
+        n
     }
-}
-
-fn unclaim_rec(node: &mut Node, segs: &[&str], e: u64) -> bool {
-    let removed = match segs.split_first() {
-        None => node.here.remove(e),
-        Some((first, rest)) => {
-            let Some(child) = node.children.get_mut(*first) else { return false };
-            let removed = unclaim_rec(child, rest, e);
-            if child.is_vacant() && child.here.is_empty() {
-                node.children.remove(*first);
-            }
-            removed
-        }
-    };
-    if removed {
-        node.sub.remove(e);
-    }
-    removed
 }
 
 fn below(c: &Claims, e: u64) -> bool {
     c.min().is_some_and(|m| m < e)
 }
 
-fn blocked_rec(node: &Node, segs: &[&str], e: u64) -> bool {
-    // Quick exit: nothing at or below this node is old enough.
-    if !below(&node.sub, e) {
-        return false;
+/// Whether a claim below epoch `e` overlaps the scope whose segments below `root` are
+/// `segs`. A depth-first search with a heap stack: one path per segment, more only where a
+/// `*` (in the scope or in a claim) matches several children.
+fn blocked(root: &Node, segs: &[&str], e: u64) -> bool {
+    let mut stack: smallvec::SmallVec<[(&Node, usize); 8]> = smallvec::smallvec![(root, 0)];
+    while let Some((node, depth)) = stack.pop() {
+        // Quick exit: nothing at or below this node is old enough.
+        if !below(&node.sub, e) {
+            continue;
+        }
+        let Some(first) = segs.get(depth) else {
+            // Claims ending here or anywhere below extend (or equal) the scope.
+            return true;
+        };
+        // A claim ending here is a prefix of the scope.
+        if below(&node.here, e) {
+            return true;
+        }
+        if *first == "*" {
+            stack.extend(node.children.values().map(|c| (c, depth + 1)));
+            continue;
+        }
+        if let Some(c) = node.children.get(*first) {
+            stack.push((c, depth + 1));
+        }
+        if let Some(c) = node.children.get("*") {
+            stack.push((c, depth + 1));
+        }
     }
-    let Some((first, rest)) = segs.split_first() else {
-        // Claims ending here or anywhere below extend (or equal) the scope.
-        return true;
-    };
-    // A claim ending here is a prefix of the scope.
-    if below(&node.here, e) {
-        return true;
-    }
-    if *first == "*" {
-        return node.children.values().any(|c| blocked_rec(c, rest, e));
-    }
-    if let Some(c) = node.children.get(*first)
-        && blocked_rec(c, rest, e)
-    {
-        return true;
-    }
-    node.children.get("*").is_some_and(|c| blocked_rec(c, rest, e))
+    false
 }
 
-fn version_rec(node: &Node, segs: &[&str]) -> u64 {
-    let Some((first, rest)) = segs.split_first() else { return node.write_sub };
-    let mut v = node.write_here;
-    if v >= node.write_sub {
-        return v;
-    }
-    if *first == "*" {
-        for c in node.children.values() {
-            v = v.max(version_rec(c, rest));
+/// The largest write stamp overlapping the scope whose segments below `root` are `segs`
+/// (iterative, as [`blocked`]).
+fn version_of(root: &Node, segs: &[&str]) -> u64 {
+    let mut v = 0;
+    let mut stack: smallvec::SmallVec<[(&Node, usize); 8]> = smallvec::smallvec![(root, 0)];
+    while let Some((node, depth)) = stack.pop() {
+        if node.write_sub <= v {
+            continue; // nothing at or below this node can raise it
         }
-        return v;
-    }
-    if let Some(c) = node.children.get(*first) {
-        v = v.max(version_rec(c, rest));
-    }
-    if let Some(c) = node.children.get("*") {
-        v = v.max(version_rec(c, rest));
+        let Some(first) = segs.get(depth) else {
+            v = v.max(node.write_sub);
+            continue;
+        };
+        v = v.max(node.write_here);
+        if v >= node.write_sub {
+            continue;
+        }
+        if *first == "*" {
+            stack.extend(node.children.values().map(|c| (c, depth + 1)));
+            continue;
+        }
+        if let Some(c) = node.children.get(*first) {
+            stack.push((c, depth + 1));
+        }
+        if let Some(c) = node.children.get("*") {
+            stack.push((c, depth + 1));
+        }
     }
     v
 }
@@ -334,6 +380,47 @@ mod tests {
         ix.claim(&s("retail:order:W1:lines:3"), Epoch(1));
         assert!(ix.blocked_before(&s("retail:order:*"), Epoch(2)));
         assert!(!ix.blocked_before(&s("retail:order:*:status"), Epoch(2)));
+    }
+
+    /// Regression (issue 10 item 6): a 20,000-segment scope overflowed the stack (one
+    /// recursion per segment) at `seal`. Replay accepts logged scopes beyond the live limits,
+    /// so every index operation, the checkpoint form and dropping the trie are iterative.
+    #[test]
+    fn a_twenty_thousand_segment_scope_costs_no_stack() {
+        let reg = ScopeRegistry::default();
+        let deep = reg.parse_logged(&format!("fs:/{}", vec!["a"; 20_000].join("/"))).unwrap();
+        let deeper = reg.parse_logged(&format!("fs:/{}/b", vec!["a"; 20_000].join("/"))).unwrap();
+        let wild = reg.parse_logged(&format!("fs:/{}", vec!["*"; 20_000].join("/"))).unwrap();
+        let run = move || {
+            let mut ix = ScopeIndex::default();
+            ix.claim(&deep, Epoch(3));
+            assert!(ix.blocked_before(&deeper, Epoch(4)));
+            assert!(ix.blocked_before(&wild, Epoch(4)));
+            assert!(!ix.blocked_before(&deep, Epoch(3)));
+            ix.record_write(&deeper, 7);
+            assert_eq!(ix.version(&deep), Version(7));
+            assert_eq!(ix.version(&wild), Version(7));
+            let json = serde_json::to_string(&ix).unwrap();
+            let back: ScopeIndex = serde_json::from_str(&json).unwrap();
+            assert_eq!(back.flatten(), ix.flatten());
+            drop(back);
+            ix.unclaim(&deep, Epoch(3));
+            assert!(!ix.blocked_before(&deeper, Epoch(4)));
+            assert_eq!(ix.node_count(), 20_002, "the written path stays, the claim is gone");
+            let mut other = ScopeIndex::default();
+            other.claim(&deep, Epoch(1));
+            other.unclaim(&deep, Epoch(1));
+            assert_eq!(other.node_count(), 0, "a claim-only deep path is pruned");
+        };
+        // A small stack, so that a recursion per segment would certainly overflow it.
+        std::thread::Builder::new().stack_size(256 * 1024).spawn(run).unwrap().join().unwrap();
+    }
+
+    #[test]
+    fn a_checkpointed_claim_multiplicity_is_rebuilt_without_a_loop_per_claim() {
+        let nodes = vec![FlatNode { path: vec!["kv".into(), "a".into()], here: vec![(1, u32::MAX)], write: 0 }];
+        let ix = ScopeIndex::unflatten(nodes).unwrap();
+        assert!(ix.blocked_before(&s("kv:a:b"), Epoch(2)));
     }
 
     #[test]

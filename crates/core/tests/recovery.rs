@@ -51,7 +51,7 @@ fn workload(seed: u64) -> (Core, Vec<Event>) {
                         reg.parse("kv:n").unwrap(),
                     ]
                 });
-                open.push(c.begin(BeginRequest { agent: "a".into(), may_touch, lease: None }, now).tx);
+                open.push(c.begin(BeginRequest { agent: "a".into(), may_touch, lease: None }, now).unwrap().tx);
             }
             3..=5 if !open.is_empty() => {
                 let tx = open[rng.gen_range(0..open.len())];
@@ -161,8 +161,8 @@ fn replaying_a_full_ledger_rebuilds_the_same_projections() {
         }
         // Allocators continue where the live engine would.
         let mut live = live;
-        let x = live.begin(BeginRequest::default(), Timestamp(0));
-        let y = rebuilt.begin(BeginRequest::default(), Timestamp(0));
+        let x = live.begin(BeginRequest::default(), Timestamp(0)).unwrap();
+        let y = rebuilt.begin(BeginRequest::default(), Timestamp(0)).unwrap();
         assert_eq!((x.tx, x.epoch), (y.tx, y.epoch), "seed {seed}");
     }
 }
@@ -208,7 +208,7 @@ fn every_prefix_of_a_ledger_recovers_consistently() {
 #[test]
 fn leases_that_ended_while_down_abort_on_recovery() {
     let mut c = Core::new(CoreConfig::default());
-    let t = c.begin(BeginRequest::default(), Timestamp(0)).tx;
+    let t = c.begin(BeginRequest::default(), Timestamp(0)).unwrap().tx;
     let ledger: Vec<Event> = c.take_events().collect();
     let far = Timestamp(3600 * 1_000_000_000);
     let (core, rec) = Core::recover(CoreConfig::default(), ScopeRegistry::default(), ledger, far).unwrap();
@@ -342,7 +342,10 @@ fn a_checkpoint_does_not_grow_with_finished_history() {
         let s = reg.parse("kv:n:1").unwrap();
         for i in 0..n {
             let now = Timestamp(i);
-            let tx = c.begin(BeginRequest { agent: "a".into(), may_touch: Some(vec![s.clone()]), lease: None }, now).tx;
+            let tx = c
+                .begin(BeginRequest { agent: "a".into(), may_touch: Some(vec![s.clone()]), lease: None }, now)
+                .unwrap()
+                .tx;
             c.read(tx, &s, now).unwrap();
             c.seal(tx, now).unwrap();
             c.request_commit(tx).unwrap();

@@ -148,6 +148,14 @@ impl Builder {
         self
     }
 
+    /// The largest arguments of one tool call, in bytes of JSON (default
+    /// [`tidegate_core::engine::MAX_ARGS_BYTES`], 1 MiB); larger calls are refused with
+    /// `EngineError::ArgsTooLarge` before anything is recorded.
+    pub fn max_args_bytes(mut self, bytes: usize) -> Self {
+        self.cfg.max_args_bytes = bytes;
+        self
+    }
+
     /// Disciplines to switch off, for ablation studies (default: none).
     pub fn ablation(mut self, ablation: Ablation) -> Self {
         self.cfg.ablation = ablation;
@@ -377,7 +385,7 @@ impl Tidegate {
         let agent: Arc<str> = opts.agent.as_deref().unwrap_or("agent").into();
         let now = self.inner.clock.now();
         let req = BeginRequest { agent, may_touch, lease: opts.lease };
-        let (begun, _) = self.with_core(|c| Ok(c.begin(req, now)))?;
+        let (begun, _) = self.with_core(|c| c.begin(req, now))?;
         Ok(Transaction::new(self.clone(), begun.tx, begun.epoch))
     }
 
@@ -399,7 +407,7 @@ impl Tidegate {
                 // After a restart the registry already knows the tool from the ledger.
                 self.with_core(|c| {
                     if c.tool_version(&name).is_none() {
-                        c.define_tool(&name);
+                        c.define_tool(&name)?;
                     }
                     Ok(())
                 })?;
@@ -415,7 +423,7 @@ impl Tidegate {
         let mut tools = self.inner.tools.write();
         tools.insert(tool.name_arc().clone(), tool.clone());
         let name = tool.name_arc().clone();
-        self.with_core(|c| Ok(c.define_tool(&name)))?;
+        self.with_core(|c| c.define_tool(&name))?;
         Ok(())
     }
 
@@ -424,7 +432,7 @@ impl Tidegate {
     /// transactions abort at commit. Returns whether the tool was registered.
     pub fn remove_tool(&self, name: &str) -> Result<bool> {
         let name: Arc<str> = Arc::from(name);
-        Ok(self.with_core(|c| Ok(c.remove_tool(&name)))?.0)
+        Ok(self.with_core(|c| c.remove_tool(&name))?.0)
     }
 
     /// The current registry signature of `name` (the registry version that defined it), or

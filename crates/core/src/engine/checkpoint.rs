@@ -237,9 +237,11 @@ impl Replay {
 
     /// Applies the event at LSN [`Replay::lsn`]` + 1`.
     pub fn apply(&mut self, ev: &Event) -> Result<(), RecoverError> {
-        self.core.apply(ev).map_err(|detail| RecoverError {
+        self.core.apply(ev).map_err(|(rule, detail)| RecoverError {
             index: self.lsn,
-            event: format!("{ev:?}").split([' ', '{']).next().unwrap_or("?").to_owned(),
+            lsn: self.lsn + 1,
+            event: event_kind(ev).to_owned(),
+            rule,
             detail,
         })?;
         // Replay re-derives; nothing it produces is a new fact or new work.
@@ -291,6 +293,24 @@ impl Replay {
     /// this replay applied (the tail after a checkpoint).
     pub fn finish(self, now: Timestamp) -> (Core, Recovery) {
         Core::classify(self.core, self.applied, now)
+    }
+}
+
+/// The kind of an event, as the ledger names it.
+fn event_kind(ev: &Event) -> &'static str {
+    match ev {
+        Event::Begin { .. } => "begin",
+        Event::Read { .. } => "read",
+        Event::EffectRecorded { .. } => "effect_recorded",
+        Event::EffectExecuted { .. } => "effect_executed",
+        Event::EffectFailed { .. } => "effect_failed",
+        Event::Sealed { .. } => "sealed",
+        Event::Decided { .. } => "decided",
+        Event::ReleaseStarted { .. } => "release_started",
+        Event::Released { .. } => "released",
+        Event::Compensated { .. } => "compensated",
+        Event::Settled { .. } => "settled",
+        Event::ToolChanged { .. } => "tool_changed",
     }
 }
 

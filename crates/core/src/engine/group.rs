@@ -42,6 +42,10 @@ impl Core {
                 expected: "between 1 and 1024 branches",
             });
         }
+        self.ids_left(branches as u64)?;
+        if self.next_group == u64::MAX {
+            return Err(EngineError::Exhausted { counter: "group id", value: self.next_group });
+        }
         let epoch = Epoch(self.next_epoch);
         self.next_epoch += 1;
         let group = GroupId(self.next_group);

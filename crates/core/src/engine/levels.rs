@@ -163,7 +163,8 @@ impl Core {
                     other.lv.doomed = Some(tx);
                 }
             }
-            self.stamp += 1;
+            // Saturating: at the end of the range the next commit is refused (`Exhausted`).
+            self.stamp = self.stamp.saturating_add(1);
             for s in &scopes {
                 self.index.record_write(s, self.stamp);
             }

@@ -46,7 +46,7 @@ pub use crate::trace::TraceRecord;
 pub use checkpoint::{CHECKPOINT_FORMAT_VERSION, CheckpointError, Replay};
 pub use group::GroupStart;
 pub use ops::{BeginRequest, Begun, EffectView, ReadResult, Recorded, SealedView};
-pub use recover::{InDoubt, RecoverError, Recovery};
+pub use recover::{InDoubt, RecoverError, Recovery, ReplayRule};
 pub use registry::ToolVersion;
 pub use settle::{AbortPlan, CompensationTask, Decision, ExecResult, ReleasePlan, ReleaseTask, Settlement};
 
@@ -83,7 +83,15 @@ pub struct CoreConfig {
     /// Emit one operation record per finished transaction ([`Core::take_traces`]).
     /// Default: off.
     pub trace: bool,
+    /// The largest arguments of one effect, in bytes of their JSON; a larger
+    /// [`Core::record_effect`] is refused ([`EngineError::ArgsTooLarge`]). Default:
+    /// [`MAX_ARGS_BYTES`] (1 MiB).
+    pub max_args_bytes: usize,
 }
+
+/// The default limit on one effect's arguments: 1 MiB of JSON (DESIGN §10: oversized
+/// requests are refused). Tools that move more data pass a reference (a file, an object id).
+pub const MAX_ARGS_BYTES: usize = 1 << 20;
 
 impl Default for CoreConfig {
     fn default() -> Self {
@@ -94,6 +102,7 @@ impl Default for CoreConfig {
             isolation: Isolation::default(),
             ablation: Ablation::default(),
             trace: false,
+            max_args_bytes: MAX_ARGS_BYTES,
         }
     }
 }
@@ -408,6 +417,9 @@ pub struct Core {
     /// Below L2: commit stamps of retracted commits (rare), so that a later read of such a
     /// version names its writer as a predecessor in the trace.
     retracted: HashMap<u64, TxId>,
+    /// Replay's checks of the ledger's order (recover.rs); unused by a live engine.
+    #[serde(default)]
+    guard: recover::ReplayGuard,
 }
 
 /// Counters for monitoring.
@@ -456,6 +468,7 @@ impl Core {
             committing: SmallVec::new(),
             traces: Vec::new(),
             retracted: HashMap::default(),
+            guard: recover::ReplayGuard::default(),
         }
     }
 
@@ -518,6 +531,16 @@ impl Core {
     /// The earliest lease deadline of an open or sealed transaction, if any.
     pub fn next_lease_deadline(&self) -> Option<Timestamp> {
         self.leases.first().map(|&(t, _)| t)
+    }
+
+    /// The next commit stamp. A stamp is never `u64::MAX` (replay refuses it), so the value
+    /// after it always exists; at the end of the range this is [`EngineError::Exhausted`].
+    pub(super) fn next_stamp(&mut self) -> Result<u64, EngineError> {
+        if self.stamp >= u64::MAX - 1 {
+            return Err(EngineError::Exhausted { counter: "commit stamp", value: self.stamp });
+        }
+        self.stamp += 1;
+        Ok(self.stamp)
     }
 
     fn missing(&self, tx: TxId) -> EngineError {

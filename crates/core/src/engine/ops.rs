@@ -118,13 +118,28 @@ impl Core {
         })
     }
 
-    /// Begins a transaction at a fresh epoch.
-    pub fn begin(&mut self, req: BeginRequest, now: Timestamp) -> Begun {
+    /// Begins a transaction at a fresh epoch. Fails only with [`EngineError::Exhausted`]
+    /// (an id allocator at the end of its range).
+    pub fn begin(&mut self, req: BeginRequest, now: Timestamp) -> Result<Begun, EngineError> {
+        self.ids_left(1)?;
         let epoch = Epoch(self.next_epoch);
         self.next_epoch += 1;
-        self.begin_at(req, epoch, None, now)
+        Ok(self.begin_at(req, epoch, None, now))
     }
 
+    /// Refuses a begin of `txs` transactions at one new epoch if an allocator would pass the
+    /// end of its range (`u64::MAX` is never handed out, so "the next one" always exists).
+    pub(super) fn ids_left(&self, txs: u64) -> Result<(), EngineError> {
+        if self.next_epoch == u64::MAX {
+            return Err(EngineError::Exhausted { counter: "epoch", value: self.next_epoch });
+        }
+        if self.next_tx.checked_add(txs).is_none() {
+            return Err(EngineError::Exhausted { counter: "transaction id", value: self.next_tx });
+        }
+        Ok(())
+    }
+
+    /// Begins one transaction; the caller checked [`Core::ids_left`].
     pub(super) fn begin_at(
         &mut self,
         req: BeginRequest,
@@ -243,6 +258,13 @@ impl Core {
                 field: "scopes",
                 value: format!("[] (tool `{}`)", decl.tool),
                 expected: "at least one scope the effect touches",
+            });
+        }
+        if let Err(bytes) = args_within(&decl.args, self.cfg.max_args_bytes) {
+            return Err(EngineError::ArgsTooLarge {
+                tool: decl.tool.to_string(),
+                bytes,
+                limit: self.cfg.max_args_bytes,
             });
         }
         for s in &decl.scopes {
@@ -421,4 +443,59 @@ impl Core {
             }
         }
     }
+}
+
+/// `Ok` if `args` serialises to at most `limit` bytes of JSON, else `Err(size)`. A cheap
+/// upper bound (no formatting, a heap stack, stopping once past the limit) settles the common
+/// case; only arguments it cannot clear are serialised to count exactly.
+fn args_within(args: &Value, limit: usize) -> Result<(), usize> {
+    if json_upper_bound(args, limit) <= limit {
+        return Ok(());
+    }
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    match serde_json::to_writer(&mut n, args) {
+        Ok(()) if n.0 <= limit => Ok(()),
+        _ => Err(n.0.max(limit.saturating_add(1))),
+    }
+}
+
+/// An upper bound of the JSON size of `v` (each string byte counted as a 6-byte escape, each
+/// number as 32 bytes), computed until it passes `stop`.
+fn json_upper_bound(v: &Value, stop: usize) -> usize {
+    let mut n = 0usize;
+    let mut stack: SmallVec<[&Value; 8]> = SmallVec::new();
+    stack.push(v);
+    while let Some(v) = stack.pop() {
+        n = n.saturating_add(match v {
+            Value::Null | Value::Bool(_) => 5,
+            Value::Number(_) => 32,
+            Value::String(s) => s.len().saturating_mul(6).saturating_add(2),
+            Value::Array(a) => {
+                stack.extend(a.iter());
+                a.len() + 2
+            }
+            Value::Object(m) => {
+                let mut k = 2usize;
+                for (key, x) in m {
+                    k = k.saturating_add(key.len().saturating_mul(6).saturating_add(4));
+                    stack.push(x);
+                }
+                k
+            }
+        });
+        if n > stop {
+            return n;
+        }
+    }
+    n
 }

@@ -13,6 +13,7 @@
 //! | aborting, executed compensable effect not compensated  | compensate it (compensations may run twice; handlers must be idempotent) |
 //! | open or sealed, lease ended while the process was down | abort `lease_expired`                 |
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -20,7 +21,7 @@ use smallvec::SmallVec;
 use super::{Core, CoreConfig, Eff, EffStatus, Group, KeyEntry, KeyState, Tx};
 use crate::effect::{AbortReason, EffectClass, HeldAck};
 use crate::error::TxState;
-use crate::ids::{EffectId, Timestamp, TxId};
+use crate::ids::{EffectId, Epoch, GroupId, Timestamp, TxId};
 use crate::ledger::Event;
 use crate::scope::{Scope, ScopeRegistry};
 
@@ -59,16 +60,122 @@ pub struct Recovery {
     pub open: Vec<TxId>,
 }
 
-/// A ledger that cannot be replayed.
+/// The rule of the ledger an event breaks (see [`RecoverError`]). A ledger the engine wrote
+/// never breaks one; a ledger that does was edited, reordered, duplicated, renumbered or forged,
+/// and replaying it would rebuild a state the engine can never be in (issue 11: a duplicated
+/// `begin` hung the next run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReplayRule {
+    /// A `begin` for a transaction id that is already unfinished.
+    DuplicateBegin,
+    /// An event for a transaction id that never began.
+    UnknownTx,
+    /// An event for a transaction that has already settled (other than a late result of a
+    /// call that was in flight at its settlement, or that result's compensation).
+    FinishedTx,
+    /// A transaction id not above every id begun before it (ids are allocated in order and
+    /// never reused), or 0.
+    TxIdNotIncreasing,
+    /// An epoch not above every epoch begun before it (only the branches of one speculation
+    /// group, begun one after the other, share one), or 0.
+    EpochNotIncreasing,
+    /// A speculation group id not above every group begun before it, a branch of a group
+    /// begun after other events, or more than 1,024 branches.
+    GroupOrder,
+    /// A commit stamp not above every earlier commit stamp (or missing), a read of a version
+    /// above every stamp handed out, or a tool registry version that does not increase.
+    StampNotIncreasing,
+    /// A transition the transaction's or the effect's current state does not allow (a read
+    /// after seal, a second decision, a release of an effect that is not held, ...).
+    IllegalTransition,
+    /// A value at `u64::MAX`, which no allocator hands out (the next one would overflow).
+    Overflow,
+    /// A scope that does not parse, or lies outside the transaction's declared may-touch set.
+    BadScope,
+    /// An effect out of issuance order, or one the transaction does not have.
+    EffectOrder,
+    /// An idempotency key used in a way the engine refuses (held by an unfinished
+    /// transaction, or unresolved).
+    KeyConflict,
+    /// A settlement whose effect list does not match the effects recorded.
+    SettlementMismatch,
+}
+
+impl ReplayRule {
+    /// A short name of the rule, as used in error messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayRule::DuplicateBegin => "duplicate begin",
+            ReplayRule::UnknownTx => "event for an unknown transaction",
+            ReplayRule::FinishedTx => "event for a finished transaction",
+            ReplayRule::TxIdNotIncreasing => "transaction ids must increase",
+            ReplayRule::EpochNotIncreasing => "epochs must increase",
+            ReplayRule::GroupOrder => "speculation group out of order",
+            ReplayRule::StampNotIncreasing => "stamps and versions must increase",
+            ReplayRule::IllegalTransition => "transition not allowed from the current state",
+            ReplayRule::Overflow => "value would overflow",
+            ReplayRule::BadScope => "bad scope",
+            ReplayRule::EffectOrder => "effect out of issuance order",
+            ReplayRule::KeyConflict => "idempotency key conflict",
+            ReplayRule::SettlementMismatch => "settlement does not match the effects",
+        }
+    }
+}
+
+impl std::fmt::Display for ReplayRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A ledger that cannot be replayed: the event at `lsn` breaks `rule`. Never retryable: the
+/// ledger must be restored from a backup (or the event removed by an operator who knows why it
+/// is there).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("ledger replay failed at event {index} ({event}): {detail}")]
+#[error("ledger replay refused at LSN {lsn} ({event}): {rule}: {detail}")]
 pub struct RecoverError {
-    /// 0-based position in the replayed sequence.
+    /// 0-based position in the ledger (`lsn - 1`).
     pub index: u64,
+    /// The LSN of the offending event.
+    pub lsn: u64,
     /// The event kind.
     pub event: String,
-    /// What is inconsistent.
+    /// The rule it breaks.
+    pub rule: ReplayRule,
+    /// What is inconsistent, naming the transaction, effect or value.
     pub detail: String,
+}
+
+impl RecoverError {
+    /// Whether retrying may succeed (never: the ledger must change).
+    pub fn retryable(&self) -> bool {
+        false
+    }
+}
+
+/// Bookkeeping only replay needs to check the ledger's order (a function of the ledger,
+/// checkpointed with the projections; a live engine does not maintain it).
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub(super) struct ReplayGuard {
+    /// The largest commit stamp decided so far.
+    last_commit_stamp: u64,
+    /// The group (and its epoch) whose branch the previous event began: the only group a
+    /// following `begin` may add a branch to.
+    open_group: Option<(GroupId, Epoch)>,
+    /// Calls in flight when their transaction settled: a late executed/failed record may
+    /// still come.
+    late_calls: BTreeSet<(TxId, EffectId)>,
+    /// Executed effects of aborted transactions whose compensation was not recorded before
+    /// settlement (or that executed late): a late compensated record may still come.
+    late_comps: BTreeSet<(TxId, EffectId)>,
+}
+
+type Refusal = (ReplayRule, String);
+
+fn refuse<T>(rule: ReplayRule, detail: impl Into<String>) -> Result<T, Refusal> {
+    Err((rule, detail.into()))
 }
 
 impl Core {
@@ -136,16 +243,77 @@ impl Core {
         (core, rec)
     }
 
-    fn parse_logged(&self, s: &str) -> Result<Scope, String> {
-        self.scopes.parse(s).map_err(|e| format!("logged scope no longer parses: {e}"))
+    fn parse_logged(&self, s: &str) -> Result<Scope, Refusal> {
+        // What was accepted once still replays: no size limits here (the index is iterative,
+        // so depth costs no stack).
+        self.scopes.parse_logged(s).map_err(|e| (ReplayRule::BadScope, format!("logged scope no longer parses: {e}")))
     }
 
-    pub(super) fn apply(&mut self, ev: &Event) -> Result<(), String> {
-        let missing = |tx: TxId| format!("event for {tx}, which is not open at this point of the ledger");
+    /// The unfinished transaction an event names, or why there is none.
+    fn replay_tx(&mut self, tx: TxId) -> Result<&mut Tx, Refusal> {
+        if !self.txs.contains_key(&tx) {
+            return if tx.0 == 0 || tx.0 >= self.next_tx {
+                refuse(ReplayRule::UnknownTx, format!("{tx} never began"))
+            } else {
+                refuse(ReplayRule::FinishedTx, format!("{tx} has already settled"))
+            };
+        }
+        Ok(self.txs.get_mut(&tx).expect("checked above"))
+    }
+
+    /// Applies one ledger event to the projections, refusing any event the engine could not
+    /// have written at this point of the ledger (see [`ReplayRule`]).
+    pub(super) fn apply(&mut self, ev: &Event) -> Result<(), Refusal> {
+        use ReplayRule as R;
+        let open_group = self.guard.open_group.take();
+        let no_effect = |tx: TxId, effect: EffectId| (R::EffectOrder, format!("{tx} has no effect {effect}"));
         match ev {
             Event::Begin { tx, epoch, agent, group, may_touch, lease_until } => {
-                self.next_tx = self.next_tx.max(tx.0 + 1);
-                self.next_epoch = self.next_epoch.max(epoch.0 + 1);
+                if self.txs.contains_key(tx) {
+                    return refuse(R::DuplicateBegin, format!("{tx} is already unfinished"));
+                }
+                for (what, v) in [("transaction id", tx.0), ("epoch", epoch.0), ("group id", group.map_or(0, |g| g.0))]
+                {
+                    if v == u64::MAX {
+                        return refuse(R::Overflow, format!("{what} {v} is u64::MAX"));
+                    }
+                }
+                if tx.0 == 0 || tx.0 < self.next_tx {
+                    return refuse(
+                        R::TxIdNotIncreasing,
+                        format!("{tx} begins after transaction ids up to tx-{} were used", self.next_tx - 1),
+                    );
+                }
+                match group {
+                    Some(g) if open_group.is_some_and(|(og, _)| og == *g) => {
+                        let (_, ge) = open_group.expect("matched");
+                        if *epoch != ge {
+                            return refuse(
+                                R::EpochNotIncreasing,
+                                format!("branch {tx} of {g} at {epoch}, the group's epoch is {ge}"),
+                            );
+                        }
+                        if self.groups.get(g).is_some_and(|gr| gr.branches.len() >= 1024) {
+                            return refuse(R::GroupOrder, format!("{g} has more than 1024 branches"));
+                        }
+                    }
+                    Some(g) if g.0 == 0 || g.0 < self.next_group => {
+                        return refuse(
+                            R::GroupOrder,
+                            format!(
+                                "branch {tx} of {g} begins after other events (groups up to group-{} were begun)",
+                                self.next_group - 1
+                            ),
+                        );
+                    }
+                    _ if epoch.0 == 0 || epoch.0 < self.next_epoch => {
+                        return refuse(
+                            R::EpochNotIncreasing,
+                            format!("{tx} begins at {epoch}, after epochs up to e{} were used", self.next_epoch - 1),
+                        );
+                    }
+                    _ => {}
+                }
                 let mut claims: SmallVec<[Scope; 4]> = SmallVec::new();
                 let mt = match may_touch {
                     Some(list) => {
@@ -153,18 +321,23 @@ impl Core {
                         for s in list {
                             let s = self.parse_logged(s)?;
                             if !claims.contains(&s) {
-                                self.index.claim(&s, *epoch);
                                 claims.push(s.clone());
                             }
                             v.push(s);
                         }
                         Some(v)
                     }
-                    None => {
-                        *self.undeclared.entry(*epoch).or_insert(0) += 1;
-                        None
-                    }
+                    None => None,
                 };
+                // Every check passed: change the state.
+                self.next_tx = tx.0 + 1;
+                self.next_epoch = self.next_epoch.max(epoch.0 + 1);
+                for s in &claims {
+                    self.index.claim(s, *epoch);
+                }
+                if mt.is_none() {
+                    *self.undeclared.entry(*epoch).or_insert(0) += 1;
+                }
                 if let Some(g) = group {
                     self.next_group = self.next_group.max(g.0 + 1);
                     self.groups
@@ -172,6 +345,7 @@ impl Core {
                         .or_insert_with(|| Group { branches: SmallVec::new(), winner: None })
                         .branches
                         .push(*tx);
+                    self.guard.open_group = Some((*g, *epoch));
                 }
                 self.leases.insert((*lease_until, *tx));
                 self.txs.insert(
@@ -198,11 +372,40 @@ impl Core {
             Event::Read { tx, scope, version } => {
                 let s = self.parse_logged(scope)?;
                 let now = self.stamp;
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
+                let t = self.replay_tx(*tx)?;
+                if t.state != TxState::Open {
+                    return refuse(R::IllegalTransition, format!("read of `{s}` by {tx}, which is {}", t.state));
+                }
+                if let Some(mt) = &t.may_touch
+                    && !mt.iter().any(|m| m.covers(&s))
+                {
+                    return refuse(R::BadScope, format!("read of `{s}` by {tx} outside its declared may-touch set"));
+                }
+                if version.0 > now {
+                    return refuse(
+                        R::StampNotIncreasing,
+                        format!("{tx} read `{s}` at {version}, above the last stamp {now}"),
+                    );
+                }
+                if t.reads.iter().any(|(r, v)| *r == s && v == version) {
+                    return refuse(R::IllegalTransition, format!("{tx} read `{s}` at {version} twice"));
+                }
                 t.reads.push((s, *version));
                 t.lv.read_at.push(now);
             }
             Event::ToolChanged { tool, version, present } => {
+                if *version == u64::MAX {
+                    return refuse(R::Overflow, format!("registry version {version} of `{tool}` is u64::MAX"));
+                }
+                if *version <= self.registry.version {
+                    return refuse(
+                        R::StampNotIncreasing,
+                        format!("registry version {version} of `{tool}` after version {}", self.registry.version),
+                    );
+                }
+                if !*present && self.registry.current(tool).is_none() {
+                    return refuse(R::IllegalTransition, format!("removal of `{tool}`, which is not registered"));
+                }
                 self.registry.apply(tool, *version, *present);
             }
             Event::EffectRecorded { tx, effect, tool, class, scopes, key, args, compensable, adapter_key } => {
@@ -210,8 +413,44 @@ impl Core {
                 for s in scopes {
                     parsed.push(self.parse_logged(s)?);
                 }
-                let replay =
-                    *adapter_key && matches!(self.keys.get(key), Some(KeyEntry { state: KeyState::Done(_), .. }));
+                if parsed.is_empty() {
+                    return refuse(R::BadScope, format!("effect {effect} of {tx} (tool `{tool}`) has no scope"));
+                }
+                let t = self.replay_tx(*tx)?;
+                if t.state != TxState::Open {
+                    return refuse(
+                        R::IllegalTransition,
+                        format!("effect {effect} recorded for {tx}, which is {}", t.state),
+                    );
+                }
+                if effect.0 as usize != t.effects.len() {
+                    return refuse(
+                        R::EffectOrder,
+                        format!("effect {effect} of {tx} recorded when it has {} effects", t.effects.len()),
+                    );
+                }
+                if let Some(mt) = &t.may_touch
+                    && let Some(s) = parsed.iter().find(|s| !mt.iter().any(|m| m.covers(s)))
+                {
+                    return refuse(
+                        R::BadScope,
+                        format!("effect {effect} of {tx} on `{s}` outside its declared may-touch set"),
+                    );
+                }
+                let key_state = if *adapter_key { self.keys.get(key).map(|k| (&k.state, k.tx)) } else { None };
+                let replay = match key_state {
+                    Some((KeyState::Done(_), _)) => true,
+                    Some((KeyState::Pending, holder)) => {
+                        return refuse(
+                            R::KeyConflict,
+                            format!("key `{key}` of {tx}{effect} is held by unfinished {holder}"),
+                        );
+                    }
+                    Some((KeyState::Unresolved, _)) => {
+                        return refuse(R::KeyConflict, format!("key `{key}` of {tx}{effect} is unresolved"));
+                    }
+                    None => false,
+                };
                 let status = if replay {
                     EffStatus::Replayed
                 } else if class.executes_eagerly() {
@@ -224,10 +463,7 @@ impl Core {
                 if *adapter_key && !replay {
                     self.keys.insert(key.clone(), KeyEntry { tx: *tx, effect: *effect, state: KeyState::Pending });
                 }
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
-                if effect.0 as usize != t.effects.len() {
-                    return Err(format!("effect {effect} of {tx} out of issuance order"));
-                }
+                let t = self.txs.get_mut(tx).expect("checked above");
                 if status == EffStatus::InFlight {
                     t.in_flight += 1;
                 }
@@ -244,36 +480,92 @@ impl Core {
                 });
             }
             Event::EffectExecuted { tx, effect, output } => {
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| format!("no effect {effect} in {tx}"))?;
-                if e.status == EffStatus::InFlight {
-                    e.status = EffStatus::Executed;
-                    t.in_flight -= 1;
+                if !self.txs.contains_key(tx) && self.guard.late_calls.remove(&(*tx, *effect)) {
+                    // The late result of a call in flight at settlement: its compensation follows.
+                    self.guard.late_comps.insert((*tx, *effect));
+                    return Ok(());
+                }
+                let t = self.replay_tx(*tx)?;
+                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                match e.status {
+                    EffStatus::InFlight => {
+                        e.status = EffStatus::Executed;
+                        t.in_flight -= 1;
+                    }
+                    // A key replayed: its output is recorded right after it.
+                    EffStatus::Replayed if e.output.is_none() => {}
+                    ref other => {
+                        return refuse(
+                            R::IllegalTransition,
+                            format!("{tx}{effect} executed, but it is {other:?}, not in flight"),
+                        );
+                    }
                 }
                 e.output = Some(output.clone());
             }
+            Event::EffectFailed { tx, effect, .. }
+                if !self.txs.contains_key(tx) && self.guard.late_calls.remove(&(*tx, *effect)) => {}
             Event::EffectFailed { tx, effect, unknown, .. } => {
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| format!("no effect {effect} in {tx}"))?;
-                if e.status == EffStatus::InFlight {
-                    t.in_flight -= 1;
+                let t = self.replay_tx(*tx)?;
+                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                if e.status != EffStatus::InFlight {
+                    return refuse(
+                        R::IllegalTransition,
+                        format!("{tx}{effect} failed, but it is {:?}, not in flight", e.status),
+                    );
                 }
+                t.in_flight -= 1;
                 e.status = EffStatus::Failed { unknown: *unknown };
             }
             Event::Sealed { tx } => {
-                if !self.txs.contains_key(tx) {
-                    return Err(missing(*tx));
+                let t = self.replay_tx(*tx)?;
+                if t.state != TxState::Open {
+                    return refuse(R::IllegalTransition, format!("seal of {tx}, which is {}", t.state));
+                }
+                if t.in_flight > 0 {
+                    return refuse(R::IllegalTransition, format!("seal of {tx} with {} calls in flight", t.in_flight));
                 }
                 self.freeze_footprint(*tx);
             }
             Event::Decided { tx, commit: true, stamp, .. } => {
-                let stamp = stamp.ok_or_else(|| format!("commit of {tx} without a stamp"))?;
-                self.stamp = self.stamp.max(stamp);
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
+                let Some(stamp) = *stamp else {
+                    return refuse(R::StampNotIncreasing, format!("commit of {tx} without a stamp"));
+                };
+                if stamp == u64::MAX {
+                    return refuse(R::Overflow, format!("commit stamp {stamp} of {tx} is u64::MAX"));
+                }
+                if stamp <= self.guard.last_commit_stamp || stamp < self.stamp {
+                    return refuse(
+                        R::StampNotIncreasing,
+                        format!(
+                            "commit of {tx} at stamp {stamp}, after stamp {}",
+                            self.guard.last_commit_stamp.max(self.stamp)
+                        ),
+                    );
+                }
+                let t = self.replay_tx(*tx)?;
+                if t.state != TxState::Sealed {
+                    return refuse(R::IllegalTransition, format!("commit of {tx}, which is {}", t.state));
+                }
+                if let Some(g) = t.group {
+                    let winner = self.groups.get(&g).and_then(|gr| gr.winner);
+                    if winner.is_some_and(|w| w != *tx) {
+                        return refuse(
+                            R::IllegalTransition,
+                            format!("commit of {tx}, a second branch of {g} to commit"),
+                        );
+                    }
+                    if let Some(gr) = self.groups.get_mut(&g) {
+                        gr.winner = Some(*tx);
+                    }
+                }
+                self.guard.last_commit_stamp = stamp;
+                self.stamp = stamp;
+                let t = self.txs.get_mut(tx).expect("checked above");
                 t.state = TxState::Committing;
                 t.lv.stamp = Some(stamp);
                 self.committing.push(*tx);
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
+                let t = self.txs.get(tx).expect("checked above");
                 for e in &t.effects {
                     if e.status != EffStatus::Replayed {
                         for s in &e.scopes {
@@ -283,18 +575,35 @@ impl Core {
                 }
             }
             Event::Decided { tx, commit: false, reason, .. } => {
-                if self.txs.get(tx).is_some_and(|t| t.state == TxState::Committing) {
+                let t = self.replay_tx(*tx)?;
+                match t.state {
+                    TxState::Open | TxState::Sealed | TxState::Waiting => {}
+                    // A retraction: the first release failed before anything left.
+                    TxState::Committing if !t.effects.iter().any(|e| e.status == EffStatus::Released) => {}
+                    state => return refuse(R::IllegalTransition, format!("abort of {tx}, which is {state}")),
+                }
+                if t.state == TxState::Committing {
                     self.retract(*tx);
                 }
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
+                let t = self.txs.get_mut(tx).expect("checked above");
                 t.state = TxState::Aborting;
                 t.reason = reason.clone();
                 let lease = (t.lease_until, *tx);
                 self.leases.remove(&lease);
             }
             Event::ReleaseStarted { tx, effect } => {
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| format!("no effect {effect} in {tx}"))?;
+                let t = self.replay_tx(*tx)?;
+                let state = t.state;
+                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                if state != TxState::Committing || !matches!(e.status, EffStatus::Held(_)) {
+                    return refuse(
+                        R::IllegalTransition,
+                        format!(
+                            "release of {tx}{effect} started, but the transaction is {state} and the effect {:?}",
+                            e.status
+                        ),
+                    );
+                }
                 // Until a Released record says otherwise, the outcome is unknown.
                 e.status = EffStatus::ReleaseFailed {
                     error: "outcome unknown: the process stopped during the release".into(),
@@ -302,8 +611,18 @@ impl Core {
                 };
             }
             Event::Released { tx, effect, output, error, unknown } => {
-                let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| format!("no effect {effect} in {tx}"))?;
+                let t = self.replay_tx(*tx)?;
+                let state = t.state;
+                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                // Held (a ledger without release_started), started, or probed after a restart.
+                let ok = state == TxState::Committing
+                    && matches!(e.status, EffStatus::Held(_) | EffStatus::ReleaseFailed { unknown: true, .. });
+                if !ok {
+                    return refuse(
+                        R::IllegalTransition,
+                        format!("{tx}{effect} released, but the transaction is {state} and the effect {:?}", e.status),
+                    );
+                }
                 match error {
                     None => {
                         e.status = EffStatus::Released;
@@ -313,19 +632,78 @@ impl Core {
                 }
             }
             Event::Compensated { tx, effect, residue, error } => {
-                // Late compensations arrive for settled transactions: nothing to rebuild.
-                let Some(t) = self.txs.get_mut(tx) else { return Ok(()) };
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| format!("no effect {effect} in {tx}"))?;
+                if !self.txs.contains_key(tx) && self.guard.late_comps.remove(&(*tx, *effect)) {
+                    // A late compensation of a settled transaction: a clean one frees the key
+                    // its settlement left unresolved (as `Core::late_compensated` does).
+                    if residue.is_none() && error.is_none() {
+                        let key = self
+                            .keys
+                            .iter()
+                            .find(|(_, k)| {
+                                k.tx == *tx && k.effect == *effect && matches!(k.state, KeyState::Unresolved)
+                            })
+                            .map(|(key, _)| key.clone());
+                        if let Some(key) = key {
+                            self.keys.remove(&key);
+                        }
+                    }
+                    return Ok(());
+                }
+                let t = self.replay_tx(*tx)?;
+                let state = t.state;
+                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                if state != TxState::Aborting || e.status != EffStatus::Executed {
+                    return refuse(
+                        R::IllegalTransition,
+                        format!(
+                            "{tx}{effect} compensated, but the transaction is {state} and the effect {:?}",
+                            e.status
+                        ),
+                    );
+                }
                 e.status = match error {
                     None => EffStatus::Compensated { residue: residue.clone() },
                     Some(m) => EffStatus::CompensationFailed(m.clone()),
                 };
             }
             Event::Settled { tx, committed, effects } => {
-                let t = self.txs.remove(tx).ok_or_else(|| missing(*tx))?;
+                let t = self.replay_tx(*tx)?;
+                let expected = if *committed { TxState::Committing } else { TxState::Aborting };
+                if t.state != expected {
+                    let what = if *committed { "committed" } else { "aborted" };
+                    return refuse(R::IllegalTransition, format!("{tx} settled {what}, but it is {}", t.state));
+                }
+                if effects.len() != t.effects.len() {
+                    return refuse(
+                        R::SettlementMismatch,
+                        format!(
+                            "settlement of {tx} lists {} effects, the ledger recorded {}",
+                            effects.len(),
+                            t.effects.len()
+                        ),
+                    );
+                }
+                if let Some((i, (id, ..))) = effects.iter().enumerate().find(|(i, (id, ..))| id.0 as usize != *i) {
+                    return refuse(R::SettlementMismatch, format!("settlement of {tx} lists {id} in position {i}"));
+                }
+                let t = self.txs.remove(tx).expect("checked above");
                 // The live engine dropped the lease when the commit was requested (no event);
                 // drop it here, or replayed lease entries would grow with history.
                 self.leases.remove(&(t.lease_until, *tx));
+                if !*committed {
+                    for (i, e) in t.effects.iter().enumerate() {
+                        let id = (*tx, EffectId(i as u32));
+                        match e.status {
+                            EffStatus::InFlight => {
+                                self.guard.late_calls.insert(id);
+                            }
+                            EffStatus::Executed if e.compensable => {
+                                self.guard.late_comps.insert(id);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
                 let outcome = crate::effect::Outcome {
                     tx: *tx,
                     epoch: t.epoch,
@@ -347,13 +725,6 @@ impl Core {
                         .collect(),
                     partial: None,
                 };
-                if outcome.effects.len() != t.effects.len() {
-                    return Err(format!(
-                        "settlement of {tx} lists {} effects, the ledger recorded {}",
-                        effects.len(),
-                        t.effects.len()
-                    ));
-                }
                 if *committed {
                     self.committed += 1;
                 } else {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::Core;
+use crate::error::EngineError;
 use crate::ledger::Event;
 
 /// One tool's definition as visible at some registry version.
@@ -52,24 +53,33 @@ impl Core {
     /// Adds or redefines `tool` in the registry; returns its new signature (the registry
     /// version after the change). Transactions that pinned the earlier definition fail
     /// validation at commit under L4.
-    pub fn define_tool(&mut self, tool: &Arc<str>) -> ToolVersion {
-        self.registry.version += 1;
-        let version = self.registry.version;
+    ///
+    /// Fails only with [`EngineError::Exhausted`] (the registry version at the end of its
+    /// range).
+    pub fn define_tool(&mut self, tool: &Arc<str>) -> Result<ToolVersion, EngineError> {
+        let version = self.next_registry_version()?;
         self.registry.apply(tool, version, true);
         self.events.push(Event::ToolChanged { tool: tool.clone(), version, present: true });
-        ToolVersion { signature: version }
+        Ok(ToolVersion { signature: version })
     }
 
     /// Removes `tool` from the registry. Returns whether it was present.
-    pub fn remove_tool(&mut self, tool: &Arc<str>) -> bool {
+    pub fn remove_tool(&mut self, tool: &Arc<str>) -> Result<bool, EngineError> {
         if self.registry.current(tool).is_none() {
-            return false;
+            return Ok(false);
         }
-        self.registry.version += 1;
-        let version = self.registry.version;
+        let version = self.next_registry_version()?;
         self.registry.apply(tool, version, false);
         self.events.push(Event::ToolChanged { tool: tool.clone(), version, present: false });
-        true
+        Ok(true)
+    }
+
+    fn next_registry_version(&self) -> Result<u64, EngineError> {
+        // Replay refuses u64::MAX, so it is never handed out.
+        match self.registry.version.checked_add(1) {
+            Some(v) if v < u64::MAX => Ok(v),
+            _ => Err(EngineError::Exhausted { counter: "tool registry version", value: self.registry.version }),
+        }
     }
 
     /// The current definition of `tool`, if registered.

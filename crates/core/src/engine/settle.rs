@@ -212,9 +212,8 @@ impl Core {
                 return Ok(Decision::Wait);
             }
         }
+        let stamp = self.next_stamp()?;
         self.waiting.remove(&(epoch, tx));
-        self.stamp += 1;
-        let stamp = self.stamp;
         self.committing.push(tx);
         let reg = self.registry.version;
         let t = self.txs.get_mut(&tx).expect("present");
