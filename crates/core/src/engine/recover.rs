@@ -222,7 +222,7 @@ impl Core {
                     EffStatus::Held(HeldAck::Queued)
                 };
                 if *adapter_key && !replay {
-                    self.keys.insert(key.clone(), KeyEntry { tx: *tx, effect: *effect, state: KeyState::Pending });
+                    self.keys.insert(key.clone(), KeyEntry::pending(*tx, *effect, tool, args));
                 }
                 let t = self.txs.get_mut(tx).ok_or_else(|| missing(*tx))?;
                 if effect.0 as usize != t.effects.len() {
