@@ -47,6 +47,7 @@ fn classify(err: &Error) -> (&'static str, String) {
             EngineError::WrongState { .. } => ("WrongState", "wrong_state".into()),
             _ => ("TidegateError", "engine".into()),
         },
+        Error::Finished { .. } => ("WrongState", "settled".into()),
         Error::Store(_) => ("StoreError", "store".into()),
         Error::InvalidArgument { .. } => ("InvalidArgument", "invalid_argument".into()),
         Error::UnknownTool { .. } => ("UnknownTool", "unknown_tool".into()),

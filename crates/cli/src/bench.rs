@@ -121,6 +121,7 @@ fn generate_finished(core: &mut Core, store: &dyn LedgerStore, first: u64, n: u6
             class: EffectClass::Gated,
             scopes: vec![s.clone()],
             key: None,
+            call_id: None,
             args: Arc::new(json!(50_000 + i % 64)),
             compensable: false,
         };

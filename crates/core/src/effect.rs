@@ -77,8 +77,14 @@ pub struct EffectDecl {
     pub class: EffectClass,
     /// The canonical scopes the call may touch (at least one).
     pub scopes: Vec<Scope>,
-    /// The idempotency key; `None` derives `tool:tx:args-hash`.
+    /// The adapter's idempotency key, engine-wide and kept across restarts. `None` derives
+    /// a key local to the transaction: `tool:tx:call:<call_id>` with [`EffectDecl::call_id`],
+    /// else `tool:tx:n` with `n` the call's issuance position (so every call is a new one).
     pub key: Option<Arc<str>>,
+    /// The caller's id for this call within its transaction (an LLM's tool-call id, a step
+    /// number): a call repeated with the same id is a retry and replays the first one's
+    /// outcome. Only used when `key` is `None`.
+    pub call_id: Option<Arc<str>>,
     /// The call's arguments (also its staged value for bufferable effects).
     pub args: Arc<Value>,
     /// Whether the adapter supplied a compensation handler.

@@ -99,6 +99,22 @@ pub enum EngineError {
         /// The key.
         key: String,
     },
+    /// The idempotency key was first used for a different call: another tool, or the same
+    /// tool with other arguments. Nothing ran; use a fresh key for a different call.
+    #[error(
+        "idempotency key `{key}` was first used for {first}; this call ({this}) differs in {differs}: \
+         a key names one call, use a new key for a different one"
+    )]
+    KeyReused {
+        /// The key.
+        key: String,
+        /// The first use: tool and arguments (or their hash once its transaction settled).
+        first: String,
+        /// This call: tool and arguments.
+        this: String,
+        /// What differs: `tool`, or `arguments` with the differing fields when known.
+        differs: String,
+    },
     /// A malformed argument.
     #[error("invalid `{field}` = {value}: expected {expected}")]
     InvalidArgument {

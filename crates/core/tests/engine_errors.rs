@@ -14,6 +14,7 @@ fn decl(core: &Core, tool: &str, class: EffectClass, scope: &str) -> EffectDecl 
         class,
         scopes: vec![core.scopes().parse(scope).unwrap()],
         key: None,
+        call_id: None,
         args: Arc::new(json!({"s": scope})),
         compensable: true,
     }

@@ -60,13 +60,20 @@ fn workload(seed: u64) -> (Core, Vec<Event>) {
                     let _ = c.read(tx, &scope, now);
                 } else {
                     let class = CLASSES[rng.gen_range(0..CLASSES.len())];
-                    let key = rng.gen_bool(0.3).then(|| Arc::from(format!("k{}", rng.gen_range(0..4))));
+                    let key: Option<Arc<str>> =
+                        rng.gen_bool(0.3).then(|| Arc::from(format!("k{}", rng.gen_range(0..4))));
+                    // A key is reused with its own arguments (other arguments are refused).
+                    let args = match &key {
+                        Some(k) => json!(&**k),
+                        None => json!(step),
+                    };
                     let decl = EffectDecl {
                         tool: "t".into(),
                         class,
                         scopes: vec![scope],
                         key,
-                        args: Arc::new(json!(step)),
+                        call_id: None,
+                        args: Arc::new(args),
                         compensable: rng.gen_bool(0.8),
                     };
                     if let Ok(Recorded::Execute(e)) = c.record_effect(tx, decl, now) {

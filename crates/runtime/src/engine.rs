@@ -239,7 +239,7 @@ impl Builder {
         };
         Ok(Tidegate {
             inner: Arc::new(Inner {
-                shared: Mutex::new(Shared { core, waiters: HashMap::default() }),
+                shared: Mutex::new(Shared { core, waiters: HashMap::default(), endings: Endings::default() }),
                 recovery: Mutex::new(recovery),
                 scopes: self.scopes,
                 store,
@@ -277,6 +277,72 @@ impl Drop for OwnedRuntime {
 pub(crate) struct Shared {
     pub(crate) core: Core,
     pub(crate) waiters: HashMap<TxId, Arc<Notify>>,
+    /// How recently decided transactions ended, so that an error about one says how.
+    pub(crate) endings: Endings,
+}
+
+/// How a transaction ended, as its ledger events said.
+#[derive(Debug, Clone)]
+pub(crate) struct Ending {
+    committed: bool,
+    reason: Option<tidegate_core::AbortReason>,
+    settled: bool,
+}
+
+/// The endings of the last [`Endings::CAPACITY`] decided transactions (the engine itself
+/// forgets a finished transaction; this bounded memory only serves error messages).
+#[derive(Debug, Default)]
+pub(crate) struct Endings {
+    map: HashMap<TxId, Ending>,
+    order: std::collections::VecDeque<TxId>,
+}
+
+impl Endings {
+    const CAPACITY: usize = 4096;
+
+    /// Notes a decision or a settlement, as it goes to the ledger.
+    fn note(&mut self, event: &tidegate_core::Event) {
+        use tidegate_core::Event;
+        match event {
+            Event::Decided { tx, commit, reason, .. } => {
+                let ending = Ending { committed: *commit, reason: reason.clone(), settled: false };
+                if self.map.insert(*tx, ending).is_none() {
+                    self.order.push_back(*tx);
+                    if self.order.len() > Self::CAPACITY
+                        && let Some(old) = self.order.pop_front()
+                    {
+                        self.map.remove(&old);
+                    }
+                }
+            }
+            Event::Settled { tx, committed, .. } => {
+                if let Some(e) = self.map.get_mut(tx) {
+                    e.committed = *committed;
+                    e.settled = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Why `tx` aborted, if it was decided recently and aborted.
+    pub(crate) fn abort_reason(&self, tx: TxId) -> Option<tidegate_core::AbortReason> {
+        self.map.get(&tx).filter(|e| !e.committed).and_then(|e| e.reason.clone())
+    }
+
+    /// `err` about `tx`, saying how the transaction ended when it is known.
+    pub(crate) fn explain(&self, err: tidegate_core::EngineError) -> Error {
+        use tidegate_core::{EngineError, TxState};
+        let tx = match &err {
+            EngineError::Settled { tx } => *tx,
+            EngineError::WrongState { tx, state: TxState::Aborting | TxState::Committing, .. } => *tx,
+            _ => return Error::Engine(err),
+        };
+        match self.map.get(&tx) {
+            Some(e) => Error::Finished { tx, committed: e.committed, reason: e.reason.clone(), settled: e.settled },
+            None => Error::Engine(err),
+        }
+    }
 }
 
 pub(crate) struct Inner {
@@ -536,6 +602,10 @@ impl Tidegate {
         let r = f(&mut g.core);
         let mut lsn = 0;
         if g.core.has_events() {
+            let Shared { core, endings, .. } = &mut *g;
+            for e in core.events() {
+                endings.note(e);
+            }
             // With automatic checkpoints, the batch is also handed to the replaying shadow
             // (one clone per event, in ledger order, instead of re-reading the store).
             let fed = self.inner.checkpointer.as_ref().filter(|ck| ck.feeding());
@@ -596,7 +666,10 @@ impl Tidegate {
                 _ => {}
             }
         }
-        Ok((r?, lsn))
+        match r {
+            Ok(r) => Ok((r, lsn)),
+            Err(e) => Err(self.inner.shared.lock().endings.explain(e)),
+        }
     }
 
     /// Waits until the ledger holds everything up to `lsn` durably.

@@ -50,7 +50,7 @@ pub use error::{Error, Result};
 pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
 pub use recover::RecoveryReport;
-pub use run::DEFAULT_ATTEMPTS;
+pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};
 pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};
 pub use tidegate_core::{
     Ablation, AbortReason, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, Isolation, Level,

@@ -66,10 +66,38 @@ impl Ack {
 /// Per-call options of [`Transaction::call_with`].
 #[derive(Debug, Clone, Default)]
 pub struct CallOptions {
-    /// Overrides the tool's idempotency key.
+    /// Overrides the tool's idempotency key (engine-wide, kept across restarts; reusing it
+    /// for another tool or other arguments is refused with `EngineError::KeyReused`).
     pub key: Option<String>,
     /// Overrides the tool's scope extractor.
     pub scopes: Option<Vec<String>>,
+    /// Names the call within its transaction (an LLM's tool-call id, a step number), for a
+    /// call without an idempotency key: calling again with the same id is a retry and
+    /// replays the first call's outcome. Without it (and without a key) every call is a new
+    /// one, even with the same arguments.
+    pub call_id: Option<String>,
+}
+
+impl CallOptions {
+    /// Options with this idempotency key.
+    pub fn key(key: impl Into<String>) -> CallOptions {
+        CallOptions { key: Some(key.into()), ..CallOptions::default() }
+    }
+
+    /// Options naming the call (see [`CallOptions::call_id`]).
+    pub fn call_id(id: impl Into<String>) -> CallOptions {
+        CallOptions { call_id: Some(id.into()), ..CallOptions::default() }
+    }
+
+    /// These options with the scopes given instead of the tool's extractor's.
+    pub fn with_scopes<I, S>(mut self, scopes: I) -> CallOptions
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.scopes = Some(scopes.into_iter().map(Into::into).collect());
+        self
+    }
 }
 
 /// Options of [`Transaction::commit_with`].
@@ -114,9 +142,11 @@ impl Transaction {
         &self.engine
     }
 
-    /// The transaction's lifecycle state (`Err(Settled)` once it has finished).
+    /// The transaction's lifecycle state; once it has finished, an error saying how it ended
+    /// ([`Error::Finished`], or `Settled` if it ended long ago).
     pub fn state(&self) -> Result<TxState> {
-        Ok(self.engine.inner.shared.lock().core.state(self.id)?)
+        let g = self.engine.inner.shared.lock();
+        g.core.state(self.id).map_err(|e| g.endings.explain(e))
     }
 
     /// Records a read of `scope` at its committed version; returns the version and, if this
@@ -154,6 +184,7 @@ impl Transaction {
             class: tool.class(),
             scopes,
             key,
+            call_id: opts.call_id.map(Arc::from),
             args: args.clone(),
             compensable: tool.compensable(),
         };
@@ -231,7 +262,7 @@ impl Transaction {
     }
 
     fn settled_error(&self, _msg: Option<String>) -> Error {
-        Error::Engine(tidegate_core::EngineError::Settled { tx: self.id })
+        self.engine.inner.shared.lock().endings.explain(tidegate_core::EngineError::Settled { tx: self.id })
     }
 
     /// Adds a pre-commit hook for this transaction only (for example a human approval).

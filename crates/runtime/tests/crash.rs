@@ -274,7 +274,7 @@ async fn an_adapter_key_that_executed_replays_after_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
     let world = World::new();
     let charge = world.tool("charge", EffectClass::Idempotent, "retail:payment");
-    let opts = || tidegate_runtime::CallOptions { key: Some("charge-order-42".into()), scopes: None };
+    let opts = || tidegate_runtime::CallOptions::key("charge-order-42");
     {
         let store = Arc::new(tidegate_sqlite::SqliteStore::open(&dir).unwrap());
         let tg = Tidegate::builder().store(store).build().unwrap();

@@ -331,6 +331,12 @@ struct CallPlan {
 }
 
 impl CallPlan {
+    /// Names the call by its uid, so that a retry of it (same uid, same arguments) replays
+    /// while two distinct calls with equal arguments would both run.
+    fn opts(&self) -> tidegate_runtime::CallOptions {
+        tidegate_runtime::CallOptions::call_id(self.uid.to_string())
+    }
+
     fn args(&self) -> Value {
         json!({
             "u": self.uid,
@@ -725,7 +731,8 @@ enum CallResult {
     Queued { effect: u32 },
     /// Not run: the recorded output of call `out` was returned.
     Replayed { effect: u32, out: u64 },
-    /// Refused without effect (the key is held by an unfinished transaction, or unresolved).
+    /// Refused without effect (the key is held by an unfinished transaction, unresolved, or
+    /// was first used for another call).
     Refused,
     /// The call failed and aborted the transaction, or the transaction was gone.
     Failed,
@@ -757,6 +764,8 @@ struct TxRec {
     veto: bool,
     wait_timeout: bool,
     outcome: Option<Outcome>,
+    /// Keyed calls that executed in this transaction.
+    keyed_executed: Vec<CallPlan>,
 }
 
 impl TxRec {
@@ -770,6 +779,7 @@ impl TxRec {
             idle_from: None,
             reads: Vec::new(),
             calls: Vec::new(),
+            keyed_executed: Vec::new(),
             staged: Vec::new(),
             aborted_by_agent: false,
             violated: false,
@@ -820,6 +830,11 @@ struct Agent {
     tools: Arc<Vec<Tool>>,
     lease: Duration,
     report: AgentReport,
+    /// Keyed calls that executed in this agent's committed transactions: a later call may
+    /// repeat one (same arguments, same key) and must be replayed, never run again.
+    committed_keyed: Vec<CallPlan>,
+    /// The declaration of the single (non-group) transaction running, if one is.
+    single_decl: Option<Option<Vec<&'static str>>>,
 }
 
 /// Whether the transaction can still be used.
@@ -844,6 +859,18 @@ impl Agent {
         self.report
     }
 
+    /// For some keyed calls of a single transaction: a keyed call this agent committed
+    /// earlier whose scopes the declaration allows, repeated as is (it must replay).
+    fn repeat_committed(&self, plan: &CallPlan) -> CallPlan {
+        let Some(decl) = &self.single_decl else { return plan.clone() };
+        if !TOOLS[plan.tool].keyed || self.committed_keyed.is_empty() || plan.uid % 2 == 0 {
+            return plan.clone();
+        }
+        let old = &self.committed_keyed[plan.uid as usize % self.committed_keyed.len()];
+        let allowed = |s: &&str| decl.as_ref().is_none_or(|d| d.iter().any(|m| reference::covers(m, s)));
+        if old.scopes.iter().all(allowed) { old.clone() } else { plan.clone() }
+    }
+
     fn problem(&mut self, what: String) {
         self.report.problems.push(format!("agent {}: {what}", self.idx));
     }
@@ -863,6 +890,7 @@ impl Agent {
         match e {
             Error::Aborted(o) => rec.outcome = Some(*o),
             Error::Engine(EngineError::Settled { .. })
+            | Error::Finished { committed: false, .. }
             | Error::Engine(EngineError::WrongState { state: TxState::Aborting, .. })
             | Error::Engine(EngineError::ProtocolViolation { .. }) => {}
             other => self.problem(format!("{op} on {}: unexpected error: {other}", rec.tx)),
@@ -880,6 +908,7 @@ impl Agent {
             Err(e) => return self.problem(format!("begin: {e}")),
         };
         let mut rec = TxRec::new(tx.id(), self.idx, None, lease.unwrap_or(self.lease));
+        self.single_decl = Some(decl.clone());
         let mut last = None;
         let mut flow = Flow::Alive;
         for op in &ops {
@@ -890,6 +919,10 @@ impl Agent {
         }
         if flow == Flow::Alive {
             self.end(&tx, &mut rec, end).await;
+        }
+        self.single_decl = None;
+        if rec.outcome.as_ref().is_some_and(|o| o.committed) {
+            self.committed_keyed.append(&mut rec.keyed_executed);
         }
         self.report.txs.push(rec);
     }
@@ -904,6 +937,7 @@ impl Agent {
         match op {
             Op::Read(s) => self.read(tx, rec, s),
             Op::Call(plan) => {
+                let plan = &self.repeat_committed(plan);
                 let (flow, result) = self.call(tx, rec, plan, None).await;
                 *last = Some((plan.clone(), result));
                 flow
@@ -981,7 +1015,7 @@ impl Agent {
         previous: Option<CallResult>,
     ) -> (Flow, CallResult) {
         let at = Instant::now();
-        let result = tx.call(&self.tools[plan.tool], plan.args()).await;
+        let result = tx.call_with(&self.tools[plan.tool], plan.args(), plan.opts()).await;
         self.note_call(rec, plan, previous, at, result)
     }
 
@@ -994,7 +1028,10 @@ impl Agent {
         b: &CallPlan,
     ) -> Flow {
         let at = Instant::now();
-        let (ra, rb) = futures::join!(tx.call(&self.tools[a.tool], a.args()), tx.call(&self.tools[b.tool], b.args()));
+        let (ra, rb) = futures::join!(
+            tx.call_with(&self.tools[a.tool], a.args(), a.opts()),
+            tx.call_with(&self.tools[b.tool], b.args(), b.opts())
+        );
         let (fa, _) = self.note_call(rec, a, None, at, ra);
         let (fb, _) = self.note_call(rec, b, None, at, rb);
         if fa == Flow::Gone || fb == Flow::Gone { Flow::Gone } else { Flow::Alive }
@@ -1030,6 +1067,9 @@ impl Agent {
                 if !class_ok {
                     self.problem(format!("{} call #{} of `{}` was acknowledged as {r:?}", rec.tx, plan.uid, spec.name));
                 }
+                if spec.keyed && matches!(r, CallResult::Executed { .. }) {
+                    rec.keyed_executed.push(plan.clone());
+                }
                 if let CallResult::Staged { effect } = r
                     && !rec.staged.iter().any(|&(_, _, e)| e == effect)
                 {
@@ -1038,6 +1078,18 @@ impl Agent {
                 (Flow::Alive, r)
             }
             Err(Error::Engine(EngineError::KeyInUse { .. } | EngineError::KeyUnresolved { .. })) => {
+                rec.touches.push(at);
+                (Flow::Alive, CallResult::Refused)
+            }
+            // Every new call has a new uid in its arguments, so an adapter key the engine still
+            // remembers is refused for it; only the same call (a retry) may reuse a key.
+            Err(Error::Engine(EngineError::KeyReused { ref differs, ref this, .. })) => {
+                if !spec.keyed || !differs.starts_with("arguments") {
+                    self.problem(format!(
+                        "{} call #{} of `{}` refused as a key reuse: {this}, {differs}",
+                        rec.tx, plan.uid, spec.name
+                    ));
+                }
                 rec.touches.push(at);
                 (Flow::Alive, CallResult::Refused)
             }
@@ -1100,7 +1152,7 @@ impl Agent {
                 }
                 sleep_ms(think_after_seal).await;
                 if let Some(plan) = effect_after_seal {
-                    match tx.call(&self.tools[plan.tool], plan.args()).await {
+                    match tx.call_with(&self.tools[plan.tool], plan.args(), plan.opts()).await {
                         Err(Error::Engine(EngineError::ProtocolViolation { .. })) => {
                             rec.violated = true;
                             rec.idle_now();
@@ -1222,9 +1274,12 @@ impl Agent {
                     }
                 }
                 // The chosen branch could not win (it aborted already): give up on the group.
-                Err(Error::Engine(
-                    EngineError::WrongState { .. } | EngineError::Settled { .. } | EngineError::UnknownGroup { .. },
-                )) => abort_group = true,
+                Err(
+                    Error::Engine(
+                        EngineError::WrongState { .. } | EngineError::Settled { .. } | EngineError::UnknownGroup { .. },
+                    )
+                    | Error::Finished { .. },
+                ) => abort_group = true,
                 Err(e) => {
                     self.problem(format!("choose {} in group {group}: {e}", w.id()));
                     abort_group = true;
@@ -1324,8 +1379,15 @@ async fn drive(plan: &SchedulePlan) -> Result<History, String> {
         .iter()
         .enumerate()
         .map(|(idx, a)| {
-            let agent =
-                Agent { idx, tg: tg.clone(), tools: tools.clone(), lease: plan.lease, report: AgentReport::default() };
+            let agent = Agent {
+                idx,
+                tg: tg.clone(),
+                tools: tools.clone(),
+                lease: plan.lease,
+                report: AgentReport::default(),
+                committed_keyed: Vec::new(),
+                single_decl: None,
+            };
             tokio::spawn(agent.run(a.clone()))
         })
         .collect();
@@ -2099,7 +2161,10 @@ fn check(h: &History) -> Result<Coverage, String> {
                     continue;
                 }
                 let out = e.executed.as_ref().and_then(|v| v["u"].as_u64()).unwrap_or(0);
-                if out != e.args.uid {
+                // (A call repeated with its key carries the first call's arguments and uid.)
+                let executed_elsewhere =
+                    owner.get(&e.args.uid).is_some_and(|v| v.iter().any(|(t, _, replayed)| t != id && !replayed));
+                if out != e.args.uid || executed_elsewhere {
                     cov.add("cross_tx_replays", 1);
                 }
                 let (x, c) = (hits.get(&(out, "exec")).copied(), hits.get(&(out, "comp")).copied());

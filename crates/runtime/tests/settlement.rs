@@ -69,7 +69,9 @@ async fn tool_failure_aborts_compensates_in_reverse_order_and_never_fires_gated(
             ("flight".into(), Disposition::Discarded, Tag::Clean),
         ]
     );
-    assert!(matches!(tx.seal().unwrap_err(), Error::Engine(EngineError::Settled { .. })));
+    let err = tx.seal().unwrap_err();
+    assert!(matches!(err, Error::Finished { committed: false, settled: true, .. }), "{err}");
+    assert!(err.to_string().contains("has already aborted"), "the error says how it ended: {err}");
     tg.check_integrity().unwrap();
 }
 
@@ -147,8 +149,9 @@ async fn commit_before_seal_is_refused_and_leaves_the_transaction_open() {
     tx.seal().unwrap();
     tx.commit().await.unwrap();
     let err = tx.commit().await.unwrap_err();
-    assert!(matches!(err, Error::Engine(EngineError::Settled { .. })), "double commit: {err}");
-    assert!(matches!(tx.abort("late").await.unwrap_err(), Error::Engine(EngineError::Settled { .. })));
+    assert!(matches!(err, Error::Finished { committed: true, .. }), "double commit: {err}");
+    assert!(err.to_string().contains("has already committed"), "{err}");
+    assert!(matches!(tx.abort("late").await.unwrap_err(), Error::Finished { committed: true, .. }));
     assert_eq!(w.count("email", "fire"), 1);
 }
 

@@ -89,13 +89,16 @@ async fn a_retried_call_returns_the_recorded_outcome_instead_of_running_again() 
     let (tg, w) = (engine(), World::new());
     let hotel = w.tool("hotel", EffectClass::Reversible, "travel:hotel");
     let tx = tg.begin("a").unwrap();
-    let first = tx.call(&hotel, json!({"id": "H"})).await.unwrap();
-    let again = tx.call(&hotel, json!({"id": "H"})).await.unwrap();
+    // A retry names the same call (its call id); without one, every call is a new call.
+    let id = || tidegate_runtime::CallOptions::call_id("call-1");
+    let first = tx.call_with(&hotel, json!({"id": "H"}), id()).await.unwrap();
+    let again = tx.call_with(&hotel, json!({"id": "H"}), id()).await.unwrap();
     assert!(matches!(again, Ack::Replayed { .. }));
     assert_eq!(first.output(), again.output());
+    assert_eq!(first.effect(), again.effect(), "the retry is the first call");
     assert_eq!(w.count("hotel", "exec"), 1);
-    // Different arguments are a different call.
-    tx.call(&hotel, json!({"id": "H2"})).await.unwrap();
+    // Another call id is a different call.
+    tx.call_with(&hotel, json!({"id": "H2"}), tidegate_runtime::CallOptions::call_id("call-2")).await.unwrap();
     assert_eq!(w.count("hotel", "exec"), 2);
 }
 
@@ -103,7 +106,7 @@ async fn a_retried_call_returns_the_recorded_outcome_instead_of_running_again() 
 async fn adapter_keys_deduplicate_across_transactions_and_free_up_after_a_clean_abort() {
     let (tg, w) = (engine(), World::new());
     let base = w.tool("charge", EffectClass::Reversible, "retail:payment");
-    let opts = |k: &str| tidegate_runtime::CallOptions { key: Some(k.into()), scopes: None };
+    let opts = |k: &str| tidegate_runtime::CallOptions::key(k);
     let t1 = tg.begin("a").unwrap();
     t1.call_with(&base, json!({"id": "P"}), opts("charge-42")).await.unwrap();
     let t2 = tg.begin("b").unwrap();
@@ -141,7 +144,11 @@ async fn an_expired_lease_aborts_a_hung_transaction_and_unblocks_waiters() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(w.count("hotel", "compensate"), 1, "the hung transaction's effect was compensated");
     let err = hung.seal().unwrap_err();
-    assert!(matches!(err, Error::Engine(EngineError::Settled { .. })), "{err}");
+    assert!(
+        matches!(&err, Error::Finished { committed: false, reason: Some(AbortReason::LeaseExpired), .. }),
+        "the error says the lease expired: {err}"
+    );
+    assert!(err.retryable() && err.to_string().contains("lease expired"), "{err}");
 }
 
 #[tokio::test(start_paused = true)]

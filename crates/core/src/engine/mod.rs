@@ -20,6 +20,7 @@
 mod checkpoint;
 mod group;
 mod integrity;
+mod keys;
 mod levels;
 mod ops;
 mod recover;
@@ -365,6 +366,11 @@ struct KeyEntry {
     tx: TxId,
     effect: EffectId,
     state: KeyState,
+    /// What the key was first used for, so that a reuse for another call is refused
+    /// (keys.rs). `None` only in checkpoints written before it was kept: such a key is not
+    /// checked until its ledger is replayed again.
+    #[serde(default)]
+    used_for: Option<keys::KeyUse>,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -480,6 +486,12 @@ impl Core {
     /// The scope registry, to canonicalise scopes before calling the engine.
     pub fn scopes(&self) -> &ScopeRegistry {
         &self.scopes
+    }
+
+    /// The ledger events produced since the last [`Core::take_events`], in order, without
+    /// draining them.
+    pub fn events(&self) -> &[Event] {
+        &self.events
     }
 
     /// Drains the ledger events produced since the last call, in order.

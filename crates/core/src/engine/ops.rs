@@ -277,19 +277,10 @@ impl Core {
         let t = self.txs.get(&tx).expect("checked by check_touch");
         let id = EffectId(u32::try_from(t.effects.len()).unwrap_or(u32::MAX));
 
-        // Idempotency: a derived key is local to the transaction; an adapter's key is global.
-        let (key, global_key) = match decl.key {
-            Some(k) => (k, true),
-            None => {
-                let first = t
-                    .effects
-                    .iter()
-                    .position(|e| !e.global_key && e.tool == decl.tool && e.args == decl.args)
-                    .unwrap_or(id.0 as usize);
-                (Arc::from(format!("{}:{}:{}", decl.tool, tx, first)), false)
-            }
-        };
-        if let Some(r) = self.replay(tx, &key, global_key)? {
+        // Idempotency (keys.rs): a derived key is local to the transaction; an adapter's key
+        // is engine-wide. A key first used for another call is refused.
+        let (key, global_key) = Self::derive_key(tx, id, &decl);
+        if let Some(r) = self.replay(tx, &key, global_key, &decl)? {
             return Ok(r);
         }
         let status = if decl.class.executes_eagerly() {
@@ -307,7 +298,7 @@ impl Core {
                     EffStatus::Replayed
                 }
                 _ => {
-                    self.keys.insert(key.clone(), KeyEntry { tx, effect: id, state: KeyState::Pending });
+                    self.keys.insert(key.clone(), KeyEntry::pending(tx, id, &decl.tool, &decl.args));
                     status
                 }
             }
@@ -350,40 +341,6 @@ impl Core {
             output: replay_output,
         });
         Ok(recorded)
-    }
-
-    /// Handles a key seen before: returns the earlier outcome for a retry within the same
-    /// transaction, refuses keys held elsewhere or unresolved, and otherwise lets the caller
-    /// record a new effect (a key whose effect committed is replayed by the caller).
-    fn replay(&self, tx: TxId, key: &Arc<str>, global: bool) -> Result<Option<Recorded>, EngineError> {
-        let own = if global {
-            match self.keys.get(key) {
-                None | Some(KeyEntry { state: KeyState::Done(_), .. }) => return Ok(None),
-                Some(KeyEntry { state: KeyState::Unresolved, .. }) => {
-                    return Err(EngineError::KeyUnresolved { key: key.to_string() });
-                }
-                Some(KeyEntry { tx: holder, effect, state: KeyState::Pending }) => {
-                    if *holder != tx {
-                        return Err(EngineError::KeyInUse { key: key.to_string(), holder: *holder });
-                    }
-                    *effect
-                }
-            }
-        } else {
-            let t = self.tx(tx)?;
-            match t.effects.iter().position(|e| &e.key == key) {
-                Some(i) => EffectId(i as u32),
-                None => return Ok(None),
-            }
-        };
-        let e = &self.tx(tx)?.effects[own.0 as usize];
-        match &e.status {
-            EffStatus::Executed | EffStatus::Replayed => {
-                Ok(Some(Recorded::Replay(own, e.output.clone().unwrap_or_default())))
-            }
-            EffStatus::Held(ack) => Ok(Some(Recorded::Held(own, *ack))),
-            _ => Err(EngineError::KeyInUse { key: key.to_string(), holder: tx }),
-        }
     }
 
     /// Seals `tx`: freezes its footprint and narrows what it blocks to exactly that footprint.

@@ -461,7 +461,7 @@ impl Core {
                     EffStatus::Held(HeldAck::Queued)
                 };
                 if *adapter_key && !replay {
-                    self.keys.insert(key.clone(), KeyEntry { tx: *tx, effect: *effect, state: KeyState::Pending });
+                    self.keys.insert(key.clone(), KeyEntry::pending(*tx, *effect, tool, args));
                 }
                 let t = self.txs.get_mut(tx).expect("checked above");
                 if status == EffStatus::InFlight {

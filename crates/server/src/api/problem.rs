@@ -231,6 +231,11 @@ pub fn from_runtime(e: tidegate_runtime::Error) -> ApiError {
             e.retryable = retryable;
             e
         }
+        finished @ E::Finished { .. } => {
+            let mut e = ApiError::conflict("wrong_state", finished.to_string());
+            e.retryable = finished.retryable();
+            e
+        }
         E::Store(s) => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", format!("the ledger store failed: {s}"))
         }
@@ -257,6 +262,7 @@ pub fn from_engine(e: EngineError) -> ApiError {
         EngineError::ProtocolViolation { .. } => ApiError::conflict("protocol_violation", detail),
         EngineError::KeyInUse { .. } => ApiError::conflict("key_in_use", detail).retry_after(1),
         EngineError::KeyUnresolved { .. } => ApiError::conflict("key_unresolved", detail),
+        EngineError::KeyReused { .. } => ApiError::conflict("key_reused", detail),
         EngineError::NotInGroup { .. } => {
             let mut e = ApiError::new(StatusCode::BAD_REQUEST, "invalid_field", detail);
             e.field = Some("winner".into());
