@@ -10,8 +10,9 @@ use std::process::Command;
 
 /// For each crate, the Tidegate crates its library may depend on (normal and build
 /// dependencies). Dev-dependencies (tests) are free, except for the detectors.
-const ALLOWED: [(&str, &[&str]); 8] = [
+const ALLOWED: [(&str, &[&str]); 9] = [
     ("tidegate-core", &[]),
+    ("tidegate-review", &[]),
     ("tidegate-detect", &[]),
     ("tidegate-storage", &["tidegate-core"]),
     ("tidegate-sqlite", &["tidegate-core", "tidegate-storage"]),
@@ -28,6 +29,7 @@ const ALLOWED: [(&str, &[&str]); 8] = [
             "tidegate-runtime",
             "tidegate-eval",
             "tidegate-server",
+            "tidegate-review",
         ],
     ),
 ];

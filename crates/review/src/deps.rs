@@ -1,0 +1,350 @@
+//! Invariant-aware dependency checks between a buffered transaction and a new one.
+//!
+//! Each transaction is described by its **touches**: one per row it writes (per element for
+//! `each` writes), with the table, the column (none for whole-row inserts and deletes), the
+//! write kind and the row's known column values. A value read from the database at execution
+//! time is unknown (`None`) at check time. A rule of the invariant catalogue relates two touches
+//! when their kinds can together break the invariant and their locations may coincide; the
+//! location is compared at the finest granularity both the information and the configured
+//! [`Granularity`] allow (a column unknown on either side is assumed equal).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::template::{CmpOp, Invariant, Template, TemplateSet, WriteKind};
+use crate::value::SqlValue;
+
+/// The finest location a dependency check may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Granularity {
+    /// Same table, column and row (complete query and invariant information).
+    Field,
+    /// Same row of the table, any column.
+    Row,
+    /// Same column of the table, any row.
+    Column,
+    /// Same table (invariants unknown: the document's baseline).
+    Table,
+}
+
+/// One row a transaction writes (or its compensation would write).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Touch {
+    /// The table.
+    pub table: String,
+    /// The column; `None` for a whole row.
+    pub column: Option<String>,
+    /// The kind of write.
+    pub kind: WriteKind,
+    /// Known column values of the row (`None`: read from the database at execution time).
+    pub row: BTreeMap<String, Option<String>>,
+    /// The write restores an earlier image (a derived compensation of an insert, delete,
+    /// update or set), so any other write to the same location would be lost or break it.
+    #[serde(default)]
+    pub restore: bool,
+}
+
+/// How a new transaction depends on a buffered one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EdgeKind {
+    /// Held until the buffered one is resolved, then runs whatever happened to it.
+    Waits,
+    /// Presupposes the buffered one's effect: removed if it is removed or fails.
+    BuildsOn,
+}
+
+/// The touches of a request of `t` with `params`, as known before execution.
+pub fn request_touches(t: &Template, params: &serde_json::Value) -> Vec<Touch> {
+    let mut out = Vec::new();
+    for w in &t.writes {
+        let known = |src: &str, elem: Option<&serde_json::Value>| -> Option<String> {
+            elem.and_then(|e| e.get(src)).or_else(|| params.get(src)).and_then(SqlValue::from_json).map(|v| v.key())
+        };
+        let mk = |elem: Option<&serde_json::Value>| Touch {
+            table: w.table.clone(),
+            column: w.column.clone(),
+            kind: w.kind,
+            row: w.row.iter().map(|(c, src)| (c.clone(), known(src, elem))).collect(),
+            restore: false,
+        };
+        match &w.each {
+            Some(list) => {
+                for e in params.get(list).and_then(|l| l.as_array()).into_iter().flatten() {
+                    out.push(mk(Some(e)));
+                }
+            }
+            None => out.push(mk(None)),
+        }
+    }
+    out
+}
+
+/// The touches of the derived compensation of a request, predicted before execution.
+pub fn predicted_compensation(touches: &[Touch]) -> Vec<Touch> {
+    touches
+        .iter()
+        .map(|t| Touch {
+            kind: t.kind.inverse(),
+            restore: !matches!(t.kind, WriteKind::Increment | WriteKind::Decrement),
+            ..t.clone()
+        })
+        .collect()
+}
+
+/// One side of a check: a transaction's template, parameters and touches.
+#[derive(Debug, Clone, Copy)]
+pub struct Side<'a> {
+    /// The template name.
+    pub template: &'a str,
+    /// The request's parameters.
+    pub params: &'a serde_json::Value,
+    /// The touches to compare.
+    pub touches: &'a [Touch],
+}
+
+/// The dependency checker: the invariants of a template set at a granularity.
+#[derive(Debug, Clone)]
+pub struct Checker {
+    invariants: Vec<Invariant>,
+    unknown_tables: Vec<String>,
+    granularity: Granularity,
+}
+
+impl Checker {
+    /// A checker over `set`'s invariants (primary keys included) at `granularity`.
+    pub fn new(set: &TemplateSet, granularity: Granularity) -> Checker {
+        Checker {
+            invariants: set.all_invariants(),
+            unknown_tables: set.tables.iter().filter(|(_, d)| !d.invariants_known).map(|(t, _)| t.clone()).collect(),
+            granularity,
+        }
+    }
+
+    /// The configured granularity.
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+
+    /// Whether `n` (new) depends on `b` (buffered), and how.
+    pub fn depends(&self, b: Side<'_>, n: Side<'_>) -> Option<EdgeKind> {
+        let mut found: Option<EdgeKind> = None;
+        let mut note = |k: EdgeKind| found = Some(found.map_or(k, |f| f.max(k)));
+        for tb in b.touches {
+            for tn in n.touches {
+                if tb.table == tn.table
+                    && (self.granularity == Granularity::Table || self.unknown_tables.contains(&tb.table))
+                {
+                    note(EdgeKind::Waits);
+                    continue;
+                }
+                if self.granularity == Granularity::Table {
+                    continue;
+                }
+                if tb.restore && tb.table == tn.table && self.cols_meet(tb, tn) && self.rows_match(tb, tn) {
+                    note(EdgeKind::Waits);
+                }
+                for inv in &self.invariants {
+                    if let Some(k) = self.rule(inv, tb, tn) {
+                        note(k);
+                    }
+                }
+            }
+        }
+        if self.granularity != Granularity::Table {
+            for inv in &self.invariants {
+                if let Invariant::ProcessOrder { first, then, on, cascade } = inv
+                    && b.template == first
+                    && n.template == then
+                {
+                    let related = self.granularity >= Granularity::Column
+                        || on.iter().all(|[pa, pn]| match (b.params.get(pa), n.params.get(pn)) {
+                            (Some(x), Some(y)) => x == y,
+                            _ => true,
+                        });
+                    if related {
+                        note(if *cascade { EdgeKind::BuildsOn } else { EdgeKind::Waits });
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// Whether the values of `cb` in `b` and `cn` in `n` may be equal, column by column.
+    fn keys_match(&self, b: &Touch, cb: &[String], n: &Touch, cn: &[String]) -> bool {
+        if self.granularity >= Granularity::Column {
+            return true;
+        }
+        cb.iter().zip(cn).all(|(x, y)| match (b.row.get(x), n.row.get(y)) {
+            (Some(Some(vx)), Some(Some(vy))) => vx == vy,
+            _ => true,
+        })
+    }
+
+    /// Whether two touches of one table may be the same row (columns known on both compared).
+    fn rows_match(&self, b: &Touch, n: &Touch) -> bool {
+        if self.granularity >= Granularity::Column {
+            return true;
+        }
+        b.row.iter().all(|(c, vb)| match (vb, n.row.get(c)) {
+            (Some(x), Some(Some(y))) => x == y,
+            _ => true,
+        })
+    }
+
+    /// Whether two touches may write the same column.
+    fn cols_meet(&self, b: &Touch, n: &Touch) -> bool {
+        if self.granularity == Granularity::Row {
+            return true;
+        }
+        match (&b.column, &n.column) {
+            (Some(x), Some(y)) => x == y,
+            _ => true,
+        }
+    }
+
+    fn on_col(&self, t: &Touch, col: &str) -> bool {
+        self.granularity == Granularity::Row || t.column.as_deref() == Some(col)
+    }
+
+    fn same_field(&self, tb: &Touch, tn: &Touch, table: &str, col: &str) -> bool {
+        tb.table == table
+            && tn.table == table
+            && self.on_col(tb, col)
+            && self.on_col(tn, col)
+            && self.rows_match(tb, tn)
+    }
+
+    fn rule(&self, inv: &Invariant, tb: &Touch, tn: &Touch) -> Option<EdgeKind> {
+        use EdgeKind::*;
+        use WriteKind::*;
+        let yes = |c: bool, k: EdgeKind| if c { Some(k) } else { None };
+        let assigns = |k: WriteKind| matches!(k, Update | Set);
+        let changes = |k: WriteKind| matches!(k, Update | Set | Increment | Decrement);
+        match inv {
+            Invariant::Unique { table, columns } => {
+                let writes_key = |t: &Touch| {
+                    t.kind == Insert || (assigns(t.kind) && t.column.as_ref().is_some_and(|c| columns.contains(c)))
+                };
+                yes(
+                    tb.table == *table
+                        && tn.table == *table
+                        && writes_key(tb)
+                        && writes_key(tn)
+                        && self.keys_match(tb, columns, tn, columns),
+                    Waits,
+                )
+            }
+            Invariant::ForeignKey { table, column, parent_table, parent_column } => {
+                let pc = std::slice::from_ref(parent_column);
+                let cc = std::slice::from_ref(column);
+                let parent_w = |t: &Touch| {
+                    t.table == *parent_table
+                        && (matches!(t.kind, Insert | Delete)
+                            || (assigns(t.kind) && t.column.as_ref() == Some(parent_column)))
+                };
+                let child_w = |t: &Touch| {
+                    t.table == *table && (t.kind == Insert || (assigns(t.kind) && t.column.as_ref() == Some(column)))
+                };
+                if parent_w(tb) && child_w(tn) && self.keys_match(tb, pc, tn, cc) {
+                    return Some(if tb.kind == Insert && tn.kind == Insert { BuildsOn } else { Waits });
+                }
+                let parent_gone = |t: &Touch| {
+                    t.table == *parent_table
+                        && (t.kind == Delete || (assigns(t.kind) && t.column.as_ref() == Some(parent_column)))
+                };
+                yes(child_w(tb) && parent_gone(tn) && self.keys_match(tb, cc, tn, pc), Waits)
+            }
+            Invariant::Check { table, column, op, .. } => {
+                let (lower, upper) = match op {
+                    CmpOp::Gt | CmpOp::Ge => (true, false),
+                    CmpOp::Lt | CmpOp::Le => (false, true),
+                    CmpOp::Eq | CmpOp::Ne => (false, false),
+                };
+                self.bounds(tb, tn, table, column, lower, upper, !lower && !upper)
+            }
+            Invariant::Counter { table, column, min, max } => {
+                self.bounds(tb, tn, table, column, min.is_some(), max.is_some(), false)
+            }
+            Invariant::Size { table, owner, min, max } => yes(
+                tb.table == *table
+                    && tn.table == *table
+                    && ((max.is_some() && tb.kind == Insert && tn.kind == Insert)
+                        || (min.is_some() && tb.kind == Delete && tn.kind == Delete))
+                    && self.keys_match(tb, owner, tn, owner),
+                Waits,
+            ),
+            Invariant::Tree { table, id, parent } => {
+                if tb.table != *table || tn.table != *table {
+                    return None;
+                }
+                let i = std::slice::from_ref(id);
+                let p = std::slice::from_ref(parent);
+                match (tb.kind, tn.kind) {
+                    (Insert, Insert) if self.keys_match(tb, i, tn, p) => Some(BuildsOn),
+                    (Delete, Insert) if self.keys_match(tb, i, tn, p) => Some(Waits),
+                    (Insert, Delete) if self.keys_match(tb, p, tn, i) => Some(Waits),
+                    (kb, kn) if assigns(kb) && assigns(kn) && self.on_col(tb, parent) && self.on_col(tn, parent) => {
+                        Some(Waits)
+                    }
+                    _ => None,
+                }
+            }
+            Invariant::Acyclic { table, from, to } => {
+                let adds =
+                    |t: &Touch| t.kind == Insert || (assigns(t.kind) && (self.on_col(t, from) || self.on_col(t, to)));
+                yes(tb.table == *table && tn.table == *table && adds(tb) && adds(tn), Waits)
+            }
+            Invariant::Ordering { table, first, second } => {
+                let on = |t: &Touch| changes(t.kind) && (self.on_col(t, first) || self.on_col(t, second));
+                yes(tb.table == *table && tn.table == *table && on(tb) && on(tn) && self.rows_match(tb, tn), Waits)
+            }
+            Invariant::Conditional { table, when_column, then_table, then_column, on } => {
+                let tt = then_table.as_ref().unwrap_or(table);
+                let hits = |t: &Touch, tab: &str, col: &str| {
+                    t.table == tab && (t.kind == Insert || (changes(t.kind) && self.on_col(t, col)))
+                };
+                let cross = (hits(tb, table, when_column) && hits(tn, tt, then_column))
+                    || (hits(tb, tt, then_column) && hits(tn, table, when_column));
+                yes(cross && self.keys_match(tb, on, tn, on), Waits)
+            }
+            Invariant::Grouped { tables, on } => {
+                let member = |t: &Touch| tables.contains(&t.table) && matches!(t.kind, Insert | Delete);
+                if member(tb) && member(tn) && self.keys_match(tb, on, tn, on) {
+                    Some(if tb.kind == Insert && tn.kind == Insert && tb.table != tn.table { BuildsOn } else { Waits })
+                } else {
+                    None
+                }
+            }
+            Invariant::ProcessOrder { .. } => None,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bounds(
+        &self,
+        tb: &Touch,
+        tn: &Touch,
+        table: &str,
+        col: &str,
+        lower: bool,
+        upper: bool,
+        exact: bool,
+    ) -> Option<EdgeKind> {
+        use WriteKind::*;
+        if !self.same_field(tb, tn, table, col) {
+            return None;
+        }
+        let assigns = |k: WriteKind| matches!(k, Update | Set);
+        let delta = |k: WriteKind| matches!(k, Increment | Decrement);
+        let hit = (lower && tb.kind == Decrement && tn.kind == Decrement)
+            || (upper && tb.kind == Increment && tn.kind == Increment)
+            || (exact && assigns(tb.kind) && assigns(tn.kind))
+            || (!exact
+                && (assigns(tb.kind) && (assigns(tn.kind) || delta(tn.kind)) || (assigns(tn.kind) && delta(tb.kind))));
+        if hit { Some(EdgeKind::Waits) } else { None }
+    }
+}

@@ -1,0 +1,32 @@
+//! Review of LLM-generated database transactions (design: docs/review.md).
+//!
+//! A [`Manager`] sits in front of a relational database ([`SqliteDatabase`], [`PgDatabase`]).
+//! Requests name a [`Template`] and parameters and say whether they are suspicious. Suspicious
+//! transactions are buffered until a reviewer accepts or removes them (or executed at once with
+//! their compensation buffered); every new transaction is checked against every buffered one
+//! for invariant satisfaction ([`deps`]) and held while it depends on one; removals cascade.
+//! Everything is recorded in a [`DecisionLog`] from which the manager is rebuilt.
+//!
+//! This crate imports no other Tidegate crate.
+
+#![deny(missing_docs)]
+
+pub mod bench;
+pub mod db;
+pub mod deps;
+mod error;
+pub mod exec;
+pub mod log;
+pub mod manager;
+pub mod template;
+pub mod tpcc;
+pub mod value;
+
+#[cfg(feature = "postgres")]
+pub use db::PgDatabase;
+pub use db::{Database, SqliteDatabase};
+pub use deps::{Checker, EdgeKind, Granularity, Touch};
+pub use error::{Error, Result};
+pub use log::{Decision, DecisionLog, FileLog, MemoryLog, Record};
+pub use manager::{Manager, Options, Request, Stats, Status, TxView};
+pub use template::{Invariant, Strategy, Template, TemplateSet, WriteKind};
