@@ -111,6 +111,7 @@ fn eight_mebibyte_arguments_are_refused() {
         key: None,
         args: Arc::new(args),
         compensable: true,
+        call_id: None,
     };
     let err = c.record_effect(t, decl(big.clone()), now).unwrap_err();
     let size = serde_json::to_string(&big).unwrap().len();

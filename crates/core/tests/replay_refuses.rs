@@ -41,6 +41,7 @@ fn decl(tool: &str, class: EffectClass, scope: &str, key: Option<&str>) -> Effec
         key: key.map(Arc::from),
         args: Arc::new(json!({"to": scope})),
         compensable: true,
+        call_id: None,
     }
 }
 
@@ -474,6 +475,7 @@ fn workload(seed: u64) -> Vec<Event> {
                         key,
                         args: Arc::new(json!(step)),
                         compensable: rng.gen_bool(0.8),
+                        call_id: None,
                     };
                     if let Ok(Recorded::Execute(e)) = c.record_effect(tx, d, now) {
                         if rng.gen_bool(0.85) {

@@ -33,6 +33,7 @@ fn genuine() -> Vec<Event> {
             key: None,
             args: Arc::new(json!({"id": i})),
             compensable: true,
+            call_id: None,
         };
         let Recorded::Execute(e) = c.record_effect(tx, decl("book", EffectClass::Reversible), now).unwrap() else {
             panic!()
