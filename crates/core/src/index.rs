@@ -78,6 +78,9 @@ impl Claims {
     fn min(&self) -> Option<u64> {
         self.0.first().map(|&(k, _)| k)
     }
+    fn max(&self) -> Option<u64> {
+        self.0.last().map(|&(k, _)| k)
+    }
     fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -241,9 +244,33 @@ impl ScopeIndex {
 
     /// Whether any claim with an epoch strictly below `epoch` overlaps `scope`.
     pub(crate) fn blocked_before(&self, scope: &Scope, epoch: Epoch) -> bool {
+        let e = epoch.0;
+        self.any_overlapping(scope, |c| c.min().is_some_and(|m| m < e))
+    }
+
+    /// Whether any claim with an epoch other than `epoch` overlaps `scope`.
+    pub(crate) fn claimed_by_other(&self, scope: &Scope, epoch: Epoch) -> bool {
+        let e = epoch.0;
+        self.any_overlapping(scope, |c| c.min().is_some_and(|m| m < e) || c.max().is_some_and(|m| m > e))
+    }
+
+    /// Whether any claim with an epoch strictly above `epoch` overlaps `scope`.
+    pub(crate) fn claimed_after(&self, scope: &Scope, epoch: Epoch) -> bool {
+        let e = epoch.0;
+        self.any_overlapping(scope, |c| c.max().is_some_and(|m| m > e))
+    }
+
+    /// Whether the index holds no claim and no write.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.roots.is_empty()
+    }
+
+    /// Whether a claim set that `wanted` accepts overlaps `scope`. `wanted` must hold for a
+    /// multiset if it holds for a subset of it (the subtree aggregates prune the search).
+    fn any_overlapping(&self, scope: &Scope, wanted: impl Fn(&Claims) -> bool) -> bool {
         let Some(root) = self.roots.get(scope.kind()) else { return false };
         let segs: smallvec::SmallVec<[&str; 8]> = scope.segments().collect();
-        blocked(root, &segs, epoch.0)
+        overlapping(root, &segs, wanted)
     }
 
     /// The version of `scope`: the largest write stamp overlapping it.
@@ -277,18 +304,14 @@ impl ScopeIndex {
     }
 }
 
-fn below(c: &Claims, e: u64) -> bool {
-    c.min().is_some_and(|m| m < e)
-}
-
-/// Whether a claim below epoch `e` overlaps the scope whose segments below `root` are
+/// Whether a claim set `wanted` accepts overlaps the scope whose segments below `root` are
 /// `segs`. A depth-first search with a heap stack: one path per segment, more only where a
 /// `*` (in the scope or in a claim) matches several children.
-fn blocked(root: &Node, segs: &[&str], e: u64) -> bool {
+fn overlapping(root: &Node, segs: &[&str], wanted: impl Fn(&Claims) -> bool) -> bool {
     let mut stack: smallvec::SmallVec<[(&Node, usize); 8]> = smallvec::smallvec![(root, 0)];
     while let Some((node, depth)) = stack.pop() {
-        // Quick exit: nothing at or below this node is old enough.
-        if !below(&node.sub, e) {
+        // Quick exit: nothing at or below this node is wanted.
+        if !wanted(&node.sub) {
             continue;
         }
         let Some(first) = segs.get(depth) else {
@@ -296,7 +319,7 @@ fn blocked(root: &Node, segs: &[&str], e: u64) -> bool {
             return true;
         };
         // A claim ending here is a prefix of the scope.
-        if below(&node.here, e) {
+        if wanted(&node.here) {
             return true;
         }
         if *first == "*" {
@@ -314,7 +337,7 @@ fn blocked(root: &Node, segs: &[&str], e: u64) -> bool {
 }
 
 /// The largest write stamp overlapping the scope whose segments below `root` are `segs`
-/// (iterative, as [`blocked`]).
+/// (iterative, as [`overlapping`]).
 fn version_of(root: &Node, segs: &[&str]) -> u64 {
     let mut v = 0;
     let mut stack: smallvec::SmallVec<[(&Node, usize); 8]> = smallvec::smallvec![(root, 0)];

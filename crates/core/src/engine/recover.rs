@@ -372,6 +372,7 @@ impl Core {
             Event::Read { tx, scope, version } => {
                 let s = self.parse_logged(scope)?;
                 let now = self.stamp;
+                let all_stamps = self.cfg.level >= super::Level::L2;
                 let t = self.replay_tx(*tx)?;
                 if t.state != TxState::Open {
                     return refuse(R::IllegalTransition, format!("read of `{s}` by {tx}, which is {}", t.state));
@@ -381,7 +382,9 @@ impl Core {
                 {
                     return refuse(R::BadScope, format!("read of `{s}` by {tx} outside its declared may-touch set"));
                 }
-                if version.0 > now {
+                // Stamps that were not commits (retractions at L2, aborts at L1) are reproduced
+                // only by a replay at a level that makes them; at L2 and above every one is.
+                if version.0 > now && all_stamps {
                     return refuse(
                         R::StampNotIncreasing,
                         format!("{tx} read `{s}` at {version}, above the last stamp {now}"),
@@ -467,7 +470,8 @@ impl Core {
                 if status == EffStatus::InFlight {
                     t.in_flight += 1;
                 }
-                t.effects.push(Eff {
+                let epoch = t.epoch;
+                let eff = Eff {
                     tool: tool.clone(),
                     class: *class,
                     scopes: parsed,
@@ -477,7 +481,9 @@ impl Core {
                     compensable: *compensable,
                     status,
                     output: None,
-                });
+                };
+                self.mark_dirty(epoch, &eff);
+                self.txs.get_mut(tx).expect("checked above").effects.push(eff);
             }
             Event::EffectExecuted { tx, effect, output } => {
                 if !self.txs.contains_key(tx) && self.guard.late_calls.remove(&(*tx, *effect)) {
@@ -560,7 +566,7 @@ impl Core {
                     }
                 }
                 self.guard.last_commit_stamp = stamp;
-                self.stamp = stamp;
+                self.stamp = self.stamp.max(stamp);
                 let t = self.txs.get_mut(tx).expect("checked above");
                 t.state = TxState::Committing;
                 t.lv.stamp = Some(stamp);
