@@ -200,10 +200,10 @@ impl ScopeIndex {
             return;
         };
         let e = epoch.0;
-        // Is the claim there? (Nothing changes if not.)
-        let mut node: &Node = root;
+        // Remove it where it ends (nothing changes if it is not there) ...
+        let mut node: &mut Node = root;
         for seg in scope.segments() {
-            match node.children.get(seg) {
+            match node.children.get_mut(seg) {
                 Some(c) => node = c,
                 None => {
                     debug_assert!(false, "unclaim of a scope never claimed: {scope} at {epoch}");
@@ -211,34 +211,31 @@ impl ScopeIndex {
                 }
             }
         }
-        if !node.here.0.iter().any(|&(k, _)| k == e) {
+        if !node.here.remove(e) {
             debug_assert!(false, "unclaim of a scope never claimed: {scope} at {epoch}");
             return;
         }
-        // Remove it from every aggregate on the path, and where it ends.
-        let mut node: &mut Node = root;
-        node.sub.remove(e);
-        for seg in scope.segments() {
-            node = node.children.get_mut(seg).expect("checked above");
-            node.sub.remove(e);
-        }
-        node.here.remove(e);
-        // Prune the shallowest node on the path whose subtree holds no claim and no write
-        // (every node below it on the path is then vacant too; no other branch of it exists,
-        // since vacant nodes are never kept).
+        // ... then from every aggregate on the path, pruning the shallowest node whose subtree
+        // then holds no claim and no write (every node below it on the path is vacant too; no
+        // other branch of it exists, since vacant nodes are never kept).
         let root = self.roots.get_mut(scope.kind()).expect("present");
+        root.sub.remove(e);
         if root.sub.is_empty() && root.write_sub == 0 {
             self.roots.remove(scope.kind());
             return;
         }
         let mut node: &mut Node = root;
         for seg in scope.segments() {
-            let child = node.children.get(seg).expect("checked above");
-            if child.sub.is_empty() && child.write_sub == 0 {
+            let vacant = {
+                let c = node.children.get_mut(seg).expect("walked above");
+                c.sub.remove(e);
+                c.sub.is_empty() && c.write_sub == 0
+            };
+            if vacant {
                 node.children.remove(seg);
                 return;
             }
-            node = node.children.get_mut(seg).expect("checked above");
+            node = node.children.get_mut(seg).expect("walked above");
         }
     }
 

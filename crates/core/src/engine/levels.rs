@@ -172,6 +172,23 @@ impl Core {
         }
     }
 
+    /// Places every unfinished transaction's dirty marks (a checkpoint written before them).
+    pub(super) fn rebuild_dirty_marks(&mut self) {
+        let marks: Vec<(Epoch, Scope)> = self
+            .txs
+            .values()
+            .flat_map(|t| {
+                t.effects
+                    .iter()
+                    .filter(|e| Self::marks_dirty(e))
+                    .flat_map(move |e| e.scopes.iter().map(move |s| (t.epoch, s.clone())))
+            })
+            .collect();
+        for (epoch, s) in marks {
+            self.dirty.claim(&s, epoch);
+        }
+    }
+
     /// A transaction finishes: its dirty marks go, and, at L1 and above, if it aborted before
     /// any commit decision, every scope they covered gets a fresh version (one new stamp): its
     /// compensations wrote there, so any read that saw its eager values (or the values before

@@ -423,7 +423,7 @@ pub struct Core {
     #[serde(default)]
     dirty: ScopeIndex,
     /// Replay's checks of the ledger's order (recover.rs); unused by a live engine.
-    #[serde(default)]
+    #[serde(default = "recover::ReplayGuard::of_old_checkpoint")]
     guard: recover::ReplayGuard,
 }
 

@@ -170,6 +170,17 @@ pub(super) struct ReplayGuard {
     /// Executed effects of aborted transactions whose compensation was not recorded before
     /// settlement (or that executed late): a late compensated record may still come.
     late_comps: BTreeSet<(TxId, EffectId)>,
+    /// Loaded from a checkpoint written before these checks: the late sets above are unknown
+    /// for transactions settled before it, so late records for settled transactions are
+    /// accepted (and ignored), as that build did.
+    lenient_late: bool,
+}
+
+impl ReplayGuard {
+    /// The guard of a checkpoint that has none (written by an older build).
+    pub(super) fn of_old_checkpoint() -> ReplayGuard {
+        ReplayGuard { lenient_late: true, ..ReplayGuard::default() }
+    }
 }
 
 type Refusal = (ReplayRule, String);
@@ -484,6 +495,11 @@ impl Core {
                 };
                 self.mark_dirty(epoch, &eff);
                 self.txs.get_mut(tx).expect("checked above").effects.push(eff);
+            }
+            Event::EffectExecuted { tx, .. } | Event::EffectFailed { tx, .. } | Event::Compensated { tx, .. }
+                if self.guard.lenient_late && !self.txs.contains_key(tx) && tx.0 != 0 && tx.0 < self.next_tx =>
+            {
+                // Late records for a transaction settled before an old checkpoint.
             }
             Event::EffectExecuted { tx, effect, output } => {
                 if !self.txs.contains_key(tx) && self.guard.late_calls.remove(&(*tx, *effect)) {
