@@ -149,8 +149,13 @@ pub enum EngineError {
         /// The group.
         group: GroupId,
     },
-    /// Pessimistic locking: an earlier transaction holds the scope; this one was aborted.
-    #[error("lock conflict in {tx}, transaction aborted: an earlier transaction holds `{scope}`; retry it")]
+    /// Another unfinished transaction holds the scope (pessimistic locking: an earlier claim;
+    /// at L1 and above: an uncommitted eager write, or a held write that would interleave with
+    /// one); this one was aborted.
+    #[error(
+        "lock conflict in {tx}, transaction aborted: another unfinished transaction holds `{scope}` (an earlier \
+         claim or an uncommitted eager write); retry it"
+    )]
     LockConflict {
         /// The id.
         tx: TxId,

@@ -78,6 +78,9 @@ impl Claims {
     fn min(&self) -> Option<u64> {
         self.0.first().map(|&(k, _)| k)
     }
+    fn max(&self) -> Option<u64> {
+        self.0.last().map(|&(k, _)| k)
+    }
     fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -197,10 +200,10 @@ impl ScopeIndex {
             return;
         };
         let e = epoch.0;
-        // Is the claim there? (Nothing changes if not.)
-        let mut node: &Node = root;
+        // Remove it where it ends (nothing changes if it is not there) ...
+        let mut node: &mut Node = root;
         for seg in scope.segments() {
-            match node.children.get(seg) {
+            match node.children.get_mut(seg) {
                 Some(c) => node = c,
                 None => {
                     debug_assert!(false, "unclaim of a scope never claimed: {scope} at {epoch}");
@@ -208,42 +211,63 @@ impl ScopeIndex {
                 }
             }
         }
-        if !node.here.0.iter().any(|&(k, _)| k == e) {
+        if !node.here.remove(e) {
             debug_assert!(false, "unclaim of a scope never claimed: {scope} at {epoch}");
             return;
         }
-        // Remove it from every aggregate on the path, and where it ends.
-        let mut node: &mut Node = root;
-        node.sub.remove(e);
-        for seg in scope.segments() {
-            node = node.children.get_mut(seg).expect("checked above");
-            node.sub.remove(e);
-        }
-        node.here.remove(e);
-        // Prune the shallowest node on the path whose subtree holds no claim and no write
-        // (every node below it on the path is then vacant too; no other branch of it exists,
-        // since vacant nodes are never kept).
+        // ... then from every aggregate on the path, pruning the shallowest node whose subtree
+        // then holds no claim and no write (every node below it on the path is vacant too; no
+        // other branch of it exists, since vacant nodes are never kept).
         let root = self.roots.get_mut(scope.kind()).expect("present");
+        root.sub.remove(e);
         if root.sub.is_empty() && root.write_sub == 0 {
             self.roots.remove(scope.kind());
             return;
         }
         let mut node: &mut Node = root;
         for seg in scope.segments() {
-            let child = node.children.get(seg).expect("checked above");
-            if child.sub.is_empty() && child.write_sub == 0 {
+            let vacant = {
+                let c = node.children.get_mut(seg).expect("walked above");
+                c.sub.remove(e);
+                c.sub.is_empty() && c.write_sub == 0
+            };
+            if vacant {
                 node.children.remove(seg);
                 return;
             }
-            node = node.children.get_mut(seg).expect("checked above");
+            node = node.children.get_mut(seg).expect("walked above");
         }
     }
 
     /// Whether any claim with an epoch strictly below `epoch` overlaps `scope`.
     pub(crate) fn blocked_before(&self, scope: &Scope, epoch: Epoch) -> bool {
+        let e = epoch.0;
+        self.any_overlapping(scope, |c| c.min().is_some_and(|m| m < e))
+    }
+
+    /// Whether any claim with an epoch other than `epoch` overlaps `scope`.
+    pub(crate) fn claimed_by_other(&self, scope: &Scope, epoch: Epoch) -> bool {
+        let e = epoch.0;
+        self.any_overlapping(scope, |c| c.min().is_some_and(|m| m < e) || c.max().is_some_and(|m| m > e))
+    }
+
+    /// Whether any claim with an epoch strictly above `epoch` overlaps `scope`.
+    pub(crate) fn claimed_after(&self, scope: &Scope, epoch: Epoch) -> bool {
+        let e = epoch.0;
+        self.any_overlapping(scope, |c| c.max().is_some_and(|m| m > e))
+    }
+
+    /// Whether the index holds no claim and no write.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.roots.is_empty()
+    }
+
+    /// Whether a claim set that `wanted` accepts overlaps `scope`. `wanted` must hold for a
+    /// multiset if it holds for a subset of it (the subtree aggregates prune the search).
+    fn any_overlapping(&self, scope: &Scope, wanted: impl Fn(&Claims) -> bool) -> bool {
         let Some(root) = self.roots.get(scope.kind()) else { return false };
         let segs: smallvec::SmallVec<[&str; 8]> = scope.segments().collect();
-        blocked(root, &segs, epoch.0)
+        overlapping(root, &segs, wanted)
     }
 
     /// The version of `scope`: the largest write stamp overlapping it.
@@ -277,18 +301,14 @@ impl ScopeIndex {
     }
 }
 
-fn below(c: &Claims, e: u64) -> bool {
-    c.min().is_some_and(|m| m < e)
-}
-
-/// Whether a claim below epoch `e` overlaps the scope whose segments below `root` are
+/// Whether a claim set `wanted` accepts overlaps the scope whose segments below `root` are
 /// `segs`. A depth-first search with a heap stack: one path per segment, more only where a
 /// `*` (in the scope or in a claim) matches several children.
-fn blocked(root: &Node, segs: &[&str], e: u64) -> bool {
+fn overlapping(root: &Node, segs: &[&str], wanted: impl Fn(&Claims) -> bool) -> bool {
     let mut stack: smallvec::SmallVec<[(&Node, usize); 8]> = smallvec::smallvec![(root, 0)];
     while let Some((node, depth)) = stack.pop() {
-        // Quick exit: nothing at or below this node is old enough.
-        if !below(&node.sub, e) {
+        // Quick exit: nothing at or below this node is wanted.
+        if !wanted(&node.sub) {
             continue;
         }
         let Some(first) = segs.get(depth) else {
@@ -296,7 +316,7 @@ fn blocked(root: &Node, segs: &[&str], e: u64) -> bool {
             return true;
         };
         // A claim ending here is a prefix of the scope.
-        if below(&node.here, e) {
+        if wanted(&node.here) {
             return true;
         }
         if *first == "*" {
@@ -314,7 +334,7 @@ fn blocked(root: &Node, segs: &[&str], e: u64) -> bool {
 }
 
 /// The largest write stamp overlapping the scope whose segments below `root` are `segs`
-/// (iterative, as [`blocked`]).
+/// (iterative, as [`overlapping`]).
 fn version_of(root: &Node, segs: &[&str]) -> u64 {
     let mut v = 0;
     let mut stack: smallvec::SmallVec<[(&Node, usize); 8]> = smallvec::smallvec![(root, 0)];

@@ -69,6 +69,16 @@ fn writer(name: &str) -> Tool {
         .unwrap()
 }
 
+/// A held (bufferable) write to the scope in `args["at"]`: it reaches the world at commit, so
+/// it leaves no uncommitted value for other transactions to read.
+fn stager(name: &str) -> Tool {
+    Tool::builder(name, EffectClass::Bufferable)
+        .scope(|a: &Value| a["at"].as_str().unwrap_or_default().to_owned())
+        .call(|_| async move { Ok(json!("ok")) })
+        .build()
+        .unwrap()
+}
+
 fn opts(agent: &str, scopes: &[&str]) -> TxOptions {
     TxOptions::agent(agent).may_touch(scopes.iter().copied())
 }
@@ -295,7 +305,9 @@ async fn abort_reasons_name_the_discipline() {
 #[tokio::test(start_paused = true)]
 async fn snapshot_isolation_lets_read_only_transactions_through_without_waiting() {
     let (tg, _) = engine(Level::L1, Isolation::SnapshotIsolation);
-    let w = writer("set");
+    // A held write: an eager one would be an uncommitted value, which no reader may read at
+    // L1 and above (docs/engine.md, isolation of eager effects).
+    let w = stager("set");
     let early = tg.begin_with(opts("w", &["kv:acct:x"])).unwrap();
     early.call(&w, json!({"at": "kv:acct:x"})).await.unwrap();
     // A later read-only transaction on the same scope commits while `early` is still open.
@@ -340,12 +352,13 @@ async fn ablations_switch_off_one_discipline_each() {
     scenario_a1(&tg).await;
     assert!(report(&buf).anomalies.a1 >= 1);
     // Without the frontier, a later transaction commits while an earlier one on the same
-    // scope is still open.
+    // scope is still open (held writes: a second eager write would be refused as a dirty write).
     let tg = Tidegate::builder().ablation(Ablation::no_frontier()).build().unwrap();
+    let s = stager("stage");
     let early = tg.begin_with(opts("a", &["kv:acct:x"])).unwrap();
-    early.call(&w, json!({"at": "kv:acct:x"})).await.unwrap();
+    early.call(&s, json!({"at": "kv:acct:x"})).await.unwrap();
     let late = tg.begin_with(opts("b", &["kv:acct:x"])).unwrap();
-    late.call(&w, json!({"at": "kv:acct:x"})).await.unwrap();
+    late.call(&s, json!({"at": "kv:acct:x"})).await.unwrap();
     assert!(tokio::time::timeout(Duration::from_secs(1), late.seal_and_commit()).await.unwrap().is_ok());
     // With one global frontier, a transaction on a disjoint scope waits for an earlier one.
     let tg = Tidegate::builder().ablation(Ablation::global_frontier()).build().unwrap();

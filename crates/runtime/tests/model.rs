@@ -306,6 +306,10 @@ const TOOLS: &[ToolSpec] = &[
     ToolSpec { name: "email", class: EffectClass::Gated, compensable: false, residue: false, keyed: false },
     ToolSpec { name: "charge", class: EffectClass::Idempotent, compensable: true, residue: false, keyed: true },
     ToolSpec { name: "ping", class: EffectClass::Idempotent, compensable: false, residue: false, keyed: false },
+    // A reversible "set" of the cells named by its scopes to its call id; its compensation
+    // restores the values before it (`check_cells` replays the world's log with exactly these
+    // semantics). Issue 10 item 1: sets of concurrent transactions lost updates.
+    ToolSpec { name: "set", class: EffectClass::Reversible, compensable: true, residue: false, keyed: false },
 ];
 
 fn tool_spec(name: &str) -> Option<&'static ToolSpec> {
@@ -704,7 +708,26 @@ impl Gen<'_> {
         let branches = (0..n)
             .map(|_| {
                 let k = self.rng.gen_range(1..=3);
-                self.ops(decl.as_deref(), k)
+                let mut ops = self.ops(decl.as_deref(), k);
+                // Branches of one group are exempt from each other's dirty marks, so a loser's
+                // snapshot undo could overwrite a sibling's set: sets stay out of groups
+                // (docs/engine.md, isolation of eager effects).
+                let no_set = |p: &mut CallPlan| {
+                    if TOOLS[p.tool].name == "set" {
+                        p.tool = 0;
+                    }
+                };
+                for op in &mut ops {
+                    match op {
+                        Op::Call(p) => no_set(p),
+                        Op::Concurrent(a, b) => {
+                            no_set(a);
+                            no_set(b);
+                        }
+                        _ => {}
+                    }
+                }
+                ops
             })
             .collect();
         let end = match self.rng.gen_range(0..10) {
@@ -892,7 +915,9 @@ impl Agent {
             Error::Engine(EngineError::Settled { .. })
             | Error::Finished { committed: false, .. }
             | Error::Engine(EngineError::WrongState { state: TxState::Aborting, .. })
-            | Error::Engine(EngineError::ProtocolViolation { .. }) => {}
+            | Error::Engine(EngineError::ProtocolViolation { .. })
+            // The isolation of eager effects aborted it (legitimacy: `check_decisions`).
+            | Error::Engine(EngineError::LockConflict { .. }) => {}
             other => self.problem(format!("{op} on {}: unexpected error: {other}", rec.tx)),
         }
         Flow::Gone
@@ -1474,6 +1499,8 @@ impl Coverage {
 struct LEff {
     tool: String,
     class: EffectClass,
+    /// A compensation handler exists.
+    compensable: bool,
     scopes: Vec<String>,
     args: ArgsView,
     executed: Option<Value>,
@@ -1501,6 +1528,9 @@ struct LTx {
     settled: Option<(bool, Vec<(Disposition, Tag)>)>,
     /// The fresh version a retraction gave the scopes this transaction wrote (L2 and above).
     retract_stamp: Option<u64>,
+    /// The fresh version its settlement gave the scopes of its eager compensable effects, if it
+    /// aborted before any commit decision (L1 and above; docs/engine.md).
+    abort_stamp: Option<u64>,
 }
 
 impl LTx {
@@ -1521,6 +1551,21 @@ impl LTx {
 
     fn reason(&self) -> Option<&AbortReason> {
         self.decisions.last().and_then(|(_, _, r)| r.as_ref())
+    }
+
+    /// The scopes of its dirty marks: eager effects with a compensation that did not replay
+    /// a key (`disp`: the settlement's dispositions, if settled).
+    fn dirty_scopes(&self, upto: usize) -> Vec<String> {
+        let disp = self.settled.as_ref().map(|(_, d)| d.as_slice()).unwrap_or_default();
+        self.effects
+            .iter()
+            .take(upto)
+            .enumerate()
+            .filter(|(i, e)| {
+                e.class.executes_eagerly() && e.compensable && !matches!(disp.get(*i), Some((Disposition::Replayed, _)))
+            })
+            .flat_map(|(_, e)| e.scopes.iter().cloned())
+            .collect()
     }
 
     /// The scopes it wrote at its commit decision (replayed effects did not run, so they
@@ -1560,7 +1605,7 @@ fn parse_ledger(events: &[Event]) -> Result<BTreeMap<TxId, LTx>, String> {
                     t.reads.push((scope.to_string(), version.0));
                 }
             }
-            Event::EffectRecorded { effect, tool, class, scopes, args, .. } => {
+            Event::EffectRecorded { effect, tool, class, scopes, args, compensable, .. } => {
                 if let Some(t) = txs.get_mut(&id) {
                     if effect.0 as usize != t.effects.len() {
                         return Err(format!("ledger: {id} recorded effect {effect} out of order"));
@@ -1568,6 +1613,7 @@ fn parse_ledger(events: &[Event]) -> Result<BTreeMap<TxId, LTx>, String> {
                     t.effects.push(LEff {
                         tool: tool.to_string(),
                         class: *class,
+                        compensable: *compensable,
                         scopes: scopes.iter().map(|s| s.to_string()).collect(),
                         args: ArgsView::of(args),
                         executed: None,
@@ -1630,6 +1676,10 @@ fn parse_ledger(events: &[Event]) -> Result<BTreeMap<TxId, LTx>, String> {
                         return Err(format!("ledger: {id} settled twice"));
                     }
                     t.settled = Some((*committed, effects.iter().map(|(_, d, tag)| (d.clone(), *tag)).collect()));
+                    if !*committed && t.stamp().is_none() && !t.dirty_scopes(usize::MAX).is_empty() {
+                        last_stamp += 1;
+                        t.abort_stamp = Some(last_stamp);
+                    }
                 }
             }
             other => return Err(format!("ledger: an event this model does not know: {other:?}")),
@@ -1664,10 +1714,46 @@ fn check_decisions(h: &History, txs: &BTreeMap<TxId, LTx>) -> Result<(), String>
     let mut last_stamp = 0;
     // Decided commits' held effects not yet released: (effect, scope).
     let mut unreleased: HashMap<TxId, Vec<(u32, String)>> = HashMap::new();
+    // Isolation of eager effects: effects recorded so far per transaction, and held effects
+    // of transactions not aborting, not yet released: (effect, scope).
+    let mut recorded: HashMap<TxId, usize> = HashMap::new();
+    let mut held: HashMap<TxId, Vec<(u32, String)>> = HashMap::new();
     for (i, e) in h.events.iter().enumerate() {
         let id = e.tx();
         let Some(t) = txs.get(&id) else { continue };
         match e {
+            Event::EffectRecorded { effect, class, scopes, .. } => {
+                *recorded.entry(id).or_default() += 1;
+                if !class.executes_eagerly() {
+                    held.entry(id).or_default().extend(scopes.iter().map(|s| (effect.0, s.to_string())));
+                }
+            }
+            Event::Decided { commit: false, reason: Some(AbortReason::LockConflict { scope }), .. } => {
+                // Legitimate iff another transaction (not a branch of the same group: another
+                // epoch) has a dirty mark overlapping the scope, or holds an unreleased effect
+                // there.
+                let dirty = txs.iter().any(|(uid, u)| {
+                    *uid != id
+                        && u.epoch != t.epoch
+                        && !phase.get(uid).is_some_and(|p| p.finished)
+                        && u.dirty_scopes(recorded.get(uid).copied().unwrap_or(0))
+                            .iter()
+                            .any(|d| reference::overlaps(d, scope))
+                });
+                let holds = held.iter().any(|(uid, list)| {
+                    *uid != id
+                        && txs.get(uid).is_some_and(|u| u.epoch != t.epoch)
+                        && list.iter().any(|(_, s)| reference::overlaps(s, scope))
+                });
+                if !dirty && !holds {
+                    return Err(format!(
+                        "event {i}: {id} aborted as a lock conflict on `{scope}`, but no other unfinished transaction \
+                         has an uncommitted eager write or an unreleased held write there"
+                    ));
+                }
+                held.remove(&id);
+                phase.entry(id).or_default().aborting = true;
+            }
             Event::Begin { .. } => phase.entry(id).or_default().begun = true,
             Event::Read { scope, version, .. } => {
                 // A decided commit whose held effects on the scope have not all been released
@@ -1756,9 +1842,13 @@ fn check_decisions(h: &History, txs: &BTreeMap<TxId, LTx>) -> Result<(), String>
                 if let Some(list) = unreleased.get_mut(&id) {
                     list.retain(|(k, _)| *k != effect.0);
                 }
+                if let Some(list) = held.get_mut(&id) {
+                    list.retain(|(k, _)| *k != effect.0);
+                }
             }
             Event::Decided { commit: false, reason, .. } => {
                 unreleased.remove(&id);
+                held.remove(&id);
                 // A retraction (a decided commit whose first release failed) gives the scopes
                 // it wrote a fresh version at L2 and above (the engine's default level), so
                 // no later read observes the retracted writes (docs/levels.md).
@@ -1782,10 +1872,94 @@ fn check_decisions(h: &History, txs: &BTreeMap<TxId, LTx>) -> Result<(), String>
             }
             Event::Settled { .. } => {
                 unreleased.remove(&id);
+                held.remove(&id);
                 phase.entry(id).or_default().finished = true;
+                // An abort before any commit decision gives the scopes of its eager
+                // compensable effects a fresh version: its compensations wrote there.
+                if let Some(stamp) = t.abort_stamp {
+                    last_stamp += 1;
+                    if stamp != last_stamp {
+                        return Err(format!("event {i}: the abort of {id} took stamp {stamp}, expected {last_stamp}"));
+                    }
+                    for s in t.dirty_scopes(usize::MAX) {
+                        versions.write(&s, stamp);
+                    }
+                }
             }
             _ => {}
         }
+    }
+    Ok(())
+}
+
+/// The cells of the "set" tool, replayed from the world's log (a set writes its call id; its
+/// compensation restores the values before it), end at the values the committed sets give in
+/// commit order, then issuance order: no lost update (issue 10 item 1). Cells a set touched
+/// whose abort left residue (a failed compensation) or whose call returned after its abort
+/// (a late call can land after a later writer) are not predictable and are skipped.
+fn check_cells(h: &History, txs: &BTreeMap<TxId, LTx>, cov: &mut Coverage) -> Result<(), String> {
+    let mut cells: HashMap<String, u64> = HashMap::new();
+    let mut prev: HashMap<u64, Vec<(String, u64)>> = HashMap::new();
+    for hit in h.world.iter().filter(|x| x.tool == "set") {
+        match hit.kind {
+            HitKind::Exec => {
+                prev.insert(
+                    hit.uid,
+                    hit.scopes.iter().map(|s| (s.clone(), cells.get(s).copied().unwrap_or(0))).collect(),
+                );
+                for s in &hit.scopes {
+                    cells.insert(s.clone(), hit.uid);
+                }
+            }
+            HitKind::Compensate => {
+                for (s, v) in prev.get(&hit.uid).into_iter().flatten() {
+                    cells.insert(s.clone(), *v);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut want: HashMap<String, u64> = HashMap::new();
+    let mut skip: Vec<String> = Vec::new();
+    let mut order: Vec<&LTx> = txs.values().filter(|t| t.committed()).collect();
+    order.sort_by_key(|t| t.stamp());
+    let sets = |t: &LTx| -> Vec<(usize, LEff)> {
+        let disp = t.settled.as_ref().map(|(_, d)| d.clone()).unwrap_or_default();
+        t.effects
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| {
+                e.tool == "set" && e.executed.is_some() && !matches!(disp.get(*i), Some((Disposition::Replayed, _)))
+            })
+            .map(|(i, e)| (i, e.clone()))
+            .collect()
+    };
+    for t in txs.values().filter(|t| !t.committed()) {
+        let tags = t.settled.as_ref().map(|(_, d)| d.clone()).unwrap_or_default();
+        for (i, e) in sets(t) {
+            if e.returned_after_abort || !matches!(tags.get(i), Some((_, Tag::Clean))) {
+                skip.extend(e.scopes.iter().cloned());
+            }
+        }
+    }
+    for t in order {
+        for (_, e) in sets(t) {
+            for s in &e.scopes {
+                want.insert(s.clone(), e.args.uid);
+            }
+        }
+    }
+    for cell in cells.keys().chain(want.keys()) {
+        if skip.contains(cell) {
+            continue;
+        }
+        let (got, expected) = (cells.get(cell).copied().unwrap_or(0), want.get(cell).copied().unwrap_or(0));
+        if got != expected {
+            return Err(format!(
+                "lost update: cell `{cell}` ends at set #{got}, but the committed sets in commit order leave #{expected}"
+            ));
+        }
+        cov.add("set cells checked", 1);
     }
     Ok(())
 }
@@ -1964,6 +2138,8 @@ fn check_reason(id: TxId, t: &LTx, rec: &TxRec, groups: &[GroupRec], txs: &BTree
         }
         // Checked against the reference versions in `check_decisions`.
         AbortReason::StaleRead { .. } => true,
+        // Checked against the dirty marks and held writes in `check_decisions`.
+        AbortReason::LockConflict { .. } => true,
         // Every read and effect renews the transaction's own lease.
         AbortReason::LeaseExpired => rec.longest_idle().is_none_or(|idle| idle >= rec.lease),
         AbortReason::WaitTimeout => rec.wait_timeout,
@@ -2021,6 +2197,7 @@ fn check(h: &History) -> Result<Coverage, String> {
     }
 
     check_decisions(h, &txs)?;
+    check_cells(h, &txs, &mut cov)?;
 
     // The world, by effect.
     let mut hits: HashMap<(u64, &'static str), usize> = HashMap::new();
@@ -2223,6 +2400,15 @@ fn check(h: &History) -> Result<Coverage, String> {
                 stamp,
                 reads: Vec::new(),
                 writes: t.writes(),
+                phantom: true,
+            });
+        }
+        if let Some(stamp) = t.abort_stamp {
+            decided.push(reference::Decided {
+                label: format!("compensations of {id}"),
+                stamp,
+                reads: Vec::new(),
+                writes: t.dirty_scopes(usize::MAX),
                 phantom: true,
             });
         }

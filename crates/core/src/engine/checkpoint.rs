@@ -218,6 +218,10 @@ impl Replay {
         }
         core.cfg = cfg;
         core.scopes = scopes;
+        if core.dirty.is_empty() {
+            // A checkpoint from before dirty marks: rebuild them from the transactions.
+            core.rebuild_dirty_marks();
+        }
         core.check_integrity().map_err(|e| corrupt(format!("integrity: {e}")))?;
         if core.next_tx == 0 || core.next_epoch == 0 {
             return Err(corrupt("id allocators at 0".into()));

@@ -43,6 +43,13 @@ impl Core {
                     return Err(format!("{id} claims {s} but the index does not hold the claim"));
                 }
             }
+            for e in t.effects.iter().filter(|e| Core::marks_dirty(e)) {
+                for s in &e.scopes {
+                    if !self.dirty.blocked_before(s, Epoch(t.epoch.0 + 1)) {
+                        return Err(format!("{id} has an eager effect on {s} but no dirty mark there"));
+                    }
+                }
+            }
             if let Some(g) = t.group
                 && !self.groups.get(&g).is_some_and(|g| g.branches.contains(id))
             {

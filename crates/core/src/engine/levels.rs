@@ -19,6 +19,17 @@ use crate::ids::{EffectId, Epoch, TxId};
 use crate::scope::Scope;
 use crate::trace::{TRACE_SCHEMA_VERSION, TraceRead, TraceRecord, TraceTool};
 
+/// How a transaction is about to touch a scope, for the isolation of eager effects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Touch {
+    /// A read.
+    Read,
+    /// An eager effect (executes now, visible at once).
+    Eager,
+    /// A held effect (reaches the world at commit).
+    Held,
+}
+
 /// What one read sees: see [`Core::sight`].
 #[derive(Debug)]
 pub(super) struct Sight {
@@ -59,6 +70,146 @@ impl Core {
             Err(e) => debug_assert!(false, "lock-conflict abort of {tx} failed: {e}"),
         }
         Err(EngineError::LockConflict { tx, scope })
+    }
+
+    /// Whether an effect leaves a dirty mark while its transaction is unfinished: an eager
+    /// effect with a compensation (its compensation may write the scope again, later).
+    pub(super) fn marks_dirty(e: &super::Eff) -> bool {
+        e.class.executes_eagerly() && e.compensable && e.status != EffStatus::Replayed
+    }
+
+    /// The isolation of eager effects (docs/engine.md, "Isolation of eager effects"), at L1
+    /// and above: refuses (aborting `tx`, retryable `lock_conflict`) a touch of `scope` that
+    /// would interleave with another unfinished transaction's uncommitted eager write there.
+    /// Branches of one speculation group (one epoch) are exempt from each other.
+    ///
+    /// * a read of a scope with another transaction's dirty mark: it would read a value that
+    ///   is not committed (and, with this engine's versions, is stale whichever way the writer
+    ///   settles);
+    /// * an eager effect on a scope with another transaction's dirty mark (the second writer
+    ///   dies: either compensation would restore a value over the other's write), or on a
+    ///   scope where an earlier unfinished transaction holds an effect that will be released
+    ///   before this one settles;
+    /// * a held effect on a scope with a later transaction's dirty mark (its release would land
+    ///   before that transaction's compensation).
+    ///
+    /// Disjoint scopes pay one query of the (usually empty) dirty index; the scan for held
+    /// effects runs only when an earlier transaction claims the scope.
+    pub(super) fn eager_check(&mut self, tx: TxId, scope: &Scope, touch: Touch) -> Result<(), EngineError> {
+        if self.cfg.level < Level::L1 {
+            return Ok(());
+        }
+        let Some(t) = self.txs.get(&tx) else { return Ok(()) };
+        let epoch = t.epoch;
+        // Under the epoch-order frontier, a later transaction settles after this one; without
+        // it, either may settle first.
+        let ordered = self.cfg.ordering == super::Ordering::EpochOrder && !self.cfg.ablation.no_frontier;
+        let conflict = match touch {
+            // A decided commit's writes are not dirty for readers: L2 makes their readers wait
+            // for the settlement and cascades a retraction; below L2 reading them is A3,
+            // which those levels admit (docs/levels.md).
+            Touch::Read => {
+                !self.dirty.is_empty()
+                    && self.dirty.claimed_by_other(scope, epoch)
+                    && self.txs.values().any(|o| {
+                        o.epoch != epoch
+                            && o.state != TxState::Committing
+                            && o.effects
+                                .iter()
+                                .any(|e| Self::marks_dirty(e) && e.scopes.iter().any(|s| s.overlaps(scope)))
+                    })
+            }
+            Touch::Held => {
+                !self.dirty.is_empty()
+                    && if ordered {
+                        self.dirty.claimed_after(scope, epoch)
+                    } else {
+                        self.dirty.claimed_by_other(scope, epoch)
+                    }
+            }
+            Touch::Eager => {
+                (!self.dirty.is_empty() && self.dirty.claimed_by_other(scope, epoch))
+                    || self.held_elsewhere(tx, epoch, scope, ordered)
+            }
+        };
+        if !conflict {
+            return Ok(());
+        }
+        let scope = scope.to_string();
+        match self.abort(tx, AbortReason::LockConflict { scope: scope.clone() }) {
+            Ok(plan) => self.actions.push(Action::RunAbort(plan)),
+            Err(e) => debug_assert!(false, "eager-isolation abort of {tx} failed: {e}"),
+        }
+        Err(EngineError::LockConflict { tx, scope })
+    }
+
+    /// Whether another unfinished, not aborting transaction (an earlier one, if `ordered`)
+    /// holds an effect on a scope overlapping `scope` that is not released yet.
+    fn held_elsewhere(&self, tx: TxId, epoch: Epoch, scope: &Scope, ordered: bool) -> bool {
+        if ordered
+            && !(self.undeclared.first_key_value().is_some_and(|(e, _)| *e < epoch)
+                || self.index.blocked_before(scope, epoch))
+        {
+            return false;
+        }
+        self.txs.iter().any(|(id, o)| {
+            *id != tx
+                && o.epoch != epoch
+                && (!ordered || o.epoch < epoch)
+                && o.state != TxState::Aborting
+                && o.effects
+                    .iter()
+                    .any(|e| matches!(e.status, EffStatus::Held(_)) && e.scopes.iter().any(|s| s.overlaps(scope)))
+        })
+    }
+
+    /// Places the dirty marks of a new effect of the transaction at `epoch`.
+    pub(super) fn mark_dirty(&mut self, epoch: Epoch, e: &super::Eff) {
+        if Self::marks_dirty(e) {
+            for s in &e.scopes {
+                self.dirty.claim(s, epoch);
+            }
+        }
+    }
+
+    /// Places every unfinished transaction's dirty marks (a checkpoint written before them).
+    pub(super) fn rebuild_dirty_marks(&mut self) {
+        let marks: Vec<(Epoch, Scope)> = self
+            .txs
+            .values()
+            .flat_map(|t| {
+                t.effects
+                    .iter()
+                    .filter(|e| Self::marks_dirty(e))
+                    .flat_map(move |e| e.scopes.iter().map(move |s| (t.epoch, s.clone())))
+            })
+            .collect();
+        for (epoch, s) in marks {
+            self.dirty.claim(&s, epoch);
+        }
+    }
+
+    /// A transaction finishes: its dirty marks go, and, at L1 and above, if it aborted before
+    /// any commit decision, every scope they covered gets a fresh version (one new stamp): its
+    /// compensations wrote there, so any read that saw its eager values (or the values before
+    /// them) is stale. (A retracted commit gets its fresh version from [`Core::retract`] at L2
+    /// and above; below L2 reading a retracted write is A3, which those levels admit.)
+    pub(super) fn settle_marks(&mut self, t: &Tx, committed: bool) {
+        let committed = committed || t.lv.stamp.is_some();
+        let mut bumped = None;
+        for e in t.effects.iter().filter(|e| Self::marks_dirty(e)) {
+            for s in &e.scopes {
+                self.dirty.unclaim(s, t.epoch);
+                if !committed && self.cfg.level >= Level::L1 {
+                    let stamp = *bumped.get_or_insert_with(|| {
+                        // Saturating: at the end of the range the next commit is refused.
+                        self.stamp = self.stamp.saturating_add(1);
+                        self.stamp
+                    });
+                    self.index.record_write(s, stamp);
+                }
+            }
+        }
     }
 
     /// What a read of `scope` by `tx` sees, in one pass over the unsettled commits.

@@ -423,8 +423,13 @@ pub struct Core {
     /// Below L2: commit stamps of retracted commits (rare), so that a later read of such a
     /// version names its writer as a predecessor in the trace.
     retracted: HashMap<u64, TxId>,
-    /// Replay's checks of the ledger's order (recover.rs); unused by a live engine.
+    /// Dirty marks: the scopes of the compensable eager effects of unfinished transactions,
+    /// at their epochs (the isolation of eager effects, docs/engine.md). Kept at every level;
+    /// consulted at L1 and above.
     #[serde(default)]
+    dirty: ScopeIndex,
+    /// Replay's checks of the ledger's order (recover.rs); unused by a live engine.
+    #[serde(default = "recover::ReplayGuard::of_old_checkpoint")]
     guard: recover::ReplayGuard,
 }
 
@@ -474,6 +479,7 @@ impl Core {
             committing: SmallVec::new(),
             traces: Vec::new(),
             retracted: HashMap::default(),
+            dirty: ScopeIndex::default(),
             guard: recover::ReplayGuard::default(),
         }
     }

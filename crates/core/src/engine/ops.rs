@@ -234,6 +234,7 @@ impl Core {
     pub fn read(&mut self, tx: TxId, scope: &Scope, now: Timestamp) -> Result<ReadResult, EngineError> {
         self.check_touch(tx, scope, "read of", now)?;
         self.lock_check(tx, scope)?;
+        self.eager_check(tx, scope, super::levels::Touch::Read)?;
         let sight = self.sight(tx, scope);
         let version = sight.version;
         let t = self.txs.get_mut(&tx).expect("checked by check_touch");
@@ -267,6 +268,8 @@ impl Core {
                 limit: self.cfg.max_args_bytes,
             });
         }
+        let touch =
+            if decl.class.executes_eagerly() { super::levels::Touch::Eager } else { super::levels::Touch::Held };
         for s in &decl.scopes {
             self.check_touch(tx, s, "effect on", now)?;
             self.lock_check(tx, s)?;
@@ -282,6 +285,12 @@ impl Core {
         let (key, global_key) = Self::derive_key(tx, id, &decl);
         if let Some(r) = self.replay(tx, &key, global_key, &decl)? {
             return Ok(r);
+        }
+        // An effect that will replay a key's recorded output does not touch the world.
+        if !(global_key && matches!(self.keys.get(&key), Some(KeyEntry { state: KeyState::Done(_), .. }))) {
+            for s in &decl.scopes {
+                self.eager_check(tx, s, touch)?;
+            }
         }
         let status = if decl.class.executes_eagerly() {
             EffStatus::InFlight
@@ -329,7 +338,8 @@ impl Core {
                 Recorded::Replay(id, out)
             }
         };
-        t.effects.push(Eff {
+        let epoch = t.epoch;
+        let eff = Eff {
             tool: decl.tool,
             class: decl.class,
             scopes: SmallVec::from_vec(decl.scopes),
@@ -339,7 +349,9 @@ impl Core {
             compensable: decl.compensable,
             status,
             output: replay_output,
-        });
+        };
+        self.mark_dirty(epoch, &eff);
+        self.txs.get_mut(&tx).expect("checked by check_touch").effects.push(eff);
         Ok(recorded)
     }
 

@@ -170,6 +170,17 @@ pub(super) struct ReplayGuard {
     /// Executed effects of aborted transactions whose compensation was not recorded before
     /// settlement (or that executed late): a late compensated record may still come.
     late_comps: BTreeSet<(TxId, EffectId)>,
+    /// Loaded from a checkpoint written before these checks: the late sets above are unknown
+    /// for transactions settled before it, so late records for settled transactions are
+    /// accepted (and ignored), as that build did.
+    lenient_late: bool,
+}
+
+impl ReplayGuard {
+    /// The guard of a checkpoint that has none (written by an older build).
+    pub(super) fn of_old_checkpoint() -> ReplayGuard {
+        ReplayGuard { lenient_late: true, ..ReplayGuard::default() }
+    }
 }
 
 type Refusal = (ReplayRule, String);
@@ -372,6 +383,7 @@ impl Core {
             Event::Read { tx, scope, version } => {
                 let s = self.parse_logged(scope)?;
                 let now = self.stamp;
+                let all_stamps = self.cfg.level >= super::Level::L2;
                 let t = self.replay_tx(*tx)?;
                 if t.state != TxState::Open {
                     return refuse(R::IllegalTransition, format!("read of `{s}` by {tx}, which is {}", t.state));
@@ -381,7 +393,9 @@ impl Core {
                 {
                     return refuse(R::BadScope, format!("read of `{s}` by {tx} outside its declared may-touch set"));
                 }
-                if version.0 > now {
+                // Stamps that were not commits (retractions at L2, aborts at L1) are reproduced
+                // only by a replay at a level that makes them; at L2 and above every one is.
+                if version.0 > now && all_stamps {
                     return refuse(
                         R::StampNotIncreasing,
                         format!("{tx} read `{s}` at {version}, above the last stamp {now}"),
@@ -467,7 +481,8 @@ impl Core {
                 if status == EffStatus::InFlight {
                     t.in_flight += 1;
                 }
-                t.effects.push(Eff {
+                let epoch = t.epoch;
+                let eff = Eff {
                     tool: tool.clone(),
                     class: *class,
                     scopes: parsed,
@@ -477,7 +492,14 @@ impl Core {
                     compensable: *compensable,
                     status,
                     output: None,
-                });
+                };
+                self.mark_dirty(epoch, &eff);
+                self.txs.get_mut(tx).expect("checked above").effects.push(eff);
+            }
+            Event::EffectExecuted { tx, .. } | Event::EffectFailed { tx, .. } | Event::Compensated { tx, .. }
+                if self.guard.lenient_late && !self.txs.contains_key(tx) && tx.0 != 0 && tx.0 < self.next_tx =>
+            {
+                // Late records for a transaction settled before an old checkpoint.
             }
             Event::EffectExecuted { tx, effect, output } => {
                 if !self.txs.contains_key(tx) && self.guard.late_calls.remove(&(*tx, *effect)) {
@@ -560,7 +582,7 @@ impl Core {
                     }
                 }
                 self.guard.last_commit_stamp = stamp;
-                self.stamp = stamp;
+                self.stamp = self.stamp.max(stamp);
                 let t = self.txs.get_mut(tx).expect("checked above");
                 t.state = TxState::Committing;
                 t.lv.stamp = Some(stamp);

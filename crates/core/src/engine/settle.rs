@@ -598,6 +598,7 @@ impl Core {
 
     /// Releases everything a finished transaction held and wakes those it blocked.
     pub(super) fn finish(&mut self, tx: TxId, t: Tx, outcome: &Outcome) {
+        self.settle_marks(&t, outcome.committed);
         if t.lv.stamp.is_some() {
             self.committing.retain(|c| *c != tx);
         }
