@@ -16,6 +16,9 @@ use tidegate_storage::{LedgerStore, MemoryStore};
 /// Which benchmark to run.
 #[derive(Debug, clap::Subcommand)]
 pub enum Which {
+    /// Review middleware on TPC-C: buffered rate vs SI/RI at field and table granularity,
+    /// throughput and latency on SQLite (and PostgreSQL), double-execution cost.
+    Review(crate::bench_review::Args),
     /// Per-transaction cost, cost after a long history, speculation commit, disjoint waits.
     Micro {
         /// Print one JSON object instead of a table.
@@ -69,6 +72,7 @@ pub fn run(which: Which) -> anyhow::Result<()> {
             durable(json, data_dir, seconds, reopen_tx, checkpoint_every)
         }
         Which::Detect { json, sizes, seed } => crate::bench_detect::run(json, &sizes, seed),
+        Which::Review(args) => crate::bench_review::run(args),
     }
 }
 

@@ -171,6 +171,15 @@ impl State {
                 *scratch = predicted_compensation(&tx.touches);
                 scratch
             }
+            _ if tx.suspicious && tx.strategy == Strategy::BufferCompensating && tx.review.is_none() => {
+                // Not executed yet, but it will be, and then its compensation is buffered: a
+                // transaction released after it must respect both (regression: a held Delivery
+                // released right after a held suspicious New-Order delivered that order, and
+                // the New-Order's removal then found its new_order row gone).
+                *scratch = tx.touches.clone();
+                scratch.extend(predicted_compensation(&tx.touches));
+                scratch
+            }
             _ => &tx.touches,
         }
     }

@@ -301,25 +301,40 @@ pub struct Generator {
     scale: Scale,
     rng: SmallRng,
     counter: u64,
+    mix: [u32; 5],
     /// The home warehouse of the emulated terminal.
     pub w_id: i64,
 }
 
+/// The standard mix in percent: New-Order, Payment, Order-Status, Delivery, Stock-Level.
+pub const STANDARD_MIX: [u32; 5] = [45, 43, 4, 4, 4];
+
 impl Generator {
     /// A generator for `scale`, seeded.
     pub fn new(scale: Scale, seed: u64) -> Generator {
-        Generator { scale, rng: SmallRng::seed_from_u64(seed), counter: 0, w_id: 1 }
+        Generator { scale, rng: SmallRng::seed_from_u64(seed), counter: 0, mix: STANDARD_MIX, w_id: 1 }
+    }
+
+    /// Uses another mix (weights of New-Order, Payment, Order-Status, Delivery, Stock-Level),
+    /// e.g. more Deliveries so that they reach orders created during a short run.
+    pub fn with_mix(mut self, mix: [u32; 5]) -> Generator {
+        if mix.iter().sum::<u32>() > 0 {
+            self.mix = mix;
+        }
+        self
     }
 
     /// The next transaction type of the mix.
     pub fn next_type(&mut self) -> TxType {
-        match self.rng.gen_range(0..100) {
-            0..45 => TxType::NewOrder,
-            45..88 => TxType::Payment,
-            88..92 => TxType::OrderStatus,
-            92..96 => TxType::Delivery,
-            _ => TxType::StockLevel,
+        let types = [TxType::NewOrder, TxType::Payment, TxType::OrderStatus, TxType::Delivery, TxType::StockLevel];
+        let mut x = self.rng.gen_range(0..self.mix.iter().sum::<u32>());
+        for (t, w) in types.into_iter().zip(self.mix) {
+            if x < w {
+                return t;
+            }
+            x -= w;
         }
+        TxType::StockLevel
     }
 
     fn other_w(&mut self, w: i64) -> i64 {
@@ -458,16 +473,23 @@ pub const CONDITIONS: [(&str, &str); 11] = [
     ),
     (
         "10: C_BALANCE = sum(delivered OL_AMOUNT) - sum(H_AMOUNT)",
-        "SELECT c_w_id, c_d_id, c_id FROM customer WHERE c_balance <>
-           (SELECT COALESCE(SUM(ol_amount), 0) FROM order_line JOIN orders ON o_w_id = ol_w_id AND o_d_id = ol_d_id AND o_id = ol_o_id
-             WHERE o_w_id = c_w_id AND o_d_id = c_d_id AND o_c_id = c_id AND ol_delivery_d IS NOT NULL)
-           - (SELECT COALESCE(SUM(h_amount), 0) FROM history WHERE h_c_w_id = c_w_id AND h_c_d_id = c_d_id AND h_c_id = c_id)",
+        "SELECT c_w_id, c_d_id, c_id FROM customer
+           LEFT JOIN (SELECT o_w_id, o_d_id, o_c_id, SUM(ol_amount) AS delivered FROM orders JOIN order_line
+                        ON ol_w_id = o_w_id AND ol_d_id = o_d_id AND ol_o_id = o_id
+                      WHERE ol_delivery_d IS NOT NULL GROUP BY o_w_id, o_d_id, o_c_id) dl
+             ON dl.o_w_id = c_w_id AND dl.o_d_id = c_d_id AND dl.o_c_id = c_id
+           LEFT JOIN (SELECT h_c_w_id, h_c_d_id, h_c_id, SUM(h_amount) AS paid FROM history GROUP BY h_c_w_id, h_c_d_id, h_c_id) hp
+             ON hp.h_c_w_id = c_w_id AND hp.h_c_d_id = c_d_id AND hp.h_c_id = c_id
+         WHERE c_balance <> COALESCE(dl.delivered, 0) - COALESCE(hp.paid, 0)",
     ),
     (
         "12: C_BALANCE + C_YTD_PAYMENT = sum(delivered OL_AMOUNT)",
-        "SELECT c_w_id, c_d_id, c_id FROM customer WHERE c_balance + c_ytd_payment <>
-           (SELECT COALESCE(SUM(ol_amount), 0) FROM order_line JOIN orders ON o_w_id = ol_w_id AND o_d_id = ol_d_id AND o_id = ol_o_id
-             WHERE o_w_id = c_w_id AND o_d_id = c_d_id AND o_c_id = c_id AND ol_delivery_d IS NOT NULL)",
+        "SELECT c_w_id, c_d_id, c_id FROM customer
+           LEFT JOIN (SELECT o_w_id, o_d_id, o_c_id, SUM(ol_amount) AS delivered FROM orders JOIN order_line
+                        ON ol_w_id = o_w_id AND ol_d_id = o_d_id AND ol_o_id = o_id
+                      WHERE ol_delivery_d IS NOT NULL GROUP BY o_w_id, o_d_id, o_c_id) dl
+             ON dl.o_w_id = c_w_id AND dl.o_d_id = c_d_id AND dl.o_c_id = c_id
+         WHERE c_balance + c_ytd_payment <> COALESCE(dl.delivered, 0)",
     ),
 ];
 

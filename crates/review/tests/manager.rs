@@ -217,3 +217,23 @@ fn an_execution_whose_outcome_was_not_logged_is_not_repeated() {
         "the settled outcome is logged"
     );
 }
+
+#[test]
+fn a_transaction_released_after_a_held_suspicious_one_respects_its_future_compensation() {
+    // Regression (found by the TPC-C randomized test, seed 1012): a held suspicious transaction
+    // under buffer-compensating is executed when released, and its compensation is buffered
+    // from then on; a transaction held in the same wait must have been checked against that
+    // compensation, not only against its forward writes.
+    let mut m = bank(Strategy::BufferCompensating, Granularity::Field);
+    let a = m.request(req("set_balance", json!({"id": 1, "balance": 7}), true)).unwrap();
+    let b = m.request(req("deposit", json!({"id": 1, "amount": 10}), true)).unwrap();
+    assert_eq!(m.status(b).unwrap().waits_for, vec![a]);
+    let c = m.request(req("withdraw", json!({"id": 1, "amount": 60}), false)).unwrap();
+    assert_eq!(m.status(c).unwrap().waits_for, vec![a, b]);
+    m.review(a, Decision::Remove, "rita").unwrap();
+    assert_eq!(m.status(b).unwrap().status, Status::ExecutedAwaitingReview);
+    assert_eq!(m.status(c).unwrap().status, Status::Held);
+    assert_eq!(m.review(b, Decision::Remove, "rita").unwrap(), Status::Removed);
+    assert_eq!(m.stats().refused_removals, 0);
+    assert_eq!(m.status(c).unwrap().status, Status::Failed, "50 - 60 is refused by the database");
+}
