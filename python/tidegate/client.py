@@ -47,9 +47,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
-
-import httpx
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 from . import _context
 from .errors import (
@@ -77,6 +75,9 @@ from .errors import (
 from .outcome import EffectOutcome, Happened, Held, Outcome, ReadResult
 from .tools import Tool
 from .transaction import Transaction, _check_agent, _scopes_arg, _seconds
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Client", "RemoteTransaction", "connect"]
 
@@ -227,9 +228,16 @@ class Client:
         if not isinstance(api_key, str) or not api_key:
             raise InvalidArgument("invalid `api_key`: expected the key as a non-empty str", kind="invalid_argument", argument="api_key")
         _seconds(timeout, "timeout", positive=True)
+        try:
+            import httpx
+        except ImportError as e:  # pragma: no cover - httpx is a dependency of the package
+            raise TidegateError(
+                "tidegate.connect needs httpx: pip install 'httpx>=0.27'", kind="missing_dependency"
+            ) from e
+        self._httpx = httpx
         self.url = url.rstrip("/")
         self._timeout = float(timeout)
-        self._http = httpx.Client(
+        self._http: "httpx.Client" = httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {api_key}"}, timeout=httpx.Timeout(timeout + 5.0)
         )
         self._worker_name = worker or f"py-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -254,14 +262,12 @@ class Client:
         """One request; 429/503 are retried after ``Retry-After`` (up to 5 times)."""
         for attempt in range(6):
             try:
-                r = self._http.request(
-                    method,
-                    path,
-                    json=body,
-                    params=params,
-                    timeout=None if timeout is None else httpx.Timeout(timeout + 5.0),
-                )
-            except httpx.HTTPError as e:
+                if timeout is None:  # the client's default timeout
+                    r = self._http.request(method, path, json=body, params=params)
+                else:
+                    t = self._httpx.Timeout(timeout + 5.0)
+                    r = self._http.request(method, path, json=body, params=params, timeout=t)
+            except self._httpx.HTTPError as e:
                 raise TidegateError(
                     f"{method} {self.url}{path}: {type(e).__name__}: {e}", kind="unavailable", retryable=True
                 ) from e
