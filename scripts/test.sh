@@ -10,3 +10,6 @@ export TIDEGATE_BIN="$PWD/target/debug/tidegate"
 if [ -f python/run-tests.sh ]; then
     bash python/run-tests.sh
 fi
+# API fuzzing against a real `tidegate serve --memory` (about 50 s; the longer run is in the
+# script's header).
+TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/fuzz-api.sh

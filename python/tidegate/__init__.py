@@ -20,10 +20,12 @@ tagged. This package binds the Rust engine (``tidegate._native``) and adds a Pyt
 
 Modules: :mod:`tidegate.engine` (``open``, ``Tidegate``), :mod:`tidegate.transaction`,
 :mod:`tidegate.tools` (``tool``), :mod:`tidegate.speculation`, :mod:`tidegate.outcome`,
-:mod:`tidegate.errors`; :mod:`tidegate.langgraph` for the LangGraph ``ToolNode`` drop-in.
+:mod:`tidegate.errors`; :mod:`tidegate.langgraph` for the LangGraph ``ToolNode`` drop-in;
+:mod:`tidegate.client` (``connect``) for the same API against ``tidegate serve``.
 Everything public is re-exported here.
 """
 
+from .client import Client, RemoteTransaction, connect
 from .engine import ISOLATIONS, LEVELS, ScopeType, Tidegate, default_engine, open
 from .errors import (
     Aborted,
@@ -60,6 +62,9 @@ __all__ = [
     "LEVELS",
     "ISOLATIONS",
     "AsyncTool",
+    "Client",
+    "RemoteTransaction",
+    "connect",
     "EffectOutcome",
     "Happened",
     "Held",

@@ -50,6 +50,26 @@ pub enum Which {
         #[arg(long)]
         checkpoint_every: Option<u64>,
     },
+    /// `tidegate serve` on loopback against the same workload in-process: begin + a
+    /// reversible effect + a webhook-released gated effect + commit, at each client count,
+    /// in memory and on the embedded durable store (docs/server.md, "Benchmark").
+    Serve {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Seconds per measurement (2 modes × stores × client counts of them).
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Client counts.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
+        clients: Vec<usize>,
+        /// Parent directory of the durable ledgers (default: a temporary one, removed).
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        /// Only the in-memory store.
+        #[arg(long)]
+        memory_only: bool,
+    },
     /// Anomaly detectors + classification + cycle check on generated traces (1e5 and 1e6
     /// records by default): records/s and peak memory against the file size.
     Detect {
@@ -73,6 +93,9 @@ pub fn run(which: Which) -> anyhow::Result<()> {
         }
         Which::Detect { json, sizes, seed } => crate::bench_detect::run(json, &sizes, seed),
         Which::Review(args) => crate::bench_review::run(args),
+        Which::Serve { json, seconds, clients, data_dir, memory_only } => {
+            serve(json, seconds, clients, data_dir, memory_only)
+        }
     }
 }
 
@@ -557,6 +580,51 @@ fn micro(as_json: bool, history: u64) -> anyhow::Result<()> {
         for (k, ns) in &levels {
             println!("  {:<30} {:>12} ns  ({:.2}x L0)", format!("ns_per_tx {k}"), ns.round(), ns / l0);
         }
+    }
+    Ok(())
+}
+
+fn serve(
+    as_json: bool,
+    seconds: f64,
+    clients: Vec<usize>,
+    data_dir: Option<std::path::PathBuf>,
+    memory_only: bool,
+) -> anyhow::Result<()> {
+    use tidegate_server::bench::{BenchOptions, StoreKind};
+    anyhow::ensure!(seconds > 0.0 && seconds <= 600.0, "--seconds {seconds}: expected more than 0 and at most 600");
+    anyhow::ensure!(clients.iter().all(|c| (1..=1024).contains(c)), "--clients {clients:?}: expected 1 to 1024 each");
+    let stores = if memory_only { vec![StoreKind::Memory] } else { vec![StoreKind::Memory, StoreKind::Durable] };
+    let opts = BenchOptions { seconds, clients, stores, data_dir };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = rt.block_on(tidegate_server::bench::run(&opts))?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{:<11} {:<8} {:>7} {:>10} {:>9} {:>9} {:>7}",
+        "mode", "store", "clients", "tx/s", "p50 ms", "p99 ms", "failed"
+    );
+    for m in report["measurements"].as_array().into_iter().flatten() {
+        println!(
+            "{:<11} {:<8} {:>7} {:>10} {:>9} {:>9} {:>7}",
+            m["mode"].as_str().unwrap_or(""),
+            m["store"].as_str().unwrap_or(""),
+            m["clients"].to_string(),
+            m["tx_per_s"].to_string(),
+            m["p50_ms"].to_string(),
+            m["p99_ms"].to_string(),
+            m["failed"].to_string()
+        );
+    }
+    for r in report["ratios"].as_array().into_iter().flatten() {
+        println!(
+            "server/in-process tx/s, {} at {} clients: {}",
+            r["store"].as_str().unwrap_or(""),
+            r["clients"],
+            r["server_over_in_process"]
+        );
     }
     Ok(())
 }

@@ -23,6 +23,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod bench;
 pub mod catalog;
 pub mod config;
 pub mod dispatch;

@@ -105,8 +105,11 @@ impl ToolDef {
     }
 }
 
-/// A capability: where the server dispatches an operation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// A capability: where the server dispatches an operation. Its OpenAPI schema is written by
+/// hand ([`PartialSchema`](utoipa::PartialSchema) below): the derived one combined each
+/// variant's `additionalProperties: false` with the `kind` tag in an `allOf`, which no value
+/// satisfies (found by scripts/fuzz-api.sh).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum CapabilitySpec {
     /// An HTTP webhook the server POSTs to.
@@ -145,6 +148,46 @@ pub struct WorkerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
 }
+
+impl utoipa::PartialSchema for CapabilitySpec {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+        use utoipa::openapi::{Discriminator, RefOr};
+        // Each variant: the kind tag, then the variant's own fields, nothing else.
+        let variant = |kind: &str, fields: RefOr<Schema>, description: &str| -> RefOr<Schema> {
+            let mut b = ObjectBuilder::new()
+                .property("kind", ObjectBuilder::new().schema_type(Type::String).enum_values(Some([kind])))
+                .required("kind")
+                .additional_properties(Some(utoipa::openapi::schema::AdditionalProperties::FreeForm(false)))
+                .description(Some(description));
+            if let RefOr::T(Schema::Object(o)) = fields {
+                for (name, schema) in o.properties {
+                    b = b.property(name, schema);
+                }
+                for r in o.required {
+                    b = b.required(r);
+                }
+            }
+            b.into()
+        };
+        OneOfBuilder::new()
+            .item(variant(
+                "webhook",
+                <WebhookSpec as utoipa::PartialSchema>::schema(),
+                "An HTTP webhook the server POSTs to.",
+            ))
+            .item(variant(
+                "worker",
+                <WorkerSpec as utoipa::PartialSchema>::schema(),
+                "A queue that pull workers serve.",
+            ))
+            .discriminator(Some(Discriminator::new("kind")))
+            .description(Some("A capability: where the server dispatches an operation."))
+            .into()
+    }
+}
+
+impl ToSchema for CapabilitySpec {}
 
 impl CapabilitySpec {
     /// Checks the spec; returns `(field, value, expected)` on the first problem.

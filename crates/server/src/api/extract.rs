@@ -87,8 +87,9 @@ impl<S: Send + Sync, P: Needs> FromRequestParts<S> for Caller<P> {
     }
 }
 
-/// A JSON body. An empty body reads as `{}`; unknown fields, wrong types, syntax errors,
-/// other media types and oversized bodies are 4xx problems.
+/// A JSON object body. An empty body reads as `{}`; unknown fields, wrong types, a JSON value
+/// that is not an object, syntax errors, other media types (or none, for a non-empty body)
+/// and oversized bodies are 4xx problems.
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
@@ -96,6 +97,7 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let has_type = req.headers().contains_key(header::CONTENT_TYPE);
         if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
             let ct = ct.to_str().unwrap_or("");
             let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
@@ -113,6 +115,16 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for ApiJson<T> {
         }
         let limit = state.config().limits.max_body_bytes;
         let bytes = read_body(req.into_body(), limit).await?;
+        if !has_type && !bytes.iter().all(u8::is_ascii_whitespace) {
+            let mut e = ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "the request has a body but no Content-Type; request bodies are JSON",
+            );
+            e.field = Some("Content-Type".into());
+            e.expected = Some("application/json".into());
+            return Err(e);
+        }
         parse_json(&bytes).map(ApiJson)
     }
 }
@@ -144,9 +156,14 @@ pub async fn read_body(body: axum::body::Body, limit: usize) -> Result<axum::bod
     }
 }
 
-/// Parses a JSON body (empty: `{}`) into `T`, naming the field of any error.
+/// Parses a JSON object body (empty: `{}`) into `T`, naming the field of any error. Any
+/// other JSON value is refused before serde sees it: serde reads a struct from an array too
+/// (`[]` would be a valid `BeginIn`).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { bytes };
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(not_an_object(bytes));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize::<_, T>(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -154,6 +171,24 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })?;
     de.end().map_err(|e| json_error(String::new(), e))?;
     Ok(value)
+}
+
+/// The problem for a body that is not a JSON object: invalid JSON, or a JSON value of
+/// another type.
+fn not_an_object(bytes: &[u8]) -> ApiError {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Err(e) => json_error(String::new(), e),
+        Ok(v) => {
+            let kind = match v {
+                serde_json::Value::Array(_) => "a JSON array",
+                serde_json::Value::String(_) => "a JSON string",
+                serde_json::Value::Number(_) => "a JSON number",
+                serde_json::Value::Bool(_) => "a JSON boolean",
+                _ => "JSON null",
+            };
+            ApiError::invalid("body", kind, "a JSON object")
+        }
+    }
 }
 
 fn json_error(path: String, e: serde_json::Error) -> ApiError {

@@ -43,10 +43,11 @@ pub async fn events(
 ) -> ApiResult<Json<LedgerEventList>> {
     let t = &caller.tenant;
     let limit = page_limit(&state, q.limit)?;
+    let from = q.from_lsn()?;
     let mut data = Vec::new();
     let mut has_more = false;
     t.store
-        .scan(q.after_lsn.unwrap_or(0).saturating_add(1), &mut |lsn, e| {
+        .scan(from, &mut |lsn, e| {
             if data.len() == limit {
                 has_more = true;
                 return false;

@@ -227,6 +227,12 @@ async fn idempotency(State(state): State<AppState>, req: Request, next: Next) ->
         return next.run(req).await;
     }
     let Some(raw) = req.headers().get("idempotency-key") else { return next.run(req).await };
+    // Authentication answers first: a request without a valid key is a 401 whatever its
+    // other headers say (found by scripts/fuzz-api.sh).
+    let Some(AuthState::Ok(ctx)) = req.extensions().get::<AuthState>().cloned() else {
+        // Unauthenticated: the handler's extractor refuses it; nothing to record.
+        return next.run(req).await;
+    };
     let Some(key) = valid_idempotency_key(raw) else {
         return ApiError::invalid(
             "Idempotency-Key",
@@ -234,10 +240,6 @@ async fn idempotency(State(state): State<AppState>, req: Request, next: Next) ->
             "1 to 255 visible ASCII characters",
         )
         .into_response();
-    };
-    let Some(AuthState::Ok(ctx)) = req.extensions().get::<AuthState>().cloned() else {
-        // Unauthenticated: the handler's extractor refuses it; nothing to record.
-        return next.run(req).await;
     };
     let (parts, body) = req.into_parts();
     let bytes = match read_body(body, state.config().limits.max_body_bytes).await {

@@ -639,7 +639,7 @@ pub async fn timeline(
     let (tx, v) = view_of(t, &id)?;
     let limit = page_limit(&state, q.limit)?;
     let (first, _) = t.index.range(tx).ok_or_else(|| ApiError::not_found("transaction", &id))?;
-    let from = first.max(q.after_lsn.unwrap_or(0).saturating_add(1));
+    let from = first.max(q.from_lsn()?);
     let mut events = Vec::new();
     let mut has_more = false;
     let settled = v.phase.settled();

@@ -443,6 +443,19 @@ pub struct LedgerQuery {
     pub limit: Option<usize>,
 }
 
+impl LedgerQuery {
+    /// The first LSN to return. LSNs are below 2^63 (the ledger stores them as SQLite
+    /// integers), which is also what the document's `int64` promises; a larger `after_lsn` is
+    /// refused rather than silently answered with nothing (found by scripts/fuzz-api.sh).
+    pub fn from_lsn(&self) -> Result<u64, crate::api::problem::ApiError> {
+        match self.after_lsn {
+            None => Ok(1),
+            Some(n) if n < i64::MAX as u64 => Ok(n + 1),
+            Some(n) => Err(crate::api::problem::ApiError::invalid("after_lsn", n.to_string(), "an LSN below 2^63 - 1")),
+        }
+    }
+}
+
 /// Query of the attention list.
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

@@ -117,3 +117,71 @@ async fn protocol_violations_are_409_and_lose_nothing_accepted() {
     problem(&r, 409, "wrong_state");
     h.stop().await;
 }
+
+/// Found by scripts/fuzz-api.sh: serde reads a struct from a JSON array, so `[]` began a
+/// transaction, and a body sent without any Content-Type was read as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fuzz_finding_non_object_bodies_and_bodies_without_a_content_type_are_refused() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let key = Some(k.agent.as_str());
+    let json_ct = Some("application/json");
+    for (body, what) in
+        [("[]", "a JSON array"), ("\"x\"", "a JSON string"), ("7", "a JSON number"), ("null", "JSON null")]
+    {
+        let r = h.raw("POST", "/v1/transactions", key, body.as_bytes().to_vec(), json_ct).await;
+        problem(&r, 400, "invalid_field");
+        assert_eq!((r.body["field"].as_str(), r.body["value"].as_str()), (Some("body"), Some(what)), "{r:?}");
+        assert_eq!(r.body["expected"], "a JSON object", "{r:?}");
+    }
+    let r = h.raw("POST", "/v1/transactions", key, b"not json".to_vec(), json_ct).await;
+    problem(&r, 400, "invalid_json");
+    let r = h.raw("POST", "/v1/transactions", key, b"{}".to_vec(), None).await;
+    problem(&r, 415, "unsupported_media_type");
+    assert_eq!(r.body["field"], "Content-Type", "{r:?}");
+    // An empty body needs no Content-Type; nothing above began a transaction.
+    let r = h.raw("POST", "/v1/transactions", key, Vec::new(), None).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let r = h.req("GET", "/v1/transactions", key, None).await;
+    assert_eq!(r.body["data"].as_array().map(Vec::len), Some(1), "{r:?}");
+    h.stop().await;
+}
+
+/// Found by scripts/fuzz-api.sh: a request without a key but with an empty
+/// `Idempotency-Key` answered 400 instead of 401, and `after_lsn` beyond the document's
+/// `int64` was accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fuzz_finding_authentication_answers_before_header_checks_and_lsns_stay_in_int64() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let r = h.req_with("POST", "/v1/transactions", None, None, &[("Idempotency-Key", "")]).await;
+    problem(&r, 401, "unauthenticated");
+    let r =
+        h.req_with("POST", "/v1/transactions/tx_0_1/seal", Some("tgk_nope"), None, &[("Idempotency-Key", "")]).await;
+    problem(&r, 401, "unauthenticated");
+    let key = Some(k.reviewer.as_str());
+    let r = h.req("GET", "/v1/ledger/events?after_lsn=9223372036854775808", key, None).await;
+    problem(&r, 400, "invalid_field");
+    assert_eq!(r.body["field"], "after_lsn", "{r:?}");
+    let r = h.req("GET", "/v1/ledger/events?after_lsn=9223372036854775806", key, None).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    h.stop().await;
+}
+
+/// Found by scripts/fuzz-api.sh: the derived schema of a capability put each variant's
+/// `additionalProperties: false` and the `kind` tag in an `allOf`, which no value satisfies.
+#[test]
+fn fuzz_finding_the_capability_schema_admits_both_kinds() {
+    let doc: serde_json::Value = serde_json::from_str(&tidegate_server::api::openapi_json()).unwrap();
+    let spec = &doc["components"]["schemas"]["CapabilitySpec"];
+    let variants = spec["oneOf"].as_array().expect("oneOf");
+    let kinds: Vec<_> = variants.iter().map(|v| v["properties"]["kind"]["enum"][0].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["webhook", "worker"]);
+    for v in variants {
+        assert_eq!(v["additionalProperties"], false, "{v}");
+        assert!(v.get("allOf").is_none(), "{v}");
+        assert!(v["required"].as_array().unwrap().contains(&json!("kind")), "{v}");
+    }
+    assert_eq!(variants[0]["required"], json!(["kind", "url"]));
+    assert!(variants[1]["properties"]["deadline_ms"].is_object());
+}

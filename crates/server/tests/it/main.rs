@@ -5,6 +5,7 @@
 mod api;
 mod bad_input;
 mod common;
+mod crash;
 mod dispatch;
 mod isolation;
 mod openapi;

@@ -1,0 +1,423 @@
+//! `tidegate bench serve`: the server's throughput and latency on loopback against the same
+//! workload run in-process (docs/server.md, "Benchmark").
+//!
+//! One transaction is: begin (may-touch two scopes of the client's own), one reversible
+//! effect, one gated effect released at commit by a webhook, seal and commit. Over HTTP the
+//! reversible effect is a server tool whose `call` capability is a webhook too (a
+//! client-executed effect needs the runtime's two-step protocol, not public yet), so a
+//! server transaction is four API requests and two webhook requests. In-process, the
+//! reversible effect runs in the caller (a closure) and the gated release POSTs to the same
+//! webhook: one webhook request. Both sides share the machine with the webhook receiver and,
+//! over HTTP, with the clients: the figures are of the whole loop on one host.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tidegate_runtime::{Compensation, EffectClass, Tidegate, Tool, ToolError, TxOptions};
+
+use crate::AppState;
+use crate::auth::Role;
+use crate::config::Config;
+
+/// What went wrong in a benchmark run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The server failed to start or stop.
+    #[error(transparent)]
+    Server(#[from] crate::error::ServerError),
+    /// The in-process engine refused something.
+    #[error("in-process engine: {0}")]
+    Engine(#[from] tidegate_runtime::Error),
+    /// An HTTP request of the setup failed.
+    #[error("{step}: {detail}")]
+    Http {
+        /// What was being done.
+        step: &'static str,
+        /// The transport error or the response.
+        detail: String,
+    },
+    /// Local I/O (listener, data directory).
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where the ledger lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// In memory.
+    Memory,
+    /// The embedded SQLite ledger in a data directory.
+    Durable,
+}
+
+impl StoreKind {
+    fn name(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "memory",
+            StoreKind::Durable => "durable",
+        }
+    }
+}
+
+/// Options of a run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Seconds per measurement (each of clients × stores × {server, in-process}).
+    pub seconds: f64,
+    /// Concurrent clients to measure at.
+    pub clients: Vec<usize>,
+    /// Stores to measure on.
+    pub stores: Vec<StoreKind>,
+    /// Parent of the durable stores' data directories (default: a temporary directory,
+    /// removed afterwards).
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Default for BenchOptions {
+    fn default() -> BenchOptions {
+        BenchOptions {
+            seconds: 3.0,
+            clients: vec![1, 64],
+            stores: vec![StoreKind::Memory, StoreKind::Durable],
+            data_dir: None,
+        }
+    }
+}
+
+/// One measurement.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Measurement {
+    /// `server` (HTTP on loopback) or `in_process`.
+    pub mode: &'static str,
+    /// `memory` or `durable`.
+    pub store: &'static str,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Transactions committed.
+    pub committed: u64,
+    /// Transactions that failed or aborted (counted, not timed).
+    pub failed: u64,
+    /// Committed transactions per second.
+    pub tx_per_s: f64,
+    /// Median latency of a committed transaction, begin to settled commit, milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile, milliseconds.
+    pub p99_ms: f64,
+}
+
+/// A webhook receiver that answers every POST at once with `{}`.
+struct Receiver {
+    url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Receiver {
+    async fn start() -> Result<Receiver, BenchError> {
+        let app = axum::Router::new().route("/{*path}", axum::routing::post(|| async { axum::Json(json!({})) }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|source| BenchError::Io { op: "binding the webhook receiver", source })?;
+        let addr = listener.local_addr().map_err(|source| BenchError::Io { op: "receiver address", source })?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Ok(Receiver { url: format!("http://{addr}"), stop: Some(tx) })
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    (sorted[i.min(sorted.len() - 1)] * 1000.0).round() / 1000.0
+}
+
+fn measurement(
+    mode: &'static str,
+    store: StoreKind,
+    clients: usize,
+    mut lat: Vec<f64>,
+    failed: u64,
+    elapsed: f64,
+) -> Measurement {
+    lat.sort_by(f64::total_cmp);
+    Measurement {
+        mode,
+        store: store.name(),
+        clients,
+        committed: lat.len() as u64,
+        failed,
+        tx_per_s: (lat.len() as f64 / elapsed.max(1e-9) * 10.0).round() / 10.0,
+        p50_ms: percentile(&lat, 0.50),
+        p99_ms: percentile(&lat, 0.99),
+    }
+}
+
+async fn ok_json(
+    step: &'static str,
+    r: Result<reqwest::Response, reqwest::Error>,
+    expect: &[u16],
+) -> Result<Value, BenchError> {
+    let r = r.map_err(|e| BenchError::Http { step, detail: e.to_string() })?;
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    if expect.contains(&status) { Ok(v) } else { Err(BenchError::Http { step, detail: format!("HTTP {status}: {v}") }) }
+}
+
+/// Runs the server on `dir` (or in memory) and `clients` HTTP clients for `secs`.
+async fn server_run(
+    store: StoreKind,
+    dir: Option<&Path>,
+    clients: usize,
+    secs: f64,
+    receiver: &Receiver,
+) -> Result<Measurement, BenchError> {
+    let mut cfg = Config::default();
+    match dir {
+        Some(d) => cfg.server.data_dir = Some(d.to_owned()),
+        None => cfg.server.memory = true,
+    }
+    cfg.server.shutdown_drain_ms = 5_000;
+    cfg.limits.max_concurrent_per_tenant = cfg.limits.max_concurrent_per_tenant.max(4 * clients);
+    let state = AppState::open(cfg).await?;
+    state.catalog().create_tenant("bench")?;
+    let (key, _) = state.catalog().create_key("bench", Role::Admin, Some("bench serve"))?;
+    let key = key.key;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|source| BenchError::Io { op: "binding the server", source })?;
+    let addr = listener.local_addr().map_err(|source| BenchError::Io { op: "server address", source })?;
+    let app = crate::api::app(state.clone(), axum::Router::new());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let st = state.clone();
+    let server = tokio::spawn(async move {
+        crate::serve(st, listener, app, async move {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    let base = format!("http://{addr}");
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients * 2)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| BenchError::Http { step: "building the client", detail: e.to_string() })?;
+    for (cap, path) in [("bench-reserve", "reserve"), ("bench-notify", "notify")] {
+        let spec = json!({"kind": "webhook", "url": format!("{}/{path}", receiver.url), "timeout_ms": 10000, "attempts": 3, "backoff_ms": 10});
+        let r = http.put(format!("{base}/v1/capabilities/{cap}")).bearer_auth(&key).json(&spec).send().await;
+        ok_json("defining a capability", r, &[200, 201]).await?;
+    }
+    for (tool, def) in [
+        ("reserve", json!({"class": "reversible", "scopes": ["kv:bench:{c}"], "call": "bench-reserve"})),
+        ("notify", json!({"class": "gated", "scopes": ["mail:bench:{c}"], "call": "bench-notify"})),
+    ] {
+        let r = http.put(format!("{base}/v1/tools/{tool}")).bearer_auth(&key).json(&def).send().await;
+        ok_json("defining a tool", r, &[200, 201]).await?;
+    }
+
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for c in 0..clients {
+        let (http, base, key) = (http.clone(), base.clone(), key.clone());
+        handles.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut failed = 0u64;
+            let begin =
+                json!({"agent": format!("c{c}"), "may_touch": [format!("kv:bench:{c}"), format!("mail:bench:{c}")]});
+            let args = json!({"c": c});
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let one = async {
+                    let r = http.post(format!("{base}/v1/transactions")).bearer_auth(&key).json(&begin).send().await;
+                    let tx = ok_json("begin", r, &[201]).await?;
+                    let id = tx["id"].as_str().unwrap_or_default();
+                    for tool in ["reserve", "notify"] {
+                        let r = http
+                            .post(format!("{base}/v1/transactions/{id}/effects"))
+                            .bearer_auth(&key)
+                            .json(&json!({"tool": tool, "args": args}))
+                            .send()
+                            .await;
+                        ok_json("effect", r, &[200]).await?;
+                    }
+                    let r = http
+                        .post(format!("{base}/v1/transactions/{id}/commit"))
+                        .bearer_auth(&key)
+                        .json(&json!({"seal": true}))
+                        .send()
+                        .await;
+                    let v = ok_json("commit", r, &[200]).await?;
+                    Ok::<bool, BenchError>(v["outcome"]["committed"] == true)
+                };
+                match one.await {
+                    Ok(true) => lat.push(t.elapsed().as_secs_f64() * 1e3),
+                    _ => failed += 1,
+                }
+            }
+            (lat, failed)
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut failed = 0;
+    for h in handles {
+        if let Ok((l, f)) = h.await {
+            lat.extend(l);
+            failed += f;
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let _ = stop_tx.send(());
+    if let Ok(r) = server.await {
+        r?;
+    }
+    Ok(measurement("server", store, clients, lat, failed, elapsed))
+}
+
+/// The same workload on an in-process engine.
+async fn in_process_run(
+    store: StoreKind,
+    dir: Option<&Path>,
+    clients: usize,
+    secs: f64,
+    receiver: &Receiver,
+) -> Result<Measurement, BenchError> {
+    let mut b = Tidegate::builder();
+    if let Some(d) = dir {
+        let s = tidegate_sqlite::SqliteStore::open(d).map_err(tidegate_runtime::Error::from)?;
+        b = b.store(Arc::new(s));
+    }
+    let tg = b.build()?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients * 2)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| BenchError::Http { step: "building the client", detail: e.to_string() })?;
+    let reserve = Tool::builder("reserve", EffectClass::Reversible)
+        .scope(|a: &Value| format!("kv:bench:{}", a["c"]))
+        .call(|_| async { Ok(json!({})) })
+        .compensate(|_, _| async { Ok(Compensation::clean()) })
+        .build()?;
+    let url = format!("{}/notify", receiver.url);
+    let notify = Tool::builder("notify", EffectClass::Gated)
+        .scope(|a: &Value| format!("mail:bench:{}", a["c"]))
+        .call(move |a: Arc<Value>| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let r = http.post(&url).json(&*a).send().await.map_err(|e| ToolError::unknown(e.to_string()))?;
+                if r.status().is_success() {
+                    Ok(r.json::<Value>().await.unwrap_or(Value::Null))
+                } else {
+                    Err(ToolError::failed(format!("HTTP {}", r.status())))
+                }
+            }
+        })
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for c in 0..clients {
+        let (tg, reserve, notify) = (tg.clone(), reserve.clone(), notify.clone());
+        handles.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut failed = 0u64;
+            let scopes = [format!("kv:bench:{c}"), format!("mail:bench:{c}")];
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let one = async {
+                    let tx = tg.begin_with(TxOptions::agent(format!("c{c}")).may_touch(scopes.clone()))?;
+                    tx.call(&reserve, json!({"c": c})).await?;
+                    tx.call(&notify, json!({"c": c})).await?;
+                    tx.seal()?;
+                    tx.commit().await
+                };
+                match one.await {
+                    Ok(o) if o.committed => lat.push(t.elapsed().as_secs_f64() * 1e3),
+                    _ => failed += 1,
+                }
+            }
+            (lat, failed)
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut failed = 0;
+    for h in handles {
+        if let Ok((l, f)) = h.await {
+            lat.extend(l);
+            failed += f;
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    drop(tg);
+    Ok(measurement("in_process", store, clients, lat, failed, elapsed))
+}
+
+/// Runs every measurement; returns the report (`measurements`, and per store and client
+/// count the server's throughput over the in-process one).
+pub async fn run(opts: &BenchOptions) -> Result<Value, BenchError> {
+    let (root, temporary) = match &opts.data_dir {
+        Some(d) => (d.clone(), false),
+        None => (std::env::temp_dir().join(format!("tidegate-bench-serve-{}", std::process::id())), true),
+    };
+    let receiver = Receiver::start().await?;
+    let mut out = Vec::new();
+    let mut ratios = Vec::new();
+    for &store in &opts.stores {
+        for &clients in &opts.clients {
+            let mut pair = Vec::new();
+            for mode in ["server", "in_process"] {
+                let dir = (store == StoreKind::Durable).then(|| root.join(format!("{mode}-{clients}")));
+                if let Some(d) = &dir {
+                    let _ = std::fs::remove_dir_all(d);
+                    std::fs::create_dir_all(d)
+                        .map_err(|source| BenchError::Io { op: "creating the data directory", source })?;
+                }
+                let m = if mode == "server" {
+                    server_run(store, dir.as_deref(), clients, opts.seconds, &receiver).await?
+                } else {
+                    in_process_run(store, dir.as_deref(), clients, opts.seconds, &receiver).await?
+                };
+                pair.push(m.tx_per_s);
+                out.push(m);
+            }
+            ratios.push(json!({
+                "store": store.name(),
+                "clients": clients,
+                "server_over_in_process": if pair[1] > 0.0 { (pair[0] / pair[1] * 1000.0).round() / 1000.0 } else { 0.0 },
+            }));
+        }
+    }
+    if temporary {
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    Ok(json!({
+        "bench": "serve",
+        "workload": "begin + reversible effect + gated effect released by a webhook + seal + commit; per-client scopes",
+        "seconds_per_measurement": opts.seconds,
+        "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "measurements": out,
+        "ratios": ratios,
+    }))
+}

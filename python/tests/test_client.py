@@ -1,0 +1,337 @@
+"""tidegate.connect: the transaction and tool API against a real `tidegate serve --memory`,
+server tools dispatched to a webhook sink run by the test (its append-only log is the ground
+truth), tools of this process served by the client's worker thread, and the end-to-end story
+with agents that are SIGKILLed (issue 14, "How it is checked")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+import tidegate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _binary() -> str:
+    binary = os.environ.get("TIDEGATE_BIN") or os.path.join(ROOT, "target", "debug", "tidegate")
+    if not os.path.exists(binary):
+        pytest.skip(f"no tidegate binary at {binary} (scripts/test.sh builds it; or set TIDEGATE_BIN)")
+    return binary
+
+
+class Server:
+    def __init__(self, proc: "subprocess.Popen[str]", url: str, key: str) -> None:
+        self.proc, self.url, self.key = proc, url, key
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    proc = subprocess.Popen(
+        [_binary(), "serve", "--memory", "--listen", "127.0.0.1:0", "--bootstrap-tenant", "py"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "RUST_LOG": "warn"},
+    )
+    key = url = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("tenant=py role=admin key="):
+            key = line.split("key=", 1)[1].strip()
+        elif line.startswith("listening on "):
+            url = "http://" + line.split("listening on ", 1)[1].strip()
+            break
+    assert key and url, "tidegate serve did not print its key and address"
+    yield Server(proc, url, key)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+class Sink:
+    """A webhook receiver on 127.0.0.1 that honours Idempotency-Key and appends every request
+    to a JSON Lines file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.delay: Dict[str, float] = {}
+        self.applied: set = set()
+        self.lock = threading.Lock()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"null")
+                route = self.path.strip("/")
+                time.sleep(sink.delay.get(route, 0.0))
+                key = self.headers.get("Idempotency-Key", "")
+                with sink.lock:
+                    applied = key not in sink.applied
+                    sink.applied.add(key)
+                    with open(sink.path, "a") as f:
+                        f.write(json.dumps({"path": route, "key": key, "operation": self.headers.get("Tidegate-Operation"), "args": body.get("args"), "applied": applied}) + "\n")
+                        f.flush()
+                out = json.dumps({"receipt": key}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def log(self, path: Optional[str] = None) -> List[Dict[str, Any]]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return [r for r in rows if path is None or r["path"] == path]
+
+    def wait_for(self, path: str, n: int, timeout: float = 20.0) -> List[Dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self.log(path)
+            if len(rows) >= n:
+                return rows
+            time.sleep(0.05)
+        return self.log(path)
+
+
+@pytest.fixture
+def sink(tmp_path: Any) -> Iterator[Sink]:
+    s = Sink(str(tmp_path / "sink.jsonl"))
+    yield s
+    s.httpd.shutdown()
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[tidegate.Client]:
+    c = tidegate.connect(server.url, api_key=server.key, timeout=20)
+    yield c
+    c.close()
+
+
+_n = [0]
+
+
+def unique(prefix: str) -> str:
+    _n[0] += 1
+    return f"{prefix}{os.getpid()}x{_n[0]}"
+
+
+def webhook_tools(c: tidegate.Client, sink: Sink, suffix: str) -> Tuple[str, str]:
+    """A gated `send<suffix>` and a reversible `book<suffix>` (compensated) on the sink."""
+    for cap, route in [("send", "send"), ("book", "book"), ("unbook", "unbook")]:
+        c.define_capability(f"{cap}{suffix}", {"kind": "webhook", "url": f"{sink.url}/{route}", "timeout_ms": 5000, "attempts": 3, "backoff_ms": 20})
+    c.define_tool(f"send{suffix}", {"class": "gated", "scopes": ["mail:to:{to}"], "call": f"send{suffix}"})
+    c.define_tool(f"book{suffix}", {"class": "reversible", "scopes": ["travel:hotel:{room}"], "call": f"book{suffix}", "compensate": f"unbook{suffix}"})
+    return f"send{suffix}", f"book{suffix}"
+
+
+def test_server_tools_commit_and_release_through_the_webhook_once(client: tidegate.Client, sink: Sink) -> None:
+    send, book = webhook_tools(client, sink, unique("a"))
+    with client.transaction(agent="t", may_touch=["mail:to:ann", "travel:hotel:7"]) as tx:
+        assert tx.read("mail:to:ann").version == 0
+        booked = tx.call(book, room="7")
+        held = tx.call(send, to="ann", body="hi")
+        assert isinstance(held, tidegate.Held) and held.kind == "queued" and not held.released
+        assert sink.log("send") == [], "a held effect waits for the commit"
+    assert tx.outcome is not None and tx.outcome.committed and tx.outcome.is_clean
+    assert booked["receipt"].startswith(tx.remote_id or "?")
+    sent = sink.log("send")
+    assert [r["args"] for r in sent] == [{"to": "ann", "body": "hi"}]
+    assert held.result == {"receipt": sent[0]["key"]}
+    assert tx.state is None and isinstance(tx.id, int) and tx.id > 0
+
+
+def test_an_exception_aborts_and_the_server_compensates(client: tidegate.Client, sink: Sink) -> None:
+    send, book = webhook_tools(client, sink, unique("b"))
+    with pytest.raises(RuntimeError, match="changed my mind"):
+        with client.transaction(may_touch=["mail:to:bob", "travel:hotel:8"]) as tx:
+            tx.call(book, room="8")
+            tx.call(send, to="bob")
+            raise RuntimeError("changed my mind")
+    assert tx.outcome is not None and not tx.outcome.committed
+    assert tx.outcome.reason_kind == "explicit"
+    undone = sink.log("unbook")
+    assert len(undone) == 1 and undone[0]["key"].endswith("#compensate")
+    assert sink.log("send") == [], "a held effect of an aborted transaction never fires"
+
+
+def test_errors_are_the_package_exception_types(client: tidegate.Client, sink: Sink) -> None:
+    send, _ = webhook_tools(client, sink, unique("c"))
+    tx = client.begin(may_touch=["mail:to:carol"])
+    with pytest.raises(tidegate.UnknownTool):
+        tx.call("no_such_tool", x=1)
+    with pytest.raises(tidegate.ProtocolViolation) as e:
+        tx.call(send, to="dave")  # outside may_touch: the server aborts the transaction
+    assert e.value.outcome is not None and not e.value.outcome.committed
+    with pytest.raises(tidegate.WrongState):
+        tx.call(send, to="carol")
+    with pytest.raises(tidegate.InvalidArgument) as bad:
+        client.begin(may_touch=["no-type-here"])
+    assert bad.value.argument == "may_touch[0]"
+    with pytest.raises(tidegate.InvalidArgument):
+        client.transaction(lease=-1)
+    bad_key = tidegate.connect(client.url, api_key="tgk_0000000000000000_nope")
+    with pytest.raises(tidegate.TidegateError) as unauth:
+        bad_key.whoami()
+    assert unauth.value.kind == "unauthenticated"
+    bad_key.close()
+
+
+def test_a_stale_read_raises_stale_read_with_the_outcome(client: tidegate.Client, sink: Sink) -> None:
+    send, _ = webhook_tools(client, sink, unique("d"))
+    scope = f"mail:to:{unique('erin')}"
+    # `other` begins first (an earlier epoch: `first` cannot hold it up) and commits a write
+    # to the scope `first` has read.
+    other = client.begin(may_touch=[scope])
+    first = client.begin(may_touch=[scope])
+    first.read(scope)
+    other.call(send, to=scope.rsplit(":", 1)[1])
+    assert other.commit().committed
+    with pytest.raises(tidegate.StaleRead) as e:
+        first.commit()
+    assert e.value.retryable and e.value.outcome is not None and e.value.outcome.reason_kind == "stale_read"
+
+
+calls: List[Tuple[str, Any]] = []
+
+
+@tidegate.tool(
+    scope=lambda room, **_: f"travel:room:{room}",
+    effect="reversible",
+    compensate=lambda result, room, **_: calls.append(("cancel", result)),
+)
+def hold_room(room: str, nights: int = 1) -> Dict[str, Any]:
+    calls.append(("hold", room))
+    return {"hold": f"H-{room}", "nights": nights}
+
+
+@tidegate.tool(scope=lambda to, **_: f"mail:to:{to}", effect="gated")
+def notify(to: str, text: str) -> str:
+    calls.append(("notify", to))
+    return f"sent to {to}"
+
+
+def test_tools_of_this_process_are_served_by_its_worker_thread(client: tidegate.Client) -> None:
+    calls.clear()
+    with client.transaction(may_touch=["travel:room:12", "mail:to:fay"]) as tx:
+        assert hold_room("12", nights=2) == {"hold": "H-12", "nights": 2}
+        held = notify("fay", text="booked")
+        assert isinstance(held, tidegate.Held) and ("notify", "fay") not in calls
+    assert tx.outcome is not None and tx.outcome.committed
+    assert held.result == "sent to fay"
+    assert calls == [("hold", "12"), ("notify", "fay")]
+    threads = [t.name for t in threading.enumerate()]
+    assert any(n.startswith("tidegate-worker-") for n in threads), threads
+
+    calls.clear()
+    with pytest.raises(ValueError):
+        with client.transaction(may_touch=["travel:room:13"]) as tx2:
+            hold_room("13")
+            raise ValueError("no")
+    assert calls == [("hold", "13"), ("cancel", {"hold": "H-13", "nights": 1})]
+    assert tx2.outcome is not None and tx2.outcome.tags == {0: "clean"}
+
+
+@tidegate.tool(scope="kv:py:flaky", effect="reversible")
+def flaky(n: int) -> int:
+    raise ConnectionError("the provider refused")
+
+
+def test_a_failing_tool_of_this_process_aborts_with_tool_failed(client: tidegate.Client) -> None:
+    with pytest.raises(tidegate.ToolFailed) as e:
+        with client.transaction(may_touch=["kv:py:flaky"]):
+            flaky(1)
+    assert e.value.outcome is not None and e.value.outcome.reason_kind == "tool_failed"
+    assert "refused" in str(e.value)
+
+
+# -- the end-to-end story: agents that die --------------------------------------------------
+
+AGENT = r"""
+import sys, tidegate
+url, key, mode, tool, arg = sys.argv[1:6]
+c = tidegate.connect(url, api_key=key)
+if mode == "commit":
+    tx = c.begin(agent="doomed", may_touch=[f"mail:to:{arg}"])
+    tx.call(tool, to=arg, body="release me")
+    state = tx.request_commit()
+    print("ACK", tx.remote_id, state, flush=True)
+else:
+    tx = c.begin(agent="doomed", may_touch=[f"travel:hotel:{arg}"], lease=1.0)
+    out = tx.call(tool, room=arg)
+    print("ACK", tx.remote_id, out["receipt"], flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def run_agent(server: Server, mode: str, tool: str, arg: str) -> str:
+    """Starts an agent process, waits for its acknowledgement line, SIGKILLs it at once."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", AGENT, server.url, server.key, mode, tool, arg], stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    assert line.startswith("ACK "), f"the agent printed {line!r}"
+    return line.split()[1]
+
+
+def test_story_a_release_reaches_the_sink_exactly_once_after_the_agent_is_killed(
+    server: Server, client: tidegate.Client, sink: Sink
+) -> None:
+    send, _ = webhook_tools(client, sink, unique("s"))
+    sink.delay["send"] = 0.5  # the release is still in flight when the agent dies
+    to = unique("gus")
+    tx_id = run_agent(server, "commit", send, to)
+    rows = sink.wait_for("send", 1)
+    v = client.get(tx_id)
+    deadline = time.monotonic() + 20
+    while v["state"] != "committed" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        v = client.get(tx_id)
+    assert v["state"] == "committed", v
+    time.sleep(1.0)  # room for a duplicate to show up
+    rows = sink.log("send")
+    assert len(rows) == 1 and rows[0]["args"]["to"] == to, rows
+    assert rows[0]["key"].startswith(tx_id) and rows[0]["applied"]
+
+
+def test_story_a_compensation_runs_exactly_once_after_the_agent_is_killed(
+    server: Server, client: tidegate.Client, sink: Sink
+) -> None:
+    _, book = webhook_tools(client, sink, unique("t"))
+    room = unique("r")
+    tx_id = run_agent(server, "abort", book, room)
+    assert len(sink.log("book")) == 1
+    # The agent is gone with its transaction open: its 1 s lease ends it, and the server
+    # compensates what it executed.
+    rows = sink.wait_for("unbook", 1)
+    v = client.get(tx_id)
+    deadline = time.monotonic() + 20
+    while v["state"] != "aborted" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        v = client.get(tx_id)
+    assert v["state"] == "aborted" and v["outcome"]["reason"]["kind"] == "lease_expired", v
+    time.sleep(1.0)
+    rows = sink.log("unbook")
+    assert len(rows) == 1 and rows[0]["key"] == sink.log("book")[0]["key"] + "#compensate", rows
+    assert rows[0]["args"] == {"room": room}

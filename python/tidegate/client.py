@@ -1,0 +1,765 @@
+"""A client of ``tidegate serve`` (docs/server.md) with the transaction and tool API of
+:func:`tidegate.open`, in pure Python over HTTP::
+
+    import tidegate
+
+    tg = tidegate.connect("http://127.0.0.1:7878", api_key="tgk_...")
+
+    with tg.transaction(agent="support", may_touch=["mail:to:ann"]) as tx:
+        held = tx.call("send_email", to="ann", body="hi")     # a tool registered on the server
+        refund("W1", 20)                                       # a @tidegate.tool of this process
+    print(tx.outcome.is_clean, held.result)
+
+Two kinds of tools:
+
+* **Server tools** (registered with ``PUT /v1/tools/{name}``, e.g. by
+  :meth:`Client.define_tool`), called by name: ``tx.call("send_email", **args)``. Their calls,
+  releases and compensations are dispatched by the server to webhooks or workers and need
+  nothing from this process: a held effect is released, and a compensation runs, also after
+  this process is gone.
+* **Tools of this process**, declared with :func:`tidegate.tool` as for :func:`tidegate.open`.
+  On first use the client registers each as a server tool whose ``call``, ``compensate`` and
+  ``probe`` capabilities are pull-worker queues (``py.<tool>.call`` ...), and starts a worker
+  thread in this process that long-polls them, runs the function and reports. Scopes and keys
+  are computed here and sent with each call. While no process serves the queue, releases and
+  compensations wait in it (their capability's ``deadline_ms`` decides).
+
+Errors are the package's exception types (:mod:`tidegate.errors`): an abort raises the
+:class:`~tidegate.Aborted` subclass of its reason with ``outcome``; bad input raises
+:class:`~tidegate.InvalidArgument` naming the field; a request the server refused for
+another reason raises :class:`~tidegate.TidegateError` whose ``kind`` is the problem's
+``code``. Transport failures raise :class:`~tidegate.TidegateError` with kind
+``"unavailable"`` (retryable).
+
+Not (yet) available over HTTP: effects executed by the client itself without a worker
+round trip (the runtime's two-step protocol), pre-commit hooks, ``read``'s staged value for
+server tools' bufferable effects beyond what the server returns, and speculation groups from
+this client (use the ``/v1/groups`` API directly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
+
+from . import _context
+from .errors import (
+    Aborted,
+    InvalidArgument,
+    InvalidScope,
+    KeyInUse,
+    KeyUnresolved,
+    LeaseExpired,
+    LostBranch,
+    OutcomeUnknown,
+    PartialCommit,
+    ProtocolViolation,
+    ReleaseFailed,
+    StaleRead,
+    StoreError,
+    TidegateError,
+    ToolFailed,
+    TransientError,
+    UnknownTool,
+    Vetoed,
+    WaitTimeout,
+    WrongState,
+)
+from .outcome import EffectOutcome, Happened, Held, Outcome, ReadResult
+from .tools import Tool
+from .transaction import Transaction, _check_agent, _scopes_arg, _seconds
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["Client", "RemoteTransaction", "connect"]
+
+#: Abort reasons (the server's ``outcome.reason.kind``) and the exception each raises.
+_ABORTS: Dict[str, Type[Aborted]] = {
+    "stale_read": StaleRead,
+    "vetoed": Vetoed,
+    "protocol_violation": ProtocolViolation,
+    "tool_failed": ToolFailed,
+    "release_failed": ReleaseFailed,
+    "lost_branch": LostBranch,
+    "lost_speculation": LostBranch,
+    "lease_expired": LeaseExpired,
+    "wait_timeout": WaitTimeout,
+}
+
+#: Problem codes (RFC 9457 ``code``) and the exception each raises.
+_CODES: Dict[str, Type[TidegateError]] = {
+    "wrong_state": WrongState,
+    "not_resumable": WrongState,
+    "branch_of_group": WrongState,
+    "key_in_use": KeyInUse,
+    "key_unresolved": KeyUnresolved,
+    "protocol_violation": ProtocolViolation,
+    "store_unavailable": StoreError,
+}
+
+_EFFECT_CLASSES = {
+    "reversible": "reversible",
+    "reversible_with_cost": "reversible_with_cost",
+    "bufferable": "bufferable",
+    "gated": "gated",
+    "idempotent": "idempotent",
+}
+
+
+def _tx_number(public_id: str) -> int:
+    """``n`` of ``tx_<tag>_<n>``."""
+    try:
+        return int(public_id.rsplit("_", 1)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _outcome(tx: Mapping[str, Any]) -> Outcome:
+    """An :class:`Outcome` from the server's Transaction resource (settled)."""
+    o = tx.get("outcome") or {}
+    effects = tuple(
+        EffectOutcome(
+            id=int(e["effect"]),
+            tool=str(e["tool"]),
+            effect=str(e.get("class") or ""),
+            key=str(e["key"]),
+            disposition=str(e.get("disposition") or e.get("status") or ""),
+            tag=str(e.get("tag") or "clean"),
+            detail=e.get("error") or e.get("residue"),
+        )
+        for e in tx.get("effects", ())
+    )
+    reason = None
+    if o.get("reason"):
+        r = o["reason"]
+        reason = {"kind": r.get("kind"), **(r.get("details") or {}), "message": r.get("message")}
+    partial = None
+    if o.get("committed") and any(e.tag == "partial-commit" for e in effects):
+        partial = {
+            "failed": next((e.id for e in effects if e.tag == "partial-commit"), None),
+            "error": next((e.detail for e in effects if e.tag == "partial-commit"), None),
+        }
+    return Outcome(
+        tx=_tx_number(str(tx.get("id", ""))),
+        epoch=int(tx.get("epoch", 0)),
+        agent=str(tx.get("agent", "")),
+        committed=bool(o.get("committed")),
+        effects=effects,
+        reason=reason,
+        partial=partial,
+    )
+
+
+def _outcome_dict(o: Outcome) -> Dict[str, Any]:
+    """The dict form :class:`TidegateError` takes for ``outcome``."""
+    return {
+        "tx": o.tx,
+        "epoch": o.epoch,
+        "agent": o.agent,
+        "committed": o.committed,
+        "reason": o.reason,
+        "partial": o.partial,
+        "effects": [
+            {"id": e.id, "tool": e.tool, "class": e.effect, "key": e.key, "disposition": e.disposition, "tag": e.tag, "detail": e.detail}
+            for e in o.effects
+        ],
+    }
+
+
+def _abort_error(tx: Mapping[str, Any]) -> TidegateError:
+    """The exception for a settled transaction that did not commit (or committed in part)."""
+    o = _outcome(tx)
+    if o.committed:
+        return PartialCommit(
+            f"transaction {tx.get('id')} committed only in part: {o.partial}",
+            kind="partial_commit",
+            outcome=_outcome_dict(o),
+        )
+    r = (tx.get("outcome") or {}).get("reason") or {}
+    kind = str(r.get("kind") or "aborted")
+    cls = _ABORTS.get(kind, Aborted)
+    return cls(
+        f"transaction {tx.get('id')} aborted: {r.get('message') or kind}",
+        kind=kind,
+        retryable=bool(r.get("retryable")),
+        outcome=_outcome_dict(o),
+    )
+
+
+def _problem_error(status: int, doc: Mapping[str, Any]) -> TidegateError:
+    """The exception for a problem document."""
+    code = str(doc.get("code") or f"http_{status}")
+    detail = str(doc.get("detail") or doc.get("title") or f"HTTP {status}")
+    retryable = bool(doc.get("retryable"))
+    if code == "transaction_aborted" and isinstance(doc.get("transaction"), dict):
+        return _abort_error(doc["transaction"])
+    field = doc.get("field")
+    if code in ("invalid_field", "missing_field", "unknown_field", "invalid_json", "invalid_query"):
+        if field == "tool" and "registered" in str(doc.get("expected", "")):
+            return UnknownTool(detail, kind="unknown_tool")
+        arg = str(field) if field is not None else None
+        cls: Type[InvalidArgument] = InvalidArgument
+        if arg is not None and ("scope" in arg or "may_touch" in arg):
+            cls = InvalidScope
+        return cls(detail, kind="invalid_argument", argument=arg)
+    if status >= 500 and code not in _CODES:
+        return StoreError(detail, kind=code, retryable=True)
+    return _CODES.get(code, TidegateError)(detail, kind=code, retryable=retryable)
+
+
+class Client:
+    """A connection to ``tidegate serve``: begin transactions, call server tools and tools of
+    this process. Create one with :func:`connect`. Safe to use from many threads."""
+
+    #: The server's base URL.
+    url: str
+
+    def __init__(self, url: str, api_key: str, *, timeout: float = 60.0, worker: Optional[str] = None) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise InvalidArgument(f"invalid `url` = {url!r}: expected an http:// or https:// URL", kind="invalid_argument", argument="url")
+        if not isinstance(api_key, str) or not api_key:
+            raise InvalidArgument("invalid `api_key`: expected the key as a non-empty str", kind="invalid_argument", argument="api_key")
+        _seconds(timeout, "timeout", positive=True)
+        try:
+            import httpx
+        except ImportError as e:  # pragma: no cover - httpx is a dependency of the package
+            raise TidegateError(
+                "tidegate.connect needs httpx: pip install 'httpx>=0.27'", kind="missing_dependency"
+            ) from e
+        self._httpx = httpx
+        self.url = url.rstrip("/")
+        self._timeout = float(timeout)
+        self._http: "httpx.Client" = httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {api_key}"}, timeout=httpx.Timeout(timeout + 5.0)
+        )
+        self._worker_name = worker or f"py-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._tools: Dict[str, Tool] = {}
+        self._tool_caps: Dict[str, Tool] = {}
+        self._lock = threading.Lock()
+        self._worker: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Optional[Mapping[str, Any]] = None,
+        *,
+        params: Optional[Mapping[str, Any]] = None,
+        ok: Sequence[int] = (200, 201),
+        timeout: Optional[float] = None,
+    ) -> Tuple[int, Any]:
+        """One request; 429/503 are retried after ``Retry-After`` (up to 5 times)."""
+        for attempt in range(6):
+            try:
+                if timeout is None:  # the client's default timeout
+                    r = self._http.request(method, path, json=body, params=params)
+                else:
+                    t = self._httpx.Timeout(timeout + 5.0)
+                    r = self._http.request(method, path, json=body, params=params, timeout=t)
+            except self._httpx.HTTPError as e:
+                raise TidegateError(
+                    f"{method} {self.url}{path}: {type(e).__name__}: {e}", kind="unavailable", retryable=True
+                ) from e
+            if r.status_code in (429, 503) and attempt < 5:
+                try:
+                    wait = float(r.headers.get("retry-after", "1"))
+                except ValueError:
+                    wait = 1.0
+                time.sleep(min(max(wait, 0.05), 5.0))
+                continue
+            try:
+                doc = r.json() if r.content else None
+            except ValueError:
+                doc = r.text
+            if r.status_code in ok:
+                return r.status_code, doc
+            raise _problem_error(r.status_code, doc if isinstance(doc, dict) else {"detail": str(doc)})
+        raise TidegateError(f"{method} {path}: still overloaded", kind="too_many_requests", retryable=True)
+
+    def whoami(self) -> Dict[str, Any]:
+        """The caller: ``{"tenant", "role", "key_id"}``."""
+        return dict(self._request("GET", "/v1/whoami")[1])
+
+    # -- registry -----------------------------------------------------------------------------
+
+    def define_capability(self, name: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
+        """Defines (or redefines) a capability: ``{"kind": "webhook", "url": ...}`` or
+        ``{"kind": "worker", ...}`` (docs/server.md). Needs an operator or admin key."""
+        return dict(self._request("PUT", f"/v1/capabilities/{name}", dict(spec))[1])
+
+    def define_tool(self, name: str, definition: Mapping[str, Any]) -> Dict[str, Any]:
+        """Defines (or redefines) a server tool: ``{"class", "scopes", "call", "compensate"?,
+        "probe"?, "key"?}`` (docs/server.md). Needs an operator or admin key."""
+        return dict(self._request("PUT", f"/v1/tools/{name}", dict(definition))[1])
+
+    def serve(self, *tools: Tool, deadline: Optional[float] = None) -> None:
+        """Registers tools of this process on the server (worker capabilities
+        ``py.<tool>.call|compensate|probe`` and a server tool of the same name) and starts the
+        worker thread that serves them. Done on first use of a tool; call it up front so that
+        releases and compensations of earlier runs find a worker at once. ``deadline``
+        (seconds) settles a task no worker took in time (``deadline_ms``). Needs a key with
+        ``registry.write`` and ``tasks.work`` (admin, or an operator key)."""
+        for t in tools:
+            self._ensure(t, deadline)
+
+    def _ensure(self, t: Tool, deadline: Optional[float] = None) -> None:
+        if not isinstance(t, Tool):
+            raise InvalidArgument(
+                f"invalid `tool` = {t!r}: expected a function declared with @tidegate.tool or a server tool's name",
+                kind="invalid_argument",
+                argument="tool",
+            )
+        with self._lock:
+            known = self._tools.get(t.name)
+            if known is t:
+                return
+            if known is not None:
+                raise InvalidArgument(
+                    f"invalid `tool` = {t!r}: another tool is already served under the name `{t.name}`",
+                    kind="invalid_argument",
+                    argument="tool",
+                )
+        spec: Dict[str, Any] = {"kind": "worker"}
+        if deadline is not None:
+            _seconds(deadline, "deadline", positive=True)
+            spec["deadline_ms"] = int(deadline * 1000)
+        caps = {"call": f"py.{t.name}.call"}
+        if t.compensate is not None:
+            caps["compensate"] = f"py.{t.name}.compensate"
+        if t.probe is not None:
+            caps["probe"] = f"py.{t.name}.probe"
+        for cap in caps.values():
+            self.define_capability(cap, spec)
+        # Calls from this client always send their scopes; the template only answers callers
+        # that send none (and names the argument they must then pass).
+        scopes = t._const_scopes or [f"kv:py.{t.name}:{{_scope}}"]
+        definition: Dict[str, Any] = {
+            "class": _EFFECT_CLASSES.get(t.effect, t.effect),
+            "scopes": scopes,
+            "description": f"served by Python worker processes ({t.fn.__module__}.{t.fn.__qualname__})",
+            **caps,
+        }
+        self.define_tool(t.name, definition)
+        with self._lock:
+            self._tools[t.name] = t
+            for cap in caps.values():
+                self._tool_caps[cap] = t
+            if self._worker is None or not self._worker.is_alive():
+                self._stop.clear()
+                self._worker = threading.Thread(target=self._work, name=f"tidegate-worker-{self._worker_name}", daemon=True)
+                self._worker.start()
+
+    # -- the worker loop ----------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                caps = sorted(self._tool_caps)
+            try:
+                _, r = self._request(
+                    "POST",
+                    "/v1/tasks/poll",
+                    {"worker": self._worker_name, "capabilities": caps, "max_tasks": 8, "wait_ms": 2000},
+                    ok=(200,),
+                    timeout=5.0,
+                )
+            except TidegateError:
+                if self._stop.wait(0.5):
+                    return
+                continue
+            for task in r.get("tasks", ()):
+                self._run_task(task)
+
+    def _run_task(self, task: Mapping[str, Any]) -> None:
+        t = self._tool_caps.get(str(task.get("capability")))
+        op = str(task.get("operation"))
+        args, kwargs = _unpack(task.get("args"))
+        result: Dict[str, Any]
+        try:
+            if t is None:
+                result = {"status": "failed", "error": f"no tool of this worker serves {task.get('capability')}"}
+            elif op in ("call", "release"):
+                result = {"status": "done", "output": _jsonable(_invoke(t.fn, args, kwargs))}
+            elif op == "compensate" and t.compensate is not None:
+                residue = _invoke(t.compensate, (task.get("output"),) + args, kwargs)
+                result = {"status": "done"}
+                if isinstance(residue, str) and residue:
+                    result["residue"] = residue
+            elif op == "probe" and t.probe is not None:
+                answer = _invoke(t.probe, args, kwargs)
+                if isinstance(answer, Happened):
+                    result = {"status": "done", "output": _jsonable(answer.output)}
+                elif answer is True:
+                    result = {"status": "done"}
+                elif answer is False:
+                    result = {"status": "failed", "error": "the probe says the call did not happen"}
+                else:
+                    result = {"status": "unknown", "error": "the probe cannot tell"}
+            else:
+                result = {"status": "failed", "error": f"tool `{t.name}` has no {op} function"}
+        except OutcomeUnknown as e:
+            result = {"status": "unknown", "error": f"{type(e).__name__}: {e}"}
+        except TransientError as e:
+            result = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+        except Exception as e:  # noqa: BLE001 - a tool's failure is reported, not raised here
+            result = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+        try:
+            self._request("POST", f"/v1/tasks/{task['id']}/report", {"worker": self._worker_name, "result": result}, ok=(200, 409))
+        except TidegateError:
+            pass  # the lease runs out and the task is offered again under the same key
+
+    # -- transactions -------------------------------------------------------------------------
+
+    def transaction(
+        self,
+        agent: str = "agent",
+        may_touch: Optional[Sequence[str]] = None,
+        *,
+        lease: Optional[float] = None,
+        wait_timeout: Optional[float] = None,
+    ) -> "RemoteTransaction":
+        """A transaction on the server, begun when its ``with`` block is entered (as
+        :meth:`tidegate.Tidegate.transaction`)."""
+        return RemoteTransaction(self, agent, may_touch, lease, wait_timeout)
+
+    def begin(
+        self, agent: str = "agent", may_touch: Optional[Sequence[str]] = None, *, lease: Optional[float] = None
+    ) -> "RemoteTransaction":
+        """Begins a transaction now (explicit ``commit()``/``abort()``)."""
+        tx = RemoteTransaction(self, agent, may_touch, lease, None)
+        tx._begin()
+        return tx
+
+    def get(self, transaction_id: str) -> Dict[str, Any]:
+        """The server's view of a transaction (``GET /v1/transactions/{id}``)."""
+        return dict(self._request("GET", f"/v1/transactions/{transaction_id}")[1])
+
+    def close(self) -> None:
+        """Stops the worker thread and closes the connection pool."""
+        self._stop.set()
+        w = self._worker
+        if w is not None and w is not threading.current_thread():
+            w.join(timeout=10)
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<tidegate.Client {self.url}>"
+
+
+def _unpack(payload: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """Positional and keyword arguments from a call's recorded arguments."""
+    if not isinstance(payload, dict):
+        return (payload,), {}
+    kwargs = {k: v for k, v in payload.items() if k != "$args"}
+    args = tuple(payload.get("$args") or ())
+    return args, kwargs
+
+
+def _pack(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+    payload: Dict[str, Any] = dict(kwargs)
+    if args:
+        payload["$args"] = list(args)
+    return payload
+
+
+def _invoke(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    r = fn(*args, **kwargs)
+    if inspect.isawaitable(r):
+        return asyncio.run(_await(r))
+    return r
+
+
+async def _await(r: Any) -> Any:
+    return await r
+
+
+def _jsonable(v: Any) -> Any:
+    try:
+        json.dumps(v)
+        return v
+    except (TypeError, ValueError):
+        return repr(v)
+
+
+class RemoteTransaction(Transaction):
+    """A transaction held by the server. The API of :class:`tidegate.Transaction`: ``with`` and
+    ``async with`` blocks, :meth:`read`, :meth:`call`, :meth:`seal`, :meth:`commit`,
+    :meth:`abort`, ``outcome``. ``remote_id`` is the server's id (``tx_<tag>_<n>``); ``id`` is
+    its ``n``."""
+
+    #: The server's id, once begun.
+    remote_id: Optional[str]
+
+    def __init__(
+        self,
+        client: Client,
+        agent: str,
+        may_touch: Optional[Sequence[str]],
+        lease: Optional[float],
+        wait_timeout: Optional[float],
+    ) -> None:
+        _check_agent(agent)
+        if lease is not None:
+            _seconds(lease, "lease", positive=True)
+        if wait_timeout is not None:
+            _seconds(wait_timeout, "wait_timeout", positive=False)
+        self._client = client
+        self._agent = agent
+        self._may_touch = _scopes_arg(may_touch)
+        self._lease = lease
+        self._wait_timeout = wait_timeout
+        self._branch = False
+        self._held: List[Held] = []
+        self._tokens = []
+        self._view: Dict[str, Any] = {}
+        self.remote_id = None
+        self.outcome = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if self.remote_id is not None:
+            raise WrongState("the transaction has already begun; use a new tg.transaction(...)", kind="wrong_state")
+        body: Dict[str, Any] = {"agent": self._agent}
+        if self._may_touch is not None:
+            body["may_touch"] = self._may_touch
+        if self._lease is not None:
+            body["lease_ms"] = max(1, int(self._lease * 1000))
+        _, v = self._client._request("POST", "/v1/transactions", body, ok=(201,))
+        self._view = v
+        self.remote_id = str(v["id"])
+
+    def _rid(self) -> str:
+        if self.remote_id is None:
+            raise WrongState(
+                "the transaction has not begun: use it in a `with` block or get one from tg.begin()", kind="wrong_state"
+            )
+        return self.remote_id
+
+    @property
+    def id(self) -> int:
+        """The transaction's number (``n`` of ``tx_<tag>_<n>``)."""
+        return _tx_number(self._rid())
+
+    @property
+    def epoch(self) -> int:
+        """The epoch."""
+        self._rid()
+        return int(self._view.get("epoch", 0))
+
+    @property
+    def state(self) -> Optional[str]:
+        """``"open"``, ``"sealed"``, ``"waiting"``, ``"committing"``, ``"aborting"``, or
+        ``None`` once settled (or before it began), as last seen from the server."""
+        if self.remote_id is None or self.outcome is not None:
+            return None
+        s = self._view.get("state")
+        return None if s in ("committed", "aborted") else (str(s) if s is not None else None)
+
+    def refresh(self) -> Dict[str, Any]:
+        """Reads the transaction from the server (``GET /v1/transactions/{id}``)."""
+        self._view = self._client.get(self._rid())
+        return self._view
+
+    # -- reads and effects --------------------------------------------------------------------
+
+    def read(self, scope: str) -> ReadResult:
+        """Records a read of ``scope`` (see :meth:`tidegate.Transaction.read`)."""
+        if not isinstance(scope, str):
+            raise InvalidArgument(f"invalid `scope` = {scope!r}: expected a str", kind="invalid_argument", argument="scope")
+        _, r = self._request_aborting("POST", f"/v1/transactions/{self._rid()}/reads", {"scope": scope})
+        return ReadResult(int(r["version"]), r.get("staged"))
+
+    def call(self, tool: Union[Tool, str], *args: Any, **kwargs: Any) -> Any:
+        """Calls a tool: a server tool by name (keyword arguments are its JSON arguments;
+        ``_key=`` and ``_scopes=`` override its key and scopes), or a :func:`tidegate.tool`
+        of this process (served by this client's worker thread). Returns the output of an
+        executed (or replayed) effect, a :class:`~tidegate.Held` for a staged or queued one."""
+        if isinstance(tool, str):
+            key = kwargs.pop("_key", None)
+            scopes = kwargs.pop("_scopes", None)
+            if args:
+                raise InvalidArgument(
+                    f"invalid arguments of server tool `{tool}`: pass them by keyword (they are its JSON object)",
+                    kind="invalid_argument",
+                    argument="args",
+                )
+            return self._effect(tool, dict(kwargs), key, None if scopes is None else list(scopes))
+        if not isinstance(tool, Tool):
+            raise InvalidArgument(
+                f"invalid `tool` = {tool!r}: expected a function declared with @tidegate.tool or a server tool's name",
+                kind="invalid_argument",
+                argument="tool",
+            )
+        args, kwargs = tool._bind(args, kwargs)
+        return self._call(tool, args, kwargs, None)
+
+    #: Alias of :meth:`call`.
+    effect = call
+
+    def _call(
+        self,
+        tool: Tool,
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        scopes: Optional[List[str]],
+        key: Optional[str] = None,
+    ) -> Any:
+        self._client._ensure(tool)
+        if scopes is None:
+            scopes = tool._scopes(args, kwargs)
+        if key is None and tool.key is not None:
+            key = tool._key(args, kwargs)
+        return self._effect(tool.name, _pack(args, kwargs), key, scopes)
+
+    async def acall(self, tool: Tool, *args: Any, **kwargs: Any) -> Any:
+        """The asyncio form of :meth:`call` (runs the request on a thread)."""
+        return await asyncio.to_thread(self.call, tool, *args, **kwargs)
+
+    def _effect(self, tool: str, payload: Dict[str, Any], key: Optional[str], scopes: Optional[List[str]]) -> Any:
+        body: Dict[str, Any] = {"tool": tool, "args": payload}
+        if key is not None:
+            body["key"] = key
+        if scopes is not None:
+            body["scopes"] = scopes
+        _, r = self._request_aborting("POST", f"/v1/transactions/{self._rid()}/effects", body)
+        ack = str(r.get("ack"))
+        if ack in ("executed", "replayed"):
+            return r.get("output")
+        held = Held(tool, int(r["effect"]["effect"]), ack)
+        self._held.append(held)
+        return held
+
+    def _request_aborting(
+        self, method: str, path: str, body: Optional[Mapping[str, Any]] = None, ok: Sequence[int] = (200, 201)
+    ) -> Tuple[int, Any]:
+        """A request that may abort the transaction (a failed call, a protocol violation):
+        the abort's exception carries the outcome."""
+        try:
+            return self._client._request(method, path, body, ok=ok)
+        except Aborted as e:
+            if e.outcome is None and e.kind == "protocol_violation":
+                v = self._settle_view(self._client._timeout)
+                if v.get("outcome"):
+                    raise _abort_error(v) from e
+            if e.outcome is not None:
+                self.outcome = e.outcome
+                self._view = {**self._view, "state": "aborted"}
+            raise
+
+    # -- settlement ---------------------------------------------------------------------------
+
+    def seal(self) -> None:
+        """Freezes the footprint (done by :meth:`commit` if needed)."""
+        _, self._view = self._client._request("POST", f"/v1/transactions/{self._rid()}/seal")
+
+    def add_hook(self, hook: Any, name: Optional[str] = None) -> None:
+        """Pre-commit hooks run in the engine's process; over HTTP use the review endpoints
+        (issue 16) instead. Raises :class:`~tidegate.WrongState`."""
+        raise WrongState("pre-commit hooks are not available over HTTP", kind="wrong_state")
+
+    def _settle_view(self, wait: Optional[float]) -> Dict[str, Any]:
+        """Long-polls the outcome until the transaction settles (or ``wait`` seconds)."""
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            left = self._client._timeout if deadline is None else max(0.0, deadline - time.monotonic())
+            ms = int(min(left, 30.0) * 1000)
+            _, v = self._client._request(
+                "GET", f"/v1/transactions/{self._rid()}/outcome", params={"timeout_ms": ms}, ok=(200, 202), timeout=ms / 1000
+            )
+            if v.get("outcome") is not None or (deadline is not None and time.monotonic() >= deadline):
+                return dict(v)
+
+    def _finish(self, v: Mapping[str, Any]) -> Outcome:
+        self._view = dict(v)
+        o = _outcome(v)
+        self.outcome = o
+        outputs = {int(e["effect"]): e.get("output") for e in v.get("effects", ())}
+        for h in self._held:
+            e = o.effect(h.effect)
+            if e is not None and e.disposition in ("applied", "fired", "accepted"):
+                h._set(outputs.get(h.effect))
+        if not o.committed or o.partial is not None:
+            raise _abort_error(v)
+        return o
+
+    def request_commit(self, wait_timeout: Optional[float] = None) -> str:
+        """Asks the server to commit and returns at once with the state (``"waiting"``,
+        ``"committing"``, or settled ``"committed"``/``"aborted"``): the server finishes the
+        commit (and releases held effects) whether or not this process is still there. Read
+        the result later with :meth:`commit` (which joins the same commit) or
+        :meth:`Client.get`."""
+        body: Dict[str, Any] = {"seal": True, "wait_ms": 0}
+        wt = self._wait_timeout if wait_timeout is None else wait_timeout
+        if wt is not None:
+            body["commit_timeout_ms"] = int(wt * 1000)
+        _, v = self._client._request("POST", f"/v1/transactions/{self._rid()}/commit", body, ok=(200, 202))
+        self._view = dict(v)
+        return str(v.get("state"))
+
+    def commit(self, wait_timeout: Optional[float] = None) -> Outcome:
+        """Seals (if open) and commits, waiting for the settlement (see
+        :meth:`tidegate.Transaction.commit`). Raises the :class:`~tidegate.Aborted` subclass of
+        the abort's reason, or :class:`~tidegate.PartialCommit`, with ``outcome``."""
+        wt = self._wait_timeout if wait_timeout is None else wait_timeout
+        body: Dict[str, Any] = {"seal": True, "wait_ms": int(min(self._client._timeout, 30.0) * 1000)}
+        if wt is not None:
+            body["commit_timeout_ms"] = int(wt * 1000)
+        _, v = self._request_aborting("POST", f"/v1/transactions/{self._rid()}/commit", body, ok=(200, 202))
+        if v.get("outcome") is None:
+            v = self._settle_view(None)
+        return self._finish(v)
+
+    async def acommit(self, wait_timeout: Optional[float] = None) -> Outcome:
+        """The asyncio form of :meth:`commit` (runs the requests on a thread)."""
+        return await asyncio.to_thread(self.commit, wait_timeout)
+
+    def abort(self, reason: str = "aborted by the caller") -> Outcome:
+        """Aborts: held effects are dropped, executed ones compensated by the server (also if
+        this process goes away). Returns the outcome once the compensations ran."""
+        body = {"reason": str(reason)[:1024], "wait_ms": int(min(self._client._timeout, 30.0) * 1000)}
+        _, v = self._client._request("POST", f"/v1/transactions/{self._rid()}/abort", body, ok=(200, 202))
+        if v.get("outcome") is None:
+            v = self._settle_view(None)
+        self._view = dict(v)
+        self.outcome = _outcome(v)
+        return self.outcome
+
+    async def aabort(self, reason: str = "aborted by the caller") -> Outcome:
+        """The asyncio form of :meth:`abort`."""
+        return await asyncio.to_thread(self.abort, reason)
+
+    def _settled_by(self, exc: BaseException) -> bool:
+        if isinstance(exc, TidegateError) and exc.outcome is not None:
+            self.outcome = exc.outcome
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        if self.remote_id is None:
+            return f"<tidegate.RemoteTransaction agent={self._agent!r} (not begun)>"
+        return f"<tidegate.RemoteTransaction {self.remote_id} {self.state or 'settled'}>"
+
+
+def connect(url: str, api_key: str, *, timeout: float = 60.0, worker: Optional[str] = None) -> Client:
+    """Connects to ``tidegate serve`` at ``url`` with an API key (``tgk_...``). ``timeout``
+    (seconds) bounds each wait for the server; ``worker`` names this process's worker (default
+    ``py-<host>-<pid>-<random>``). Nothing is sent until the first call."""
+    return Client(url, api_key, timeout=timeout, worker=worker)
