@@ -98,6 +98,7 @@ pub(crate) fn build(d: Declared, live: Arc<LiveTable>) -> Result<tidegate_runtim
             let names = names.clone();
             async move { run_call(f, args, names, ctx).await }
         });
+    let builder_lacks_compensation = d.compensate.is_none();
     if let Some(comp) = d.compensate {
         let names = d.names.clone();
         builder = builder.compensate(move |args: Arc<Value>, output: Arc<Value>| {
@@ -107,6 +108,11 @@ pub(crate) fn build(d: Declared, live: Arc<LiveTable>) -> Result<tidegate_runtim
             let names = names.clone();
             async move { run_compensation(f, args, output, names, live, ctx).await }
         });
+    }
+    if builder_lacks_compensation {
+        // A Python declaration may leave a reversible tool without `compensate`: its aborted
+        // effects are tagged `unresolved` (the package documents it).
+        builder = builder.without_compensation();
     }
     if let Some(p) = d.probe {
         let names = d.names.clone();

@@ -100,7 +100,7 @@ impl fmt::Debug for Builder {
 }
 
 impl Builder {
-    /// Lease of open transactions (default 30 s).
+    /// Lease of open transactions (default 30 s; must be positive, checked at build).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.cfg.lease = lease;
         self
@@ -179,7 +179,31 @@ impl Builder {
     /// Builds the engine. Background work (aborts decided by lease expiry, late
     /// compensations) runs on the current tokio runtime; outside one, the engine starts a
     /// small runtime of its own.
+    ///
+    /// Refuses a zero lease (every transaction would expire at once), a retry policy with
+    /// no attempt, and a backoff whose cap is below its start.
     pub fn build(mut self) -> Result<Tidegate> {
+        if self.cfg.lease.is_zero() {
+            return Err(Error::InvalidArgument {
+                field: "lease",
+                value: "0s".into(),
+                expected: "a positive duration (an open transaction is aborted when its lease ends)",
+            });
+        }
+        if self.retry.attempts == 0 {
+            return Err(Error::InvalidArgument {
+                field: "retry.attempts",
+                value: "0".into(),
+                expected: "at least 1 (the first attempt counts)",
+            });
+        }
+        if self.retry.max_backoff < self.retry.initial_backoff {
+            return Err(Error::InvalidArgument {
+                field: "retry.max_backoff",
+                value: format!("{:?} (initial_backoff {:?})", self.retry.max_backoff, self.retry.initial_backoff),
+                expected: "a cap at least the initial backoff",
+            });
+        }
         self.cfg.trace = self.trace.is_some();
         let level = self.cfg.level;
         let (handle, own) = match tokio::runtime::Handle::try_current() {
@@ -440,6 +464,13 @@ impl Tidegate {
                 Some(scopes)
             }
         };
+        if opts.lease.is_some_and(|l| l.is_zero()) {
+            return Err(Error::InvalidArgument {
+                field: "lease",
+                value: "0s".into(),
+                expected: "a positive duration (the transaction would expire at once)",
+            });
+        }
         let agent: Arc<str> = opts.agent.as_deref().unwrap_or("agent").into();
         let now = self.inner.clock.now();
         let req = BeginRequest { agent, may_touch, lease: opts.lease };
@@ -448,16 +479,19 @@ impl Tidegate {
     }
 
     /// Registers a tool so that the engine can release and compensate its effects (tools
-    /// are also registered on first use). Refuses a different tool under a taken name (use
+    /// are also registered on first use). A tool is identified by its name and declaration
+    /// (class, which handlers it has, [`crate::ToolBuilder::version`]): registering another
+    /// build of the same declaration is a no-op that keeps the first build's handlers; a
+    /// different declaration under a taken name is refused, saying what differs (use
     /// [`Tidegate::redefine_tool`] to change one). A tool's first registration is a change
     /// of the versioned registry (docs/levels.md, L4).
     pub fn register(&self, tool: &Tool) -> Result<()> {
         if let Some(t) = self.inner.tools.read().get(tool.name()) {
-            return if t.same(tool) { Ok(()) } else { Err(name_taken(tool)) };
+            return if t.same(tool) { Ok(()) } else { Err(name_taken(t, tool)) };
         }
         let mut tools = self.inner.tools.write();
         match tools.get(tool.name()) {
-            Some(t) if !t.same(tool) => Err(name_taken(tool)),
+            Some(t) if !t.same(tool) => Err(name_taken(t, tool)),
             Some(_) => Ok(()),
             None => {
                 tools.insert(tool.name_arc().clone(), tool.clone());
@@ -675,10 +709,15 @@ impl Tidegate {
     }
 }
 
-fn name_taken(tool: &Tool) -> Error {
+fn name_taken(registered: &Tool, tool: &Tool) -> Error {
     Error::InvalidArgument {
         field: "tool name",
-        value: format!("{:?}", tool.name()),
-        expected: "a name not already registered to a different tool on this engine",
+        value: format!(
+            "{:?}, already registered with another declaration ({}: registered vs this one)",
+            tool.name(),
+            registered.differences(tool)
+        ),
+        expected: "a name not registered to a different declaration on this engine (building the same \
+                   declaration again is fine; use `redefine_tool` to replace one)",
     }
 }

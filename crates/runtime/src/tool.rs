@@ -89,8 +89,46 @@ type ProbeFn = dyn Fn(Arc<Value>) -> BoxFuture<'static, Probe> + Send + Sync;
 type ScopeFn = dyn Fn(&Value) -> Vec<String> + Send + Sync;
 type KeyFn = dyn Fn(&Value) -> String + Send + Sync;
 
+/// What identifies a tool's declaration besides its name: two builds of the same declaration
+/// (a tool built again in another task, or after a restart) are the same tool; a
+/// declaration that differs in any of these is another tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Signature {
+    class: EffectClass,
+    keyed: bool,
+    compensable: bool,
+    probe: bool,
+    version: Option<Arc<str>>,
+}
+
+impl Signature {
+    /// What differs from `other`, for error messages.
+    fn differences(&self, other: &Signature) -> String {
+        let yes_no = |b: bool| if b { "yes" } else { "no" };
+        let mut d = Vec::new();
+        if self.class != other.class {
+            d.push(format!("class {} vs {}", self.class, other.class));
+        }
+        if self.keyed != other.keyed {
+            d.push(format!("key derivation {} vs {}", yes_no(self.keyed), yes_no(other.keyed)));
+        }
+        if self.compensable != other.compensable {
+            d.push(format!("compensation {} vs {}", yes_no(self.compensable), yes_no(other.compensable)));
+        }
+        if self.probe != other.probe {
+            d.push(format!("probe {} vs {}", yes_no(self.probe), yes_no(other.probe)));
+        }
+        if self.version != other.version {
+            let v = |x: &Option<Arc<str>>| x.as_deref().map_or_else(|| "none".to_owned(), |s| format!("{s:?}"));
+            d.push(format!("version {} vs {}", v(&self.version), v(&other.version)));
+        }
+        d.join(", ")
+    }
+}
+
 struct ToolInner {
     name: Arc<str>,
+    signature: Signature,
     class: EffectClass,
     scope: Box<ScopeFn>,
     key: Option<Box<KeyFn>>,
@@ -119,7 +157,17 @@ impl fmt::Debug for Tool {
 impl Tool {
     /// Starts a declaration.
     pub fn builder(name: impl Into<String>, class: EffectClass) -> ToolBuilder {
-        ToolBuilder { name: name.into(), class, scope: None, key: None, call: None, compensate: None, probe: None }
+        ToolBuilder {
+            name: name.into(),
+            class,
+            scope: None,
+            key: None,
+            call: None,
+            compensate: None,
+            probe: None,
+            version: None,
+            uncompensated: false,
+        }
     }
 
     /// The tool's name.
@@ -165,8 +213,21 @@ impl Tool {
         self.inner.probe.as_ref().map(|p| p(args))
     }
 
+    /// Whether `other` is the same declaration: the same build, or a build with the same
+    /// name and [`Signature`] (its handlers are then taken to be the same code).
     pub(crate) fn same(&self, other: &Tool) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+            || (self.inner.name == other.inner.name && self.inner.signature == other.inner.signature)
+    }
+
+    /// How `other`'s declaration differs from this one's, for the error refusing it.
+    pub(crate) fn differences(&self, other: &Tool) -> String {
+        self.inner.signature.differences(&other.inner.signature)
+    }
+
+    /// The declaration's version label, if given ([`ToolBuilder::version`]).
+    pub fn version(&self) -> Option<&str> {
+        self.inner.signature.version.as_deref()
     }
 }
 
@@ -179,6 +240,8 @@ pub struct ToolBuilder {
     call: Option<Box<CallFn>>,
     compensate: Option<Box<CompFn>>,
     probe: Option<Box<ProbeFn>>,
+    version: Option<Arc<str>>,
+    uncompensated: bool,
 }
 
 impl fmt::Debug for ToolBuilder {
@@ -255,7 +318,25 @@ impl ToolBuilder {
         self
     }
 
-    /// Finishes the declaration.
+    /// A label for this declaration (`"v2"`, a content hash). A tool is identified by its
+    /// name and declaration (class, which handlers it has, and this label): building the
+    /// same declaration twice gives the same tool, and registering a different one under a
+    /// taken name is refused. Change the label when a handler's code changes meaning.
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = Some(Arc::from(version.into()));
+        self
+    }
+
+    /// Declares on purpose that this reversible tool has no compensation: an aborted
+    /// transaction then leaves its effect in place, tagged `unresolved` for an operator.
+    /// Without it, a reversible tool with no compensation is refused at build.
+    pub fn without_compensation(mut self) -> Self {
+        self.uncompensated = true;
+        self
+    }
+
+    /// Finishes the declaration. Refuses a missing name, scope extractor or call handler,
+    /// and a reversible tool with no compensation (unless [`ToolBuilder::without_compensation`]).
     pub fn build(self) -> Result<Tool, crate::Error> {
         let invalid = |field: &'static str, expected: &'static str| crate::Error::InvalidArgument {
             field,
@@ -271,9 +352,27 @@ impl ToolBuilder {
         }
         let Some(scope) = self.scope else { return Err(invalid("scope", "a scope extractor")) };
         let Some(call) = self.call else { return Err(invalid("call", "a call handler")) };
+        let reversible = matches!(self.class, EffectClass::Reversible | EffectClass::ReversibleWithCost);
+        if reversible && self.compensate.is_none() && !self.uncompensated {
+            return Err(crate::Error::InvalidArgument {
+                field: "compensate",
+                value: format!("missing (tool `{}`, class {})", self.name, self.class),
+                expected: "a compensation handler, since an abort undoes a reversible effect (declare the tool \
+                           `gated` or `idempotent` if it cannot be undone, or call `without_compensation()` to \
+                           leave aborted effects `unresolved` on purpose)",
+            });
+        }
+        let signature = Signature {
+            class: self.class,
+            keyed: self.key.is_some(),
+            compensable: self.compensate.is_some(),
+            probe: self.probe.is_some(),
+            version: self.version,
+        };
         Ok(Tool {
             inner: Arc::new(ToolInner {
                 name: Arc::from(self.name.as_str()),
+                signature,
                 class: self.class,
                 scope,
                 key: self.key,

@@ -151,6 +151,11 @@ impl Transaction {
 
     /// Records a read of `scope` at its committed version; returns the version and, if this
     /// transaction staged a write to the scope, the staged value.
+    ///
+    /// Record the read *before* observing the world (or use [`Transaction::read_with`],
+    /// which does both in that order): a write committed in between then makes this
+    /// transaction abort `stale_read` at commit, whereas a read recorded after observing
+    /// would vouch for a value older than its version.
     pub fn read(&self, scope: &str) -> Result<ReadResult> {
         let s = self.engine.parse_scope(scope, "read scope")?;
         let now = self.engine.inner.clock.now();
