@@ -74,7 +74,7 @@ impl Tx {
             live: Some(LiveArgs { args: args.clone().unbind(), kwargs: kwargs.map(|k| k.clone().unbind()), call_id }),
             ..CallCtx::default()
         };
-        Ok((json, CallOptions { key, scopes: Some(scopes), call_id: None }, ctx))
+        Ok((json, CallOptions { key, scopes: Some(scopes), ..CallOptions::default() }, ctx))
     }
 
     fn finish_call(&self, py: Python<'_>, ack: Result<EngineAck, Error>, ctx: &CallCtx) -> PyResult<Py<PyAny>> {

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use crate::checkpoint::{CheckpointPolicy, Checkpointer, ReplayReport};
 use crate::clock::{Clock, TokioClock};
 use crate::hooks::PreCommitHook;
-use crate::tool::Tool;
+use crate::tool::{CallCtx, Tool};
 use crate::trace::{FileTrace, TraceSink};
 use crate::tx::Transaction;
 use crate::{Error, Result};
@@ -255,7 +255,12 @@ impl Builder {
         };
         Ok(Tidegate {
             inner: Arc::new(Inner {
-                shared: Mutex::new(Shared { core, waiters: HashMap::default(), endings: Endings::default() }),
+                shared: Mutex::new(Shared {
+                    core,
+                    waiters: HashMap::default(),
+                    endings: Endings::default(),
+                    ctxs: HashMap::default(),
+                }),
                 recovery: Mutex::new(recovery),
                 scopes: self.scopes,
                 store,
@@ -295,6 +300,9 @@ pub(crate) struct Shared {
     pub(crate) waiters: HashMap<TxId, Arc<Notify>>,
     /// How recently decided transactions ended, so that an error about one says how.
     pub(crate) endings: Endings,
+    /// The contexts of calls whose tool takes one or that carry a handle, until their
+    /// transaction settles (`crate::tool::CallCtx`).
+    pub(crate) ctxs: HashMap<TxId, SmallVec<[CallCtx; 2]>>,
 }
 
 /// How a transaction ended, as its ledger events said.
@@ -627,10 +635,19 @@ impl Tidegate {
         let mut g = self.inner.shared.lock();
         let r = f(&mut g.core);
         let mut lsn = 0;
+        // Contexts of settled transactions, dropped after the lock (a handle may be a language
+        // binding's object whose drop must not run under the engine's lock).
+        let mut finished_ctxs: SmallVec<[SmallVec<[CallCtx; 2]>; 1]> = SmallVec::new();
         if g.core.has_events() {
-            let Shared { core, endings, .. } = &mut *g;
+            let Shared { core, endings, ctxs, .. } = &mut *g;
             for e in core.events() {
                 endings.note(e);
+                if let tidegate_core::Event::Settled { tx, .. } = e
+                    && !ctxs.is_empty()
+                    && let Some(c) = ctxs.remove(tx)
+                {
+                    finished_ctxs.push(c);
+                }
             }
             // With automatic checkpoints, the batch is also handed to the replaying shadow
             // (one clone per event, in ledger order, instead of re-reading the store).
@@ -673,6 +690,7 @@ impl Tidegate {
             }
         }
         drop(g);
+        drop(finished_ctxs);
         if let Some(sink) = &self.inner.trace {
             for r in &traces {
                 sink.record(r);
@@ -696,6 +714,22 @@ impl Tidegate {
             Ok(r) => Ok((r, lsn)),
             Err(e) => Err(self.inner.shared.lock().endings.explain(e)),
         }
+    }
+
+    /// Keeps `ctx` for the handlers of its effect until its transaction settles.
+    pub(crate) fn keep_ctx(&self, ctx: CallCtx) {
+        self.inner.shared.lock().ctxs.entry(ctx.tx).or_default().push(ctx);
+    }
+
+    /// The context for a handler of `tool` serving effect `effect` of `tx`: the one kept
+    /// from the call, or a bare one (nothing kept, or a tool that takes none).
+    pub(crate) fn call_ctx(&self, tool: &Tool, tx: TxId, effect: tidegate_core::EffectId) -> CallCtx {
+        if tool.wants_ctx()
+            && let Some(c) = self.inner.shared.lock().ctxs.get(&tx).and_then(|v| v.iter().find(|c| c.effect == effect))
+        {
+            return c.clone();
+        }
+        CallCtx::bare(tx, effect)
     }
 
     /// Waits until the ledger holds everything up to `lsn` durably.

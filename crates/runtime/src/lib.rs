@@ -64,6 +64,6 @@ pub use tidegate_core::{
 #[cfg(feature = "sqlite")]
 pub use tidegate_sqlite::{self as sqlite, SqliteStore};
 pub use tidegate_storage::{LedgerStore, MemoryStore, StoreError};
-pub use tool::{Compensation, IntoScopes, Probe, Tool, ToolBuilder, ToolError};
+pub use tool::{CallCtx, CallHandle, Compensation, IntoScopes, Probe, Tool, ToolBuilder, ToolError};
 pub use trace::{FileTrace, TraceBuffer, TraceRecord, TraceSink};
 pub use tx::{Ack, CallOptions, CommitOptions, Transaction};

@@ -13,13 +13,14 @@
 //! assert_eq!(hotel.name(), "reserve_hotel");
 //! ```
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use serde_json::Value;
-use tidegate_core::EffectClass;
+use tidegate_core::{EffectClass, EffectId, TxId};
 
 /// A tool call's failure, as the adapter reports it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,9 +84,61 @@ pub enum Probe {
     Unknown,
 }
 
-type CallFn = dyn Fn(Arc<Value>) -> BoxFuture<'static, Result<Value, ToolError>> + Send + Sync;
-type CompFn = dyn Fn(Arc<Value>, Arc<Value>) -> BoxFuture<'static, Result<Compensation, ToolError>> + Send + Sync;
-type ProbeFn = dyn Fn(Arc<Value>) -> BoxFuture<'static, Probe> + Send + Sync;
+/// An opaque value that travels with one call: the caller passes it with the call
+/// ([`crate::CallOptions::handle`]) and every handler of that effect (the call, its release,
+/// compensation and probe) receives it in its [`CallCtx`], for as long as the transaction is
+/// unfinished. A language binding carries its live objects this way (the arguments as they
+/// were passed, a slot for the live output) instead of a task-local or a side table. Not
+/// recorded in the ledger: after a restart, handlers get `None`.
+#[derive(Clone)]
+pub struct CallHandle(pub Arc<dyn Any + Send + Sync>);
+
+impl CallHandle {
+    /// Wraps `value`.
+    pub fn new<T: Any + Send + Sync>(value: T) -> CallHandle {
+        CallHandle(Arc::new(value))
+    }
+
+    /// The value, if it is a `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl fmt::Debug for CallHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CallHandle(..)")
+    }
+}
+
+/// What a handler declared with [`ToolBuilder::call_ctx`], [`ToolBuilder::compensate_ctx`]
+/// or [`ToolBuilder::probe_ctx`] knows about the call it serves.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CallCtx {
+    /// The transaction.
+    pub tx: TxId,
+    /// The effect's issuance position in it.
+    pub effect: EffectId,
+    /// The adapter's idempotency key, if the call had one (a provider-side key).
+    pub key: Option<Arc<str>>,
+    /// The caller's name for the call ([`crate::CallOptions::call_id`]), if any.
+    pub call_id: Option<Arc<str>>,
+    /// The caller's per-call handle, while the transaction is unfinished in this process.
+    pub handle: Option<CallHandle>,
+}
+
+impl CallCtx {
+    /// A context that knows only the effect (what recovery has after a restart).
+    pub fn bare(tx: TxId, effect: EffectId) -> CallCtx {
+        CallCtx { tx, effect, key: None, call_id: None, handle: None }
+    }
+}
+
+type CallFn = dyn Fn(CallCtx, Arc<Value>) -> BoxFuture<'static, Result<Value, ToolError>> + Send + Sync;
+type CompFn =
+    dyn Fn(CallCtx, Arc<Value>, Arc<Value>) -> BoxFuture<'static, Result<Compensation, ToolError>> + Send + Sync;
+type ProbeFn = dyn Fn(CallCtx, Arc<Value>) -> BoxFuture<'static, Probe> + Send + Sync;
 type ScopeFn = dyn Fn(&Value) -> Vec<String> + Send + Sync;
 type KeyFn = dyn Fn(&Value) -> String + Send + Sync;
 
@@ -135,6 +188,7 @@ struct ToolInner {
     call: Box<CallFn>,
     compensate: Option<Box<CompFn>>,
     probe: Option<Box<ProbeFn>>,
+    wants_ctx: bool,
 }
 
 /// A declared tool: the adapter the engine routes calls through. Cheap to clone.
@@ -167,6 +221,7 @@ impl Tool {
             probe: None,
             version: None,
             uncompensated: false,
+            wants_ctx: false,
         }
     }
 
@@ -197,20 +252,27 @@ impl Tool {
         self.inner.key.as_ref().map(|k| k(args))
     }
 
-    pub(crate) fn invoke(&self, args: Arc<Value>) -> BoxFuture<'static, Result<Value, ToolError>> {
-        (self.inner.call)(args)
+    /// Whether a handler takes a [`CallCtx`] (so the engine keeps each call's context until
+    /// its transaction finishes; tools without one cost nothing for it).
+    pub(crate) fn wants_ctx(&self) -> bool {
+        self.inner.wants_ctx
+    }
+
+    pub(crate) fn invoke(&self, ctx: CallCtx, args: Arc<Value>) -> BoxFuture<'static, Result<Value, ToolError>> {
+        (self.inner.call)(ctx, args)
     }
 
     pub(crate) fn compensate_call(
         &self,
+        ctx: CallCtx,
         args: Arc<Value>,
         output: Arc<Value>,
     ) -> Option<BoxFuture<'static, Result<Compensation, ToolError>>> {
-        self.inner.compensate.as_ref().map(|c| c(args, output))
+        self.inner.compensate.as_ref().map(|c| c(ctx, args, output))
     }
 
-    pub(crate) fn probe_call(&self, args: Arc<Value>) -> Option<BoxFuture<'static, Probe>> {
-        self.inner.probe.as_ref().map(|p| p(args))
+    pub(crate) fn probe_call(&self, ctx: CallCtx, args: Arc<Value>) -> Option<BoxFuture<'static, Probe>> {
+        self.inner.probe.as_ref().map(|p| p(ctx, args))
     }
 
     /// Whether `other` is the same declaration: the same build, or a build with the same
@@ -242,6 +304,7 @@ pub struct ToolBuilder {
     probe: Option<Box<ProbeFn>>,
     version: Option<Arc<str>>,
     uncompensated: bool,
+    wants_ctx: bool,
 }
 
 impl fmt::Debug for ToolBuilder {
@@ -294,7 +357,18 @@ impl ToolBuilder {
         F: Fn(Arc<Value>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
     {
-        self.call = Some(Box::new(move |a| Box::pin(f(a))));
+        self.call = Some(Box::new(move |_, a| Box::pin(f(a))));
+        self
+    }
+
+    /// [`ToolBuilder::call`] for a handler that also receives the call's [`CallCtx`].
+    pub fn call_ctx<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(CallCtx, Arc<Value>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+    {
+        self.call = Some(Box::new(move |ctx, a| Box::pin(f(ctx, a))));
+        self.wants_ctx = true;
         self
     }
 
@@ -304,7 +378,19 @@ impl ToolBuilder {
         F: Fn(Arc<Value>, Arc<Value>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Compensation, ToolError>> + Send + 'static,
     {
-        self.compensate = Some(Box::new(move |a, o| Box::pin(f(a, o))));
+        self.compensate = Some(Box::new(move |_, a, o| Box::pin(f(a, o))));
+        self
+    }
+
+    /// [`ToolBuilder::compensate`] for a handler that also receives the call's [`CallCtx`]
+    /// (with the handle the call was made with, while its transaction is unfinished).
+    pub fn compensate_ctx<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(CallCtx, Arc<Value>, Arc<Value>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Compensation, ToolError>> + Send + 'static,
+    {
+        self.compensate = Some(Box::new(move |ctx, a, o| Box::pin(f(ctx, a, o))));
+        self.wants_ctx = true;
         self
     }
 
@@ -314,7 +400,18 @@ impl ToolBuilder {
         F: Fn(Arc<Value>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Probe> + Send + 'static,
     {
-        self.probe = Some(Box::new(move |a| Box::pin(f(a))));
+        self.probe = Some(Box::new(move |_, a| Box::pin(f(a))));
+        self
+    }
+
+    /// [`ToolBuilder::probe`] for a handler that also receives the call's [`CallCtx`].
+    pub fn probe_ctx<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(CallCtx, Arc<Value>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Probe> + Send + 'static,
+    {
+        self.probe = Some(Box::new(move |ctx, a| Box::pin(f(ctx, a))));
+        self.wants_ctx = true;
         self
     }
 
@@ -379,6 +476,7 @@ impl ToolBuilder {
                 call,
                 compensate: self.compensate,
                 probe: self.probe,
+                wants_ctx: self.wants_ctx,
             }),
         })
     }

@@ -362,3 +362,43 @@ async fn the_sqlite_store_and_the_hook_view_are_reachable_from_the_runtime() {
     drop(tg);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// Issue 12 item 6: a per-call handle travels from the call to its compensation through the
+// runtime (no task-local, no side table keyed by a pointer), and is dropped when the
+// transaction settles.
+#[tokio::test]
+async fn a_call_handle_reaches_the_compensation_and_is_dropped_at_settlement() {
+    type Live = parking_lot::Mutex<Vec<String>>;
+    let tg = engine();
+    let book = Tool::builder("book", EffectClass::Reversible)
+        .scope(|_| "travel:room:1")
+        .call_ctx(|ctx, _args| async move {
+            let live = ctx.handle.as_ref().and_then(|h| h.downcast_ref::<Arc<Live>>()).expect("the call's handle");
+            live.lock().push(format!("called {}{} id={:?}", ctx.tx, ctx.effect, ctx.call_id.as_deref()));
+            Ok(json!({"room": 1}))
+        })
+        .compensate_ctx(|ctx, _args, output| async move {
+            let live = ctx.handle.as_ref().and_then(|h| h.downcast_ref::<Arc<Live>>()).expect("the call's handle");
+            live.lock().push(format!("undone {output} key={:?}", ctx.key.as_deref()));
+            Ok(Compensation::clean())
+        })
+        .build()
+        .unwrap();
+    let live: Arc<Live> = Arc::default();
+    let tx = tg.begin("a").unwrap();
+    let opts = CallOptions {
+        call_id: Some("c-7".into()),
+        key: Some("book-1".into()),
+        handle: Some(tidegate_runtime::CallHandle::new(live.clone())),
+        ..CallOptions::default()
+    };
+    tx.call_with(&book, json!({}), opts).await.unwrap();
+    assert_eq!(Arc::strong_count(&live), 2, "the engine holds the handle while the transaction runs");
+    tx.abort("no").await.unwrap();
+    let id = tx.id();
+    assert_eq!(
+        *live.lock(),
+        [format!("called {id}#0 id=Some(\"c-7\")"), "undone {\"room\":1} key=Some(\"book-1\")".into()]
+    );
+    assert_eq!(Arc::strong_count(&live), 1, "the handle was dropped when the transaction settled");
+}
