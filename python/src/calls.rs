@@ -3,9 +3,9 @@
 //! Every engine operation the binding drives runs inside a [`CTX`] scope: the call context
 //! tells the callbacks whether they run on the caller's thread (sync API: call the Python
 //! function inline, re-attaching to the interpreter) or for an asyncio caller (coroutines go
-//! to the caller's event loop, plain functions to tokio's blocking pool), carries the live
-//! Python arguments of the eager call in progress, and collects outputs and the exception a
-//! callback raised.
+//! to the caller's event loop, plain functions to tokio's blocking pool), and collects the
+//! outputs of released effects and the exception a callback raised. The live Python side of
+//! an eager call travels with the call itself, as its handle (live.rs).
 
 use std::sync::Arc;
 
@@ -26,23 +26,12 @@ pub(crate) struct Aio {
 /// The context of one engine operation driven from Python.
 #[derive(Default)]
 pub(crate) struct CallCtx {
-    /// The Python arguments of the eager call in progress.
-    pub(crate) live: Option<LiveArgs>,
-    /// The live output of that call.
-    pub(crate) output: Mutex<Option<Py<PyAny>>>,
     /// The last exception a callback raised (chained as the cause of the engine's error).
     pub(crate) error: Mutex<Option<Py<PyAny>>>,
     /// Outputs of held effects released during a commit, in release (issuance) order.
     pub(crate) released: Mutex<Vec<Py<PyAny>>>,
     /// Set for asyncio callers.
     pub(crate) aio: Option<Aio>,
-}
-
-/// The arguments of the eager call in progress, as the caller passed them, and its call id.
-pub(crate) struct LiveArgs {
-    pub(crate) args: Py<PyTuple>,
-    pub(crate) kwargs: Option<Py<PyDict>>,
-    pub(crate) call_id: Option<String>,
 }
 
 tokio::task_local! {

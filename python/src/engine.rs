@@ -14,7 +14,6 @@ use tidegate_runtime::{Error, FileTrace, Isolation, Level, Ordering, RetryPolicy
 use crate::calls::{CallCtx, is_callable};
 use crate::errors::{invalid, to_pyerr};
 use crate::hooks::PyHook;
-use crate::live::LiveTable;
 use crate::rt::{block, runtime};
 use crate::spec::Spec;
 use crate::tool::{Declared, PyFn, ToolHandle, WantsId, build, parse_class};
@@ -81,7 +80,6 @@ fn open_store(dir: &std::path::Path) -> Result<Arc<dyn tidegate_storage::LedgerS
 #[pyclass(frozen, module = "tidegate._native")]
 pub(crate) struct Engine {
     tg: RwLock<Option<Tidegate>>,
-    live: Arc<LiveTable>,
     trace: Option<Arc<FileTrace>>,
     scopes: ScopeRegistry,
     level: Level,
@@ -160,15 +158,7 @@ impl Engine {
         }
         let tg = b.build().map_err(|e| to_pyerr(py, &e, None))?;
         tg.spawn_reaper();
-        Ok(Engine {
-            tg: RwLock::new(Some(tg)),
-            live: Arc::default(),
-            trace,
-            scopes,
-            level,
-            isolation,
-            durable: data_dir.is_some(),
-        })
+        Ok(Engine { tg: RwLock::new(Some(tg)), trace, scopes, level, isolation, durable: data_dir.is_some() })
     }
 
     /// Declares a tool with this engine. All arguments are validated before anything is
@@ -213,7 +203,7 @@ impl Engine {
             }),
             probe: probe.map(|f| PyFn { f: Arc::new(f), is_async: probe_async, wants_id: wants.probe }),
         };
-        let tool = build(declared, self.live.clone()).map_err(|e| to_pyerr(py, &e, None))?;
+        let tool = build(declared).map_err(|e| to_pyerr(py, &e, None))?;
         tg.register(&tool).map_err(|e| to_pyerr(py, &e, None))?;
         Ok(ToolHandle { tool, names, wants, name, effect: effect.to_owned() })
     }
@@ -228,7 +218,7 @@ impl Engine {
             opts.lease = Some(duration(py, "lease", l)?);
         }
         let tx = tg.begin_with(opts).map_err(|e| to_pyerr(py, &e, None))?;
-        Ok(Tx::new(tx, self.live.clone(), self.durable))
+        Ok(Tx::new(tx, self.durable))
     }
 
     /// Begins a speculation group of `branches` transactions sharing one epoch.
@@ -251,7 +241,7 @@ impl Engine {
             opts.lease = Some(duration(py, "lease", l)?);
         }
         let spec = tg.speculate(opts, branches).map_err(|e| to_pyerr(py, &e, None))?;
-        Spec::new(py, spec, self.live.clone(), self.durable)
+        Spec::new(py, spec, self.durable)
     }
 
     /// Finishes what a previous process left unfinished (register every tool first).

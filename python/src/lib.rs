@@ -8,7 +8,7 @@
 //! | `tool` | the engine `Tool` whose call, compensation and probe run Python functions |
 //! | `hooks` | Python pre-commit hooks |
 //! | `calls` | the per-operation call context and how a Python callback is run (inline, on the caller's loop, on the blocking pool) |
-//! | `live` | live Python objects of executed calls, for their compensations |
+//! | `live` | the live Python side of an eager call, carried as its handle to its compensation |
 //! | `rt` | the tokio runtime; driving an engine future from sync or asyncio callers |
 //! | `interp` | the extension's threads and the interpreter's exit |
 //! | `ack`, `view`, `convert`, `errors` | values and errors handed to Python |

@@ -7,13 +7,11 @@ use tidegate_runtime::{Error, Speculation, SpeculationOutcome, Transaction};
 
 use crate::calls::CallCtx;
 use crate::errors::{invalid, to_pyerr};
-use crate::live::LiveTable;
 use crate::rt::{aio_ctx, block, spawn};
 use crate::tx::{Tx, settled};
 use crate::view::outcome_to_py;
 
-/// A speculation group. Its branches are `Tx` objects made once, so that settling the group
-/// forgets the live objects their calls left (see live.rs).
+/// A speculation group and its branches (`Tx` objects made once).
 #[pyclass(frozen, module = "tidegate._native")]
 pub(crate) struct Spec {
     spec: Speculation,
@@ -21,12 +19,9 @@ pub(crate) struct Spec {
 }
 
 impl Spec {
-    pub(crate) fn new(py: Python<'_>, spec: Speculation, live: Arc<LiveTable>, durable: bool) -> PyResult<Spec> {
-        let branches = spec
-            .branches()
-            .iter()
-            .map(|t| Py::new(py, Tx::new(t.clone(), live.clone(), durable)))
-            .collect::<PyResult<Vec<_>>>()?;
+    pub(crate) fn new(py: Python<'_>, spec: Speculation, durable: bool) -> PyResult<Spec> {
+        let branches =
+            spec.branches().iter().map(|t| Py::new(py, Tx::new(t.clone(), durable))).collect::<PyResult<Vec<_>>>()?;
         Ok(Spec { spec, branches })
     }
 
@@ -36,19 +31,12 @@ impl Spec {
         })
     }
 
-    fn forget_live(&self, py: Python<'_>) {
-        for b in &self.branches {
-            b.bind(py).get().forget_live();
-        }
-    }
-
     fn finish_commit(
         &self,
         py: Python<'_>,
         r: Result<SpeculationOutcome, Error>,
         ctx: &CallCtx,
     ) -> PyResult<Py<PyAny>> {
-        self.forget_live(py);
         match r {
             Ok(o) => {
                 let losers = o.losers.iter().map(|l| outcome_to_py(py, l)).collect::<PyResult<Vec<_>>>()?;
@@ -64,7 +52,6 @@ impl Spec {
         r: Result<Vec<tidegate_runtime::Outcome>, Error>,
         ctx: &CallCtx,
     ) -> PyResult<Py<PyAny>> {
-        self.forget_live(py);
         match r {
             Ok(outs) => {
                 let list = outs.iter().map(|o| outcome_to_py(py, o)).collect::<PyResult<Vec<_>>>()?;

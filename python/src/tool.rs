@@ -5,13 +5,13 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use serde_json::Value;
-use tidegate_runtime::{Compensation, EffectClass, Probe, ToolError};
+use tidegate_runtime::{CallHandle, Compensation, EffectClass, Probe, ToolError};
 
 use crate::calls::{ArgBuilder, CallCtx, current, describe, invoke, is_error};
 use crate::convert::{output_to_json, to_py, unbind_args};
 use crate::errors::invalid;
 use crate::interp;
-use crate::live::LiveTable;
+use crate::live::LiveCall;
 
 /// Which of a tool's functions take the call id (a `call_id` keyword).
 #[derive(Debug, Clone, Copy, Default)]
@@ -86,27 +86,35 @@ pub(crate) struct Declared {
 }
 
 /// Builds the engine tool. Scopes and keys are computed in Python and passed with every call.
-pub(crate) fn build(d: Declared, live: Arc<LiveTable>) -> Result<tidegate_runtime::Tool, tidegate_runtime::Error> {
+pub(crate) fn build(d: Declared) -> Result<tidegate_runtime::Tool, tidegate_runtime::Error> {
     let tool_name = d.name.clone();
     let names = d.names.clone();
     let call = d.call;
     let mut builder = tidegate_runtime::Tool::builder(d.name, d.class)
         .scope(move |_| format!("tool:{tool_name}"))
-        .call(move |args: Arc<Value>| {
+        .call_ctx(move |engine: tidegate_runtime::CallCtx, args: Arc<Value>| {
             let ctx = current();
             let f = call.clone();
             let names = names.clone();
-            async move { run_call(f, args, names, ctx).await }
+            let live = LiveCall::in_ctx(&engine);
+            async move { run_call(f, args, names, ctx, live).await }
         });
+    let builder_lacks_compensation = d.compensate.is_none();
     if let Some(comp) = d.compensate {
         let names = d.names.clone();
-        builder = builder.compensate(move |args: Arc<Value>, output: Arc<Value>| {
-            let ctx = current();
-            let f = comp.clone();
-            let live = live.clone();
-            let names = names.clone();
-            async move { run_compensation(f, args, output, names, live, ctx).await }
-        });
+        builder =
+            builder.compensate_ctx(move |engine: tidegate_runtime::CallCtx, args: Arc<Value>, output: Arc<Value>| {
+                let ctx = current();
+                let f = comp.clone();
+                let names = names.clone();
+                let live = LiveCall::in_ctx(&engine);
+                async move { run_compensation(f, args, output, names, live, ctx).await }
+            });
+    }
+    if builder_lacks_compensation {
+        // A Python declaration may leave a reversible tool without `compensate`: its aborted
+        // effects are tagged `unresolved` (the package documents it).
+        builder = builder.without_compensation();
     }
     if let Some(p) = d.probe {
         let names = d.names.clone();
@@ -147,19 +155,18 @@ fn tool_error(py: Python<'_>, exc: &Py<PyAny>) -> ToolError {
     }
 }
 
-/// Runs the tool. An eager call gets the caller's live arguments (from the call context); a
-/// held effect released at commit gets its recorded JSON arguments, and its return value is
-/// collected for the caller's `Held` acknowledgement.
+/// Runs the tool. An eager call gets the caller's live arguments (from the call's handle) and
+/// leaves its live output there; a held effect released at commit gets its recorded JSON
+/// arguments, and its return value is collected for the caller's `Held` acknowledgement.
 async fn run_call(
     f: PyFn,
     args: Arc<Value>,
     names: Arc<Vec<String>>,
     ctx: Option<Arc<CallCtx>>,
+    handle: Option<CallHandle>,
 ) -> Result<Value, ToolError> {
-    let live = ctx.as_ref().and_then(|c| {
-        c.live.as_ref().map(|l| {
-            interp::attach(|py| (l.args.clone_ref(py), l.kwargs.as_ref().map(|k| k.clone_ref(py)), l.call_id.clone()))
-        })
+    let live = handle.as_ref().and_then(LiveCall::of).map(|l| {
+        interp::attach(|py| (l.args.clone_ref(py), l.kwargs.as_ref().map(|k| k.clone_ref(py)), l.call_id.clone()))
     });
     let is_release = live.is_none();
     let wants = f.wants_id;
@@ -173,12 +180,14 @@ async fn run_call(
     match invoke(f.f, f.is_async, build, ctx.clone()).await {
         Ok(out) => interp::attach(|py| {
             let json = output_to_json(out.bind(py));
-            if let Some(c) = &ctx {
-                if is_release {
-                    c.released.lock().push(out);
-                } else {
-                    *c.output.lock() = Some(out);
+            match handle.as_ref().and_then(LiveCall::of) {
+                Some(l) => *l.output.lock() = Some(out),
+                None if is_release => {
+                    if let Some(c) = &ctx {
+                        c.released.lock().push(out);
+                    }
                 }
+                None => {}
             }
             Ok(json)
         }),
@@ -200,13 +209,17 @@ async fn run_compensation(
     args: Arc<Value>,
     output: Arc<Value>,
     names: Arc<Vec<String>>,
-    live: Arc<LiveTable>,
+    handle: Option<CallHandle>,
     ctx: Option<Arc<CallCtx>>,
 ) -> Result<Compensation, ToolError> {
     let wants = f.wants_id;
     let build: ArgBuilder = Box::new(move |py| {
-        let (out, a, k, id) = match live.get(py, &output) {
-            Some(l) => (l.output, l.args, l.kwargs, l.call_id),
+        let live = handle.as_ref().and_then(LiveCall::of).and_then(|l| {
+            let out = l.output.lock().as_ref().map(|o| o.clone_ref(py))?;
+            Some((out, l.args.clone_ref(py), l.kwargs.as_ref().map(|k| k.clone_ref(py)), l.call_id.clone()))
+        });
+        let (out, a, k, id) = match live {
+            Some(l) => l,
             None => {
                 let (a, k, id) = unbind_args(py, &args, &names)?;
                 (to_py(py, &output)?.unbind(), a.unbind(), Some(k.unbind()), id)

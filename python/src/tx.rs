@@ -6,15 +6,17 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use serde_json::Value;
-use tidegate_runtime::{Ack as EngineAck, CallOptions, CommitOptions, Error, Outcome, Transaction, TxState};
+use tidegate_runtime::{
+    Ack as EngineAck, CallHandle, CallOptions, CommitOptions, Error, Outcome, Transaction, TxState,
+};
 
 use crate::ack::{Ack, Settled};
-use crate::calls::{CallCtx, LiveArgs, is_callable};
+use crate::calls::{CallCtx, is_callable};
 use crate::convert::{CALL_ID, bind_args, to_py};
 use crate::engine::duration;
 use crate::errors::{invalid, to_pyerr};
 use crate::hooks::PyHook;
-use crate::live::{Live, LiveTable};
+use crate::live::LiveCall;
 use crate::rt::{aio_ctx, block, block_attached, spawn};
 use crate::tool::ToolHandle;
 use crate::view::outcome_to_py;
@@ -23,20 +25,12 @@ use crate::view::outcome_to_py;
 #[pyclass(frozen, module = "tidegate._native")]
 pub(crate) struct Tx {
     tx: Transaction,
-    live: Arc<LiveTable>,
-    /// Entries of `live` this transaction made (forgotten when it settles).
-    live_keys: Mutex<Vec<usize>>,
     durable: bool,
 }
 
 impl Tx {
-    pub(crate) fn new(tx: Transaction, live: Arc<LiveTable>, durable: bool) -> Tx {
-        Tx { tx, live, live_keys: Mutex::new(Vec::new()), durable }
-    }
-
-    pub(crate) fn forget_live(&self) {
-        let keys = std::mem::take(&mut *self.live_keys.lock());
-        self.live.forget(keys);
+    pub(crate) fn new(tx: Transaction, durable: bool) -> Tx {
+        Tx { tx, durable }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -70,46 +64,39 @@ impl Tx {
         if let (Some(id), Value::Object(map)) = (&call_id, &mut json) {
             map.insert(CALL_ID.to_owned(), Value::String(id.clone()));
         }
-        let ctx = CallCtx {
-            live: Some(LiveArgs { args: args.clone().unbind(), kwargs: kwargs.map(|k| k.clone().unbind()), call_id }),
-            ..CallCtx::default()
-        };
-        Ok((json, CallOptions { key, scopes: Some(scopes), call_id: None }, ctx))
+        // An eager call carries its live Python side to its compensation (live.rs); a held
+        // one is released from its recorded arguments.
+        let handle = handle.tool.class().executes_eagerly().then(|| {
+            let kwargs = kwargs.map(|k| k.clone().unbind());
+            LiveCall { args: args.clone().unbind(), kwargs, call_id, output: Mutex::new(None) }.handle()
+        });
+        let opts = CallOptions { key, scopes: Some(scopes), handle, ..CallOptions::default() };
+        Ok((json, opts, CallCtx::default()))
     }
 
-    fn finish_call(&self, py: Python<'_>, ack: Result<EngineAck, Error>, ctx: &CallCtx) -> PyResult<Py<PyAny>> {
+    fn finish_call(
+        &self,
+        py: Python<'_>,
+        ack: Result<EngineAck, Error>,
+        ctx: &CallCtx,
+        live: Option<&CallHandle>,
+    ) -> PyResult<Py<PyAny>> {
         let made = |kind, effect: tidegate_runtime::EffectId, output| -> PyResult<Py<PyAny>> {
             Ok(Py::new(py, Ack { kind, effect: u64::from(effect.0), output })?.into_any())
         };
         match ack {
             Ok(EngineAck::Executed { effect, output }) => {
-                let out = match ctx.output.lock().take() {
+                let kept = live.and_then(LiveCall::of).and_then(|l| l.output.lock().as_ref().map(|o| o.clone_ref(py)));
+                let out = match kept {
                     Some(o) => o,
                     None => to_py(py, &output)?.unbind(),
                 };
-                if let Some(l) = &ctx.live {
-                    let key = self.live.remember(
-                        &output,
-                        Live {
-                            output: out.clone_ref(py),
-                            args: l.args.clone_ref(py),
-                            kwargs: l.kwargs.as_ref().map(|k| k.clone_ref(py)),
-                            call_id: l.call_id.clone(),
-                        },
-                    );
-                    self.live_keys.lock().push(key);
-                }
                 made("executed", effect, out)
             }
             Ok(EngineAck::Staged { effect }) => made("staged", effect, py.None()),
             Ok(EngineAck::Queued { effect }) => made("queued", effect, py.None()),
             Ok(EngineAck::Replayed { effect, output }) => made("replayed", effect, to_py(py, &output)?.unbind()),
-            Err(e) => {
-                if e.outcome().is_some() {
-                    self.forget_live();
-                }
-                Err(to_pyerr(py, &e, ctx.error.lock().take()))
-            }
+            Err(e) => Err(to_pyerr(py, &e, ctx.error.lock().take())),
         }
     }
 
@@ -119,7 +106,6 @@ impl Tx {
         r: Result<Outcome, Error>,
         ctx: &CallCtx,
     ) -> PyResult<Py<PyAny>> {
-        self.forget_live();
         match r {
             Ok(o) => Ok(settled(py, &o, ctx)?.into_any()),
             Err(e) => Err(to_pyerr(py, &e, ctx.error.lock().take())),
@@ -194,12 +180,13 @@ impl Tx {
         call_id: Option<String>,
     ) -> PyResult<Py<PyAny>> {
         let (json, opts, ctx) = self.prepare_call(py, handle, args, kwargs, scopes, key, call_id)?;
+        let live = opts.handle.clone();
         let ctx = Arc::new(ctx);
         let tx = self.tx.clone();
         let tool = handle.tool.clone();
         let fut = async move { tx.call_with(&tool, json, opts).await };
         let ack = if self.durable { block(py, ctx.clone(), fut)? } else { block_attached(py, ctx.clone(), fut)? };
-        self.finish_call(py, ack, &ctx)
+        self.finish_call(py, ack, &ctx, live.as_ref())
     }
 
     /// The asyncio form of `call`: resolves `future` on `event_loop` with an `Ack`.
@@ -220,6 +207,7 @@ impl Tx {
         let py = slf.py();
         let this = slf.get();
         let (json, opts, mut ctx) = this.prepare_call(py, handle, args, kwargs, scopes, key, call_id)?;
+        let live = opts.handle.clone();
         ctx.aio = aio_ctx(event_loop, context).aio;
         let tx = this.tx.clone();
         let tool = handle.tool.clone();
@@ -228,7 +216,7 @@ impl Tx {
             py,
             Arc::new(ctx),
             async move { tx.call_with(&tool, json, opts).await },
-            move |py, ack, ctx| me.get().finish_call(py, ack, ctx),
+            move |py, ack, ctx| me.get().finish_call(py, ack, ctx, live.as_ref()),
             future,
         )
     }

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use crate::checkpoint::{CheckpointPolicy, Checkpointer, ReplayReport};
 use crate::clock::{Clock, TokioClock};
 use crate::hooks::PreCommitHook;
-use crate::tool::Tool;
+use crate::tool::{CallCtx, Tool};
 use crate::trace::{FileTrace, TraceSink};
 use crate::tx::Transaction;
 use crate::{Error, Result};
@@ -100,7 +100,7 @@ impl fmt::Debug for Builder {
 }
 
 impl Builder {
-    /// Lease of open transactions (default 30 s).
+    /// Lease of open transactions (default 30 s; must be positive, checked at build).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.cfg.lease = lease;
         self
@@ -187,7 +187,31 @@ impl Builder {
     /// Builds the engine. Background work (aborts decided by lease expiry, late
     /// compensations) runs on the current tokio runtime; outside one, the engine starts a
     /// small runtime of its own.
+    ///
+    /// Refuses a zero lease (every transaction would expire at once), a retry policy with
+    /// no attempt, and a backoff whose cap is below its start.
     pub fn build(mut self) -> Result<Tidegate> {
+        if self.cfg.lease.is_zero() {
+            return Err(Error::InvalidArgument {
+                field: "lease",
+                value: "0s".into(),
+                expected: "a positive duration (an open transaction is aborted when its lease ends)",
+            });
+        }
+        if self.retry.attempts == 0 {
+            return Err(Error::InvalidArgument {
+                field: "retry.attempts",
+                value: "0".into(),
+                expected: "at least 1 (the first attempt counts)",
+            });
+        }
+        if self.retry.max_backoff < self.retry.initial_backoff {
+            return Err(Error::InvalidArgument {
+                field: "retry.max_backoff",
+                value: format!("{:?} (initial_backoff {:?})", self.retry.max_backoff, self.retry.initial_backoff),
+                expected: "a cap at least the initial backoff",
+            });
+        }
         self.cfg.trace = self.trace.is_some();
         let level = self.cfg.level;
         let (handle, own) = match tokio::runtime::Handle::try_current() {
@@ -239,7 +263,12 @@ impl Builder {
         };
         Ok(Tidegate {
             inner: Arc::new(Inner {
-                shared: Mutex::new(Shared { core, waiters: HashMap::default(), endings: Endings::default() }),
+                shared: Mutex::new(Shared {
+                    core,
+                    waiters: HashMap::default(),
+                    endings: Endings::default(),
+                    ctxs: HashMap::default(),
+                }),
                 recovery: Mutex::new(recovery),
                 scopes: self.scopes,
                 store,
@@ -279,6 +308,9 @@ pub(crate) struct Shared {
     pub(crate) waiters: HashMap<TxId, Arc<Notify>>,
     /// How recently decided transactions ended, so that an error about one says how.
     pub(crate) endings: Endings,
+    /// The contexts of calls whose tool takes one or that carry a handle, until their
+    /// transaction settles (`crate::tool::CallCtx`).
+    pub(crate) ctxs: HashMap<TxId, SmallVec<[CallCtx; 2]>>,
 }
 
 /// How a transaction ended, as its ledger events said.
@@ -448,6 +480,13 @@ impl Tidegate {
                 Some(scopes)
             }
         };
+        if opts.lease.is_some_and(|l| l.is_zero()) {
+            return Err(Error::InvalidArgument {
+                field: "lease",
+                value: "0s".into(),
+                expected: "a positive duration (the transaction would expire at once)",
+            });
+        }
         let agent: Arc<str> = opts.agent.as_deref().unwrap_or("agent").into();
         let now = self.inner.clock.now();
         let req = BeginRequest { agent, may_touch, lease: opts.lease };
@@ -456,16 +495,19 @@ impl Tidegate {
     }
 
     /// Registers a tool so that the engine can release and compensate its effects (tools
-    /// are also registered on first use). Refuses a different tool under a taken name (use
+    /// are also registered on first use). A tool is identified by its name and declaration
+    /// (class, which handlers it has, [`crate::ToolBuilder::version`]): registering another
+    /// build of the same declaration is a no-op that keeps the first build's handlers; a
+    /// different declaration under a taken name is refused, saying what differs (use
     /// [`Tidegate::redefine_tool`] to change one). A tool's first registration is a change
     /// of the versioned registry (docs/levels.md, L4).
     pub fn register(&self, tool: &Tool) -> Result<()> {
         if let Some(t) = self.inner.tools.read().get(tool.name()) {
-            return if t.same(tool) { Ok(()) } else { Err(name_taken(tool)) };
+            return if t.same(tool) { Ok(()) } else { Err(name_taken(t, tool)) };
         }
         let mut tools = self.inner.tools.write();
         match tools.get(tool.name()) {
-            Some(t) if !t.same(tool) => Err(name_taken(tool)),
+            Some(t) if !t.same(tool) => Err(name_taken(t, tool)),
             Some(_) => Ok(()),
             None => {
                 tools.insert(tool.name_arc().clone(), tool.clone());
@@ -601,10 +643,19 @@ impl Tidegate {
         let mut g = self.inner.shared.lock();
         let r = f(&mut g.core);
         let mut lsn = 0;
+        // Contexts of settled transactions, dropped after the lock (a handle may be a language
+        // binding's object whose drop must not run under the engine's lock).
+        let mut finished_ctxs: SmallVec<[SmallVec<[CallCtx; 2]>; 1]> = SmallVec::new();
         if g.core.has_events() {
-            let Shared { core, endings, .. } = &mut *g;
+            let Shared { core, endings, ctxs, .. } = &mut *g;
             for e in core.events() {
                 endings.note(e);
+                if let tidegate_core::Event::Settled { tx, .. } = e
+                    && !ctxs.is_empty()
+                    && let Some(c) = ctxs.remove(tx)
+                {
+                    finished_ctxs.push(c);
+                }
             }
             // With automatic checkpoints, the batch is also handed to the replaying shadow
             // (one clone per event, in ledger order, instead of re-reading the store).
@@ -647,6 +698,7 @@ impl Tidegate {
             }
         }
         drop(g);
+        drop(finished_ctxs);
         if let Some(sink) = &self.inner.trace {
             for r in &traces {
                 sink.record(r);
@@ -672,6 +724,22 @@ impl Tidegate {
         }
     }
 
+    /// Keeps `ctx` for the handlers of its effect until its transaction settles.
+    pub(crate) fn keep_ctx(&self, ctx: CallCtx) {
+        self.inner.shared.lock().ctxs.entry(ctx.tx).or_default().push(ctx);
+    }
+
+    /// The context for a handler of `tool` serving effect `effect` of `tx`: the one kept
+    /// from the call, or a bare one (nothing kept, or a tool that takes none).
+    pub(crate) fn call_ctx(&self, tool: &Tool, tx: TxId, effect: tidegate_core::EffectId) -> CallCtx {
+        if tool.wants_ctx()
+            && let Some(c) = self.inner.shared.lock().ctxs.get(&tx).and_then(|v| v.iter().find(|c| c.effect == effect))
+        {
+            return c.clone();
+        }
+        CallCtx::bare(tx, effect)
+    }
+
     /// Waits until the ledger holds everything up to `lsn` durably.
     pub(crate) async fn durable(&self, lsn: Lsn) -> Result<()> {
         if lsn == 0 || self.inner.store.is_durable(lsn) {
@@ -683,10 +751,15 @@ impl Tidegate {
     }
 }
 
-fn name_taken(tool: &Tool) -> Error {
+fn name_taken(registered: &Tool, tool: &Tool) -> Error {
     Error::InvalidArgument {
         field: "tool name",
-        value: format!("{:?}", tool.name()),
-        expected: "a name not already registered to a different tool on this engine",
+        value: format!(
+            "{:?}, already registered with another declaration ({}: registered vs this one)",
+            tool.name(),
+            registered.differences(tool)
+        ),
+        expected: "a name not registered to a different declaration on this engine (building the same \
+                   declaration again is fine; use `redefine_tool` to replace one)",
     }
 }

@@ -36,6 +36,7 @@ mod engine;
 mod error;
 mod group;
 pub mod hooks;
+mod read;
 mod recover;
 mod run;
 mod settle;
@@ -49,13 +50,20 @@ pub use engine::{Builder, RetryPolicy, Tidegate, TxOptions};
 pub use error::{Error, Result};
 pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
+pub use read::Read;
 pub use recover::RecoveryReport;
 pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};
+pub use tidegate_core::engine::{EffectView, ReadResult, SealedView};
 pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};
 pub use tidegate_core::{
     Ablation, AbortReason, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, Isolation, Level,
     Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
 };
-pub use tool::{Compensation, IntoScopes, Probe, Tool, ToolBuilder, ToolError};
+/// The embedded ledger backend (feature `sqlite`, default on): a durable engine is
+/// `Tidegate::builder().store(Arc::new(SqliteStore::open(dir)?)).build()`.
+#[cfg(feature = "sqlite")]
+pub use tidegate_sqlite::{self as sqlite, SqliteStore};
+pub use tidegate_storage::{LedgerStore, MemoryStore, StoreError};
+pub use tool::{CallCtx, CallHandle, Compensation, IntoScopes, Probe, Tool, ToolBuilder, ToolError};
 pub use trace::{FileTrace, TraceBuffer, TraceRecord, TraceSink};
 pub use tx::{Ack, CallOptions, CommitOptions, Transaction};

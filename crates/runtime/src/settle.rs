@@ -23,25 +23,27 @@ impl Tidegate {
                 Ok(tool) => {
                     let mut attempt = 1;
                     loop {
-                        match tool.invoke(r.args.clone()).await {
+                        match tool.invoke(self.call_ctx(&tool, tx, r.effect), r.args.clone()).await {
                             Ok(v) => break Ok(std::sync::Arc::new(v)),
                             // An unknown outcome is never retried (firing twice is worse): the
                             // tool's probe, if any, says whether it happened.
-                            Err(e) if e.outcome_unknown => match tool.probe_call(r.args.clone()) {
-                                Some(p) => match p.await {
-                                    Probe::Happened(v) => break Ok(std::sync::Arc::new(v)),
-                                    Probe::DidNotHappen => {
-                                        break Err((format!("{} (probe: did not happen)", e.message), false));
-                                    }
-                                    Probe::Unknown => {
-                                        break Err((
-                                            format!("{} (outcome unknown; probe did not know)", e.message),
-                                            true,
-                                        ));
-                                    }
-                                },
-                                None => break Err((format!("{} (outcome unknown)", e.message), true)),
-                            },
+                            Err(e) if e.outcome_unknown => {
+                                match tool.probe_call(self.call_ctx(&tool, tx, r.effect), r.args.clone()) {
+                                    Some(p) => match p.await {
+                                        Probe::Happened(v) => break Ok(std::sync::Arc::new(v)),
+                                        Probe::DidNotHappen => {
+                                            break Err((format!("{} (probe: did not happen)", e.message), false));
+                                        }
+                                        Probe::Unknown => {
+                                            break Err((
+                                                format!("{} (outcome unknown; probe did not know)", e.message),
+                                                true,
+                                            ));
+                                        }
+                                    },
+                                    None => break Err((format!("{} (outcome unknown)", e.message), true)),
+                                }
+                            }
                             Err(e) if attempt < self.inner.retry.attempts => {
                                 let _ = e;
                                 self.backoff(attempt).await;
@@ -106,7 +108,8 @@ impl Tidegate {
         let tool = self.tool(&task.tool).map_err(|e| e.to_string())?;
         let mut attempt = 1;
         loop {
-            let Some(fut) = tool.compensate_call(task.args.clone(), task.output.clone()) else {
+            let ctx = self.call_ctx(&tool, task.tx, task.effect);
+            let Some(fut) = tool.compensate_call(ctx, task.args.clone(), task.output.clone()) else {
                 return Err(format!("tool `{}` has no compensation handler", task.tool));
             };
             match fut.await {

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use crate::engine::Tidegate;
 use crate::hooks::{PreCommitHook, Verdict};
-use crate::tool::{Probe, Tool, ToolError};
+use crate::tool::{CallCtx, CallHandle, Probe, Tool, ToolError};
 use crate::{Error, Result};
 
 /// What the agent is told about a tool call.
@@ -76,6 +76,9 @@ pub struct CallOptions {
     /// replays the first call's outcome. Without it (and without a key) every call is a new
     /// one, even with the same arguments.
     pub call_id: Option<String>,
+    /// An opaque value every handler of this call receives in its [`CallCtx`] while the
+    /// transaction is unfinished (a binding's live objects; never recorded).
+    pub handle: Option<CallHandle>,
 }
 
 impl CallOptions {
@@ -151,6 +154,11 @@ impl Transaction {
 
     /// Records a read of `scope` at its committed version; returns the version and, if this
     /// transaction staged a write to the scope, the staged value.
+    ///
+    /// Record the read *before* observing the world (or use [`Transaction::read_with`],
+    /// which does both in that order): a write committed in between then makes this
+    /// transaction abort `stale_read` at commit, whereas a read recorded after observing
+    /// would vouch for a value older than its version.
     pub fn read(&self, scope: &str) -> Result<ReadResult> {
         let s = self.engine.parse_scope(scope, "read scope")?;
         let now = self.engine.inner.clock.now();
@@ -177,14 +185,18 @@ impl Transaction {
         for t in &texts {
             scopes.push(self.engine.parse_scope(t, &format!("scope of tool `{}`", tool.name()))?);
         }
-        let key = opts.key.or_else(|| tool.key(&args)).map(Arc::from);
+        let key: Option<Arc<str>> = opts.key.or_else(|| tool.key(&args)).map(Arc::from);
+        let call_id: Option<Arc<str>> = opts.call_id.map(Arc::from);
+        // The handlers' context is kept only for tools that take one or calls with a handle.
+        let keep = tool.wants_ctx() || opts.handle.is_some();
+        let ctx_parts = keep.then(|| (key.clone(), call_id.clone(), opts.handle));
         let args = Arc::new(args);
         let decl = EffectDecl {
             tool: tool.name_arc().clone(),
             class: tool.class(),
             scopes,
             key,
-            call_id: opts.call_id.map(Arc::from),
+            call_id,
             args: args.clone(),
             compensable: tool.compensable(),
         };
@@ -196,11 +208,25 @@ impl Transaction {
             let wait = matches!(r, Recorded::Execute(id) if c.earlier_in_flight(self.id, id));
             Ok((r, wait))
         })?;
+        let ctx = |effect| match ctx_parts {
+            Some((key, call_id, handle)) => {
+                let ctx = CallCtx { tx: self.id, effect, key, call_id, handle };
+                self.engine.keep_ctx(ctx.clone());
+                ctx
+            }
+            None => CallCtx::bare(self.id, effect),
+        };
         let id = match recorded {
             // A held effect needs no sync before its acknowledgement: until the commit decision
             // is durable, a crash only means the transaction never commits.
-            Recorded::Held(effect, HeldAck::Staged) => return Ok(Ack::Staged { effect }),
-            Recorded::Held(effect, _) => return Ok(Ack::Queued { effect }),
+            Recorded::Held(effect, HeldAck::Staged) => {
+                ctx(effect);
+                return Ok(Ack::Staged { effect });
+            }
+            Recorded::Held(effect, _) => {
+                ctx(effect);
+                return Ok(Ack::Queued { effect });
+            }
             Recorded::Replay(effect, output) => {
                 self.engine.durable(lsn).await?;
                 return Ok(Ack::Replayed { effect, output });
@@ -212,10 +238,11 @@ impl Transaction {
                 id
             }
         };
+        let ctx = ctx(id);
         if must_wait {
             self.turnstile(id).await;
         }
-        let result = self.engine.execute(tool, args).await;
+        let result = self.engine.execute(tool, ctx, args).await;
         let exec = self.engine.with_core(|c| c.executed(self.id, id, result.clone()));
         if self.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
             self.engine.inner.turnstile.notify_waiters();
@@ -409,11 +436,16 @@ impl Transaction {
 impl Tidegate {
     /// Runs an eager call: retries errors the tool marks retryable, and resolves unknown
     /// outcomes through the tool's probe when it has one.
-    pub(crate) async fn execute(&self, tool: &Tool, args: Arc<Value>) -> Result<Arc<Value>, (String, bool)> {
+    pub(crate) async fn execute(
+        &self,
+        tool: &Tool,
+        ctx: CallCtx,
+        args: Arc<Value>,
+    ) -> Result<Arc<Value>, (String, bool)> {
         let retry = self.inner.retry;
         let mut attempt = 1;
         loop {
-            match tool.invoke(args.clone()).await {
+            match tool.invoke(ctx.clone(), args.clone()).await {
                 Ok(v) => return Ok(Arc::new(v)),
                 Err(ToolError { retryable: true, message, .. }) if attempt < retry.attempts => {
                     let _ = message;
@@ -422,7 +454,7 @@ impl Tidegate {
                     attempt += 1;
                 }
                 Err(e) if e.outcome_unknown => {
-                    return match tool.probe_call(args.clone()) {
+                    return match tool.probe_call(ctx, args.clone()) {
                         Some(p) => match p.await {
                             Probe::Happened(v) => Ok(Arc::new(v)),
                             Probe::DidNotHappen => Err((format!("{} (probe: did not happen)", e.message), false)),

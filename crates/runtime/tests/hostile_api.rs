@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use common::World;
 use serde_json::json;
-use tidegate_runtime::{AbortReason, Ack, CallOptions, EffectClass, EngineError, Error, Tidegate, TxOptions};
+use tidegate_runtime::{
+    AbortReason, Ack, CallOptions, Compensation, EffectClass, EngineError, Error, FnHook, SealedView, Tidegate, Tool,
+    TxOptions, Verdict,
+};
 use tidegate_storage::MemoryStore;
 
 fn engine() -> Tidegate {
@@ -263,4 +266,139 @@ async fn errors_on_a_finished_transaction_say_how_it_ended() {
     tx.commit().await.unwrap();
     let err = tx.read("travel:hotel:H").unwrap_err();
     assert!(err.to_string().contains("has already committed"), "{err}");
+}
+
+/// A declaration built from scratch each time, as a handler registry or a second task would.
+fn build_refund(class: EffectClass) -> Tool {
+    let b = Tool::builder("refund", class)
+        .scope(|a| format!("retail:order:{}", a["order"].as_str().unwrap_or_default()))
+        .call(|a| async move { Ok(json!({"refunded": *a})) });
+    let b = if class.executes_eagerly() { b.compensate(|_, _| async { Ok(Compensation::clean()) }) } else { b };
+    b.build().unwrap()
+}
+
+// Bug: tools compared by pointer, so building the same declaration twice was refused as
+// "name taken".
+#[tokio::test]
+async fn building_the_same_tool_twice_is_not_a_name_taken() {
+    let tg = engine();
+    let (first, again) = (build_refund(EffectClass::Reversible), build_refund(EffectClass::Reversible));
+    let tx = tg.begin("a").unwrap();
+    tx.call(&first, json!({"order": "W1"})).await.unwrap();
+    tx.call(&again, json!({"order": "W2"})).await.unwrap();
+    tg.register(&again).unwrap();
+    // A different declaration under the taken name is still refused, saying what differs.
+    let other = build_refund(EffectClass::Gated);
+    let err = tg.register(&other).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { field: "tool name", .. }), "{err}");
+    assert!(err.to_string().contains("class reversible vs gated"), "{err}");
+    let labelled = Tool::builder("refund", EffectClass::Reversible)
+        .scope(|_| "retail:order:x")
+        .call(|_| async { Ok(json!(null)) })
+        .compensate(|_, _| async { Ok(Compensation::clean()) })
+        .version("v2")
+        .build()
+        .unwrap();
+    let err = tx.call(&labelled, json!({"order": "W3"})).await.unwrap_err();
+    assert!(err.to_string().contains("version none vs \"v2\""), "{err}");
+    tx.seal().unwrap();
+    tx.commit().await.unwrap();
+}
+
+// Bug: a reversible tool with no compensation and a zero lease were accepted without a word.
+#[test]
+fn a_reversible_tool_without_compensation_and_a_zero_lease_are_refused_at_build() {
+    let b = || Tool::builder("book", EffectClass::Reversible).scope(|_| "travel:x").call(|_| async { Ok(json!(1)) });
+    let err = b().build().unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { field: "compensate", .. }), "{err}");
+    assert!(err.to_string().contains("book") && err.to_string().contains("without_compensation"), "{err}");
+    b().without_compensation().build().unwrap();
+    let err = Tidegate::builder().lease(Duration::ZERO).build().unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { field: "lease", .. }), "{err}");
+    let tg = Tidegate::in_memory().unwrap();
+    let err = tg.begin_with(TxOptions::agent("a").lease(Duration::ZERO)).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { field: "lease", .. }), "{err}");
+}
+
+// `read_with` records the version before it observes the world: a write committed while
+// the agent looks makes the transaction stale instead of vouching for an old value.
+#[tokio::test]
+async fn read_with_records_the_version_before_observing() {
+    let (tg, w) = (engine(), World::new());
+    let set = w.tool("set", EffectClass::Bufferable, "kv:stock");
+    // An earlier writer (so the reader never waits for it) ...
+    let other = tg.begin_with(TxOptions::agent("writer").may_touch(["kv:stock:A"])).unwrap();
+    let tx = tg.begin_with(TxOptions::agent("reader").may_touch(["kv:stock:A"])).unwrap();
+    let seen = tx
+        .read_with("kv:stock:A", || async move {
+            // ... commits while the reader is looking at the world.
+            other.call(&set, json!({"id": "A", "to": 5})).await.unwrap();
+            other.seal_and_commit().await.unwrap();
+            "old value"
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen.value, "old value");
+    assert!(seen.read.version < tg.version("kv:stock:A").unwrap());
+    tx.seal().unwrap();
+    let err = tx.commit().await.unwrap_err();
+    assert!(matches!(err.abort_reason(), Some(AbortReason::StaleRead { .. })), "{err}");
+}
+
+// The embedded store and the hook's argument type are reachable from this crate alone.
+#[tokio::test]
+async fn the_sqlite_store_and_the_hook_view_are_reachable_from_the_runtime() {
+    let dir = std::env::temp_dir().join(format!("tidegate-hostile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = Arc::new(tidegate_runtime::SqliteStore::open(&dir).unwrap());
+    let tg = Tidegate::builder().store(store).build().unwrap();
+    tg.add_hook(Arc::new(FnHook::new("no-empty", |view: SealedView| async move {
+        if view.effects.is_empty() { Verdict::Veto("nothing to do".into()) } else { Verdict::Approve }
+    })));
+    let tx = tg.begin("a").unwrap();
+    tx.seal().unwrap();
+    let err = tx.commit().await.unwrap_err();
+    assert!(err.to_string().contains("nothing to do"), "{err}");
+    drop(tg);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// Issue 12 item 6: a per-call handle travels from the call to its compensation through the
+// runtime (no task-local, no side table keyed by a pointer), and is dropped when the
+// transaction settles.
+#[tokio::test]
+async fn a_call_handle_reaches_the_compensation_and_is_dropped_at_settlement() {
+    type Live = parking_lot::Mutex<Vec<String>>;
+    let tg = engine();
+    let book = Tool::builder("book", EffectClass::Reversible)
+        .scope(|_| "travel:room:1")
+        .call_ctx(|ctx, _args| async move {
+            let live = ctx.handle.as_ref().and_then(|h| h.downcast_ref::<Arc<Live>>()).expect("the call's handle");
+            live.lock().push(format!("called {}{} id={:?}", ctx.tx, ctx.effect, ctx.call_id.as_deref()));
+            Ok(json!({"room": 1}))
+        })
+        .compensate_ctx(|ctx, _args, output| async move {
+            let live = ctx.handle.as_ref().and_then(|h| h.downcast_ref::<Arc<Live>>()).expect("the call's handle");
+            live.lock().push(format!("undone {output} key={:?}", ctx.key.as_deref()));
+            Ok(Compensation::clean())
+        })
+        .build()
+        .unwrap();
+    let live: Arc<Live> = Arc::default();
+    let tx = tg.begin("a").unwrap();
+    let opts = CallOptions {
+        call_id: Some("c-7".into()),
+        key: Some("book-1".into()),
+        handle: Some(tidegate_runtime::CallHandle::new(live.clone())),
+        ..CallOptions::default()
+    };
+    tx.call_with(&book, json!({}), opts).await.unwrap();
+    assert_eq!(Arc::strong_count(&live), 2, "the engine holds the handle while the transaction runs");
+    tx.abort("no").await.unwrap();
+    let id = tx.id();
+    assert_eq!(
+        *live.lock(),
+        [format!("called {id}#0 id=Some(\"c-7\")"), "undone {\"room\":1} key=Some(\"book-1\")".into()]
+    );
+    assert_eq!(Arc::strong_count(&live), 1, "the handle was dropped when the transaction settled");
 }

@@ -886,7 +886,7 @@ impl Agent {
     /// earlier whose scopes the declaration allows, repeated as is (it must replay).
     fn repeat_committed(&self, plan: &CallPlan) -> CallPlan {
         let Some(decl) = &self.single_decl else { return plan.clone() };
-        if !TOOLS[plan.tool].keyed || self.committed_keyed.is_empty() || plan.uid % 2 == 0 {
+        if !TOOLS[plan.tool].keyed || self.committed_keyed.is_empty() || plan.uid.is_multiple_of(2) {
             return plan.clone();
         }
         let old = &self.committed_keyed[plan.uid as usize % self.committed_keyed.len()];

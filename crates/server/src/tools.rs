@@ -116,6 +116,12 @@ impl ServerTool {
             });
         }
 
+        if def.compensate.is_none() {
+            // A tool definition may leave a reversible effect without an undo capability:
+            // aborted effects are then tagged `unresolved` for an operator.
+            b = b.without_compensation();
+        }
+
         if let Some(cap) = def.probe.clone() {
             let (dc, tn) = (d.clone(), tool_name.clone());
             b = b.probe(move |env: Arc<Value>| {

@@ -267,6 +267,9 @@ impl TidegateMech {
                 let r = w.undo(&s, &a).map(|()| Compensation::clean()).map_err(tool_error);
                 async move { r }
             });
+        } else {
+            // The annotation error under study: a reversible tool declared without its undo.
+            b = b.without_compensation();
         }
         let tool = b.build().map_err(|e| Abort::Other(e.to_string()))?;
         self.tools.lock().insert(cache_key, tool.clone());

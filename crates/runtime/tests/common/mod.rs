@@ -110,7 +110,9 @@ impl World {
                     Ok(json!({"ok": n, "args": *a}))
                 }
             });
-        let b = if compensable {
+        let b = if !compensable {
+            b.without_compensation()
+        } else {
             b.compensate(move |a, _out| {
                 let w = w2.clone();
                 let n = n2.clone();
@@ -123,8 +125,6 @@ impl World {
                     Ok(Compensation { residue })
                 }
             })
-        } else {
-            b
         };
         b.build().expect("complete tool")
     }

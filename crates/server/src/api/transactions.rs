@@ -286,7 +286,7 @@ pub(super) async fn run_effect(state: &AppState, t: &Tenant, lt: &Arc<LiveTx>, p
     let env = envelope(p.args, &key);
     let handle = lt.handle.clone();
     let tool = p.tool.tool.clone();
-    let opts = CallOptions { key: Some(key), scopes: Some(p.scopes), call_id: None };
+    let opts = CallOptions { key: Some(key), scopes: Some(p.scopes), ..CallOptions::default() };
     let r = state
         .spawn(async move { handle.call_with(&tool, env, opts).await })
         .await
