@@ -22,8 +22,11 @@ use crate::trace::{FileTrace, TraceSink};
 use crate::tx::Transaction;
 use crate::{Error, Result};
 
-/// Bounded retry with exponential backoff, for releases and compensations (and tool calls
-/// whose error is `retryable`).
+/// The one retry-and-probe policy of every call the engine makes (eager calls, releases at
+/// commit, compensations): bounded retry with exponential backoff for failures known not to
+/// have taken effect, the tool's probe for unknown outcomes (whose "did not happen" answer is
+/// retried in place within the same attempts), never a blind re-execution. Probe use is not
+/// optional: an unknown outcome is always probed when the tool has a probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts in all, including the first. Default: 4.

@@ -36,6 +36,7 @@ mod engine;
 mod error;
 mod group;
 pub mod hooks;
+mod policy;
 mod recover;
 mod run;
 mod settle;
@@ -46,15 +47,15 @@ mod tx;
 pub use checkpoint::{CheckpointInfo, CheckpointPolicy, ReplayReport};
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use engine::{Builder, RetryPolicy, Tidegate, TxOptions};
-pub use error::{Error, Result};
+pub use error::{Error, FailureKind, Result};
 pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
 pub use recover::RecoveryReport;
 pub use run::DEFAULT_ATTEMPTS;
 pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};
 pub use tidegate_core::{
-    Ablation, AbortReason, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, Isolation, Level,
-    Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
+    Ablation, AbortReason, CallOutcome, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch,
+    Isolation, Level, Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
 };
 pub use tool::{Compensation, IntoScopes, Probe, Tool, ToolBuilder, ToolError};
 pub use trace::{FileTrace, TraceBuffer, TraceRecord, TraceSink};

@@ -1,11 +1,10 @@
 //! Executing settlements: releasing held effects at commit and compensating at abort, each
 //! with bounded retry and backoff from the engine's clock.
 
-use tidegate_core::Outcome;
 use tidegate_core::engine::{AbortPlan, CompensationTask, ReleasePlan, Settlement};
+use tidegate_core::{CallOutcome, Outcome};
 
 use crate::engine::Tidegate;
-use crate::tool::{Compensation, Probe, ToolError};
 use crate::{Error, Result};
 
 impl Tidegate {
@@ -19,41 +18,13 @@ impl Tidegate {
             let (_, lsn) = self.with_core(|c| c.release_started(tx, r.effect))?;
             self.durable(lsn).await?;
             decided_durably = true;
+            // The one retry-and-probe policy: an unknown outcome is never fired again unless
+            // the probe says it did not happen.
             let result = match self.tool(&r.tool) {
-                Ok(tool) => {
-                    let mut attempt = 1;
-                    loop {
-                        match tool.invoke(r.args.clone()).await {
-                            Ok(v) => break Ok(std::sync::Arc::new(v)),
-                            // An unknown outcome is never retried (firing twice is worse): the
-                            // tool's probe, if any, says whether it happened.
-                            Err(e) if e.outcome_unknown => match tool.probe_call(r.args.clone()) {
-                                Some(p) => match p.await {
-                                    Probe::Happened(v) => break Ok(std::sync::Arc::new(v)),
-                                    Probe::DidNotHappen => {
-                                        break Err((format!("{} (probe: did not happen)", e.message), false));
-                                    }
-                                    Probe::Unknown => {
-                                        break Err((
-                                            format!("{} (outcome unknown; probe did not know)", e.message),
-                                            true,
-                                        ));
-                                    }
-                                },
-                                None => break Err((format!("{} (outcome unknown)", e.message), true)),
-                            },
-                            Err(e) if attempt < self.inner.retry.attempts => {
-                                let _ = e;
-                                self.backoff(attempt).await;
-                                attempt += 1;
-                            }
-                            Err(e) => break Err((format!("{} (after {attempt} attempts)", e.message), false)),
-                        }
-                    }
-                }
-                Err(e) => Err((e.to_string(), false)),
+                Ok(tool) => self.call_under_policy(&tool, &r.args).await,
+                Err(e) => CallOutcome::not_applied(e.to_string(), false),
             };
-            let failed = result.is_err();
+            let failed = !matches!(result, CallOutcome::Done { .. });
             // Not waited on here: a crash before this record is durable leaves a started,
             // unrecorded release, which recovery treats as unknown and never fires again; the
             // next release's start (or the settlement) makes it durable.
@@ -104,26 +75,6 @@ impl Tidegate {
 
     async fn compensate(&self, task: &CompensationTask) -> Result<Option<String>, String> {
         let tool = self.tool(&task.tool).map_err(|e| e.to_string())?;
-        let mut attempt = 1;
-        loop {
-            let Some(fut) = tool.compensate_call(task.args.clone(), task.output.clone()) else {
-                return Err(format!("tool `{}` has no compensation handler", task.tool));
-            };
-            match fut.await {
-                Ok(Compensation { residue }) => return Ok(residue),
-                Err(ToolError { message, .. }) if attempt >= self.inner.retry.attempts => {
-                    return Err(format!("{message} (after {attempt} attempts)"));
-                }
-                Err(_) => {
-                    self.backoff(attempt).await;
-                    attempt += 1;
-                }
-            }
-        }
-    }
-
-    async fn backoff(&self, attempt: u32) {
-        let at = self.inner.clock.now().after(self.inner.retry.backoff(attempt));
-        self.inner.clock.sleep_until(at).await;
+        self.compensate_under_policy(&tool, &task.args, &task.output).await
     }
 }

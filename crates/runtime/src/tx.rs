@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tidegate_core::engine::{Decision, ExecResult, ReadResult, Recorded, SealedView};
-use tidegate_core::{AbortReason, EffectDecl, EffectId, Epoch, HeldAck, Outcome, TxId, TxState};
+use tidegate_core::{AbortReason, CallOutcome, EffectDecl, EffectId, Epoch, HeldAck, Outcome, TxId, TxState};
 use tokio::sync::Notify;
 
 use crate::engine::Tidegate;
 use crate::hooks::{PreCommitHook, Verdict};
-use crate::tool::{Probe, Tool, ToolError};
+use crate::tool::Tool;
 use crate::{Error, Result};
 
 /// What the agent is told about a tool call.
@@ -184,8 +184,14 @@ impl Transaction {
         if must_wait {
             self.turnstile(id).await;
         }
-        let result = self.engine.execute(tool, args).await;
-        let exec = self.engine.with_core(|c| c.executed(self.id, id, result.clone()));
+        let result = self.engine.call_under_policy(tool, &args).await;
+        let now = self.engine.inner.clock.now();
+        let exec = self.engine.with_core(|c| {
+            let r = c.executed(self.id, id, result.clone());
+            // The lease runs from the call's return: a long call does not cost it.
+            c.renew_lease(self.id, now);
+            r
+        });
         if self.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
             self.engine.inner.turnstile.notify_waiters();
         }
@@ -194,14 +200,14 @@ impl Transaction {
         self.engine.durable(lsn).await?;
         match exec {
             ExecResult::Done => match result {
-                Ok(output) => Ok(Ack::Executed { effect: id, output }),
+                CallOutcome::Done { output } => Ok(Ack::Executed { effect: id, output }),
                 // Failed while the transaction was already aborting.
-                Err((message, _)) => Err(self.settled_error(Some(message))),
+                failed => Err(self.interrupted(tool, failed.message().unwrap_or_default().to_owned())),
             },
             ExecResult::Aborted(plan) => Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?))),
             ExecResult::Late(task) => {
                 self.engine.late_compensate(task).await;
-                Err(self.settled_error(None))
+                Err(self.interrupted(tool, "it returned after the abort and was compensated".to_owned()))
             }
         }
     }
@@ -230,8 +236,8 @@ impl Transaction {
         self.call(&tool, args).await
     }
 
-    fn settled_error(&self, _msg: Option<String>) -> Error {
-        Error::Engine(tidegate_core::EngineError::Settled { tx: self.id })
+    fn interrupted(&self, tool: &Tool, detail: String) -> Error {
+        Error::CallInterrupted { tx: self.id, tool: tool.name().to_owned(), detail }
     }
 
     /// Adds a pre-commit hook for this transaction only (for example a human approval).
@@ -372,36 +378,5 @@ impl Transaction {
         let plan = self.engine.with_core(|c| c.abort(self.id, reason))?.0;
         self.engine.inner.tx_hooks.lock().remove(&self.id);
         self.engine.run_abort(plan).await
-    }
-}
-
-impl Tidegate {
-    /// Runs an eager call: retries errors the tool marks retryable, and resolves unknown
-    /// outcomes through the tool's probe when it has one.
-    pub(crate) async fn execute(&self, tool: &Tool, args: Arc<Value>) -> Result<Arc<Value>, (String, bool)> {
-        let retry = self.inner.retry;
-        let mut attempt = 1;
-        loop {
-            match tool.invoke(args.clone()).await {
-                Ok(v) => return Ok(Arc::new(v)),
-                Err(ToolError { retryable: true, message, .. }) if attempt < retry.attempts => {
-                    let _ = message;
-                    let at = self.inner.clock.now().after(retry.backoff(attempt));
-                    self.inner.clock.sleep_until(at).await;
-                    attempt += 1;
-                }
-                Err(e) if e.outcome_unknown => {
-                    return match tool.probe_call(args.clone()) {
-                        Some(p) => match p.await {
-                            Probe::Happened(v) => Ok(Arc::new(v)),
-                            Probe::DidNotHappen => Err((format!("{} (probe: did not happen)", e.message), false)),
-                            Probe::Unknown => Err((format!("{} (probe: still unknown)", e.message), true)),
-                        },
-                        None => Err((format!("{} (outcome unknown, no probe)", e.message), true)),
-                    };
-                }
-                Err(e) => return Err((e.message, false)),
-            }
-        }
     }
 }

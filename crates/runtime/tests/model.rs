@@ -234,13 +234,11 @@ mod reference {
         }
     }
 
-    /// A release is retried on every failure except an unknown outcome (firing twice is
-    /// worse than not firing).
+    /// A release follows the same policy as an eager call: only a failure known not to
+    /// have happened and marked transient is retried (a hard refusal is final; an unknown
+    /// outcome is never fired again without a probe).
     pub fn release_succeeds(fails: u32, kind: FailKind) -> bool {
-        match kind {
-            FailKind::Unknown => fails == 0,
-            FailKind::Transient | FailKind::Hard => fails < ATTEMPTS,
-        }
+        call_succeeds(fails, kind)
     }
 
     /// A compensation is retried on every failure.
@@ -864,7 +862,8 @@ impl Agent {
             Error::Aborted(o) => rec.outcome = Some(*o),
             Error::Engine(EngineError::Settled { .. })
             | Error::Engine(EngineError::WrongState { state: TxState::Aborting, .. })
-            | Error::Engine(EngineError::ProtocolViolation { .. }) => {}
+            | Error::Engine(EngineError::ProtocolViolation { .. })
+            | Error::CallInterrupted { .. } => {}
             other => self.problem(format!("{op} on {}: unexpected error: {other}", rec.tx)),
         }
         Flow::Gone
@@ -1770,7 +1769,9 @@ fn check_effect(
             return Err(format!("{what}: an eager effect was released"));
         }
         let comp_ok = e.compensations.iter().filter(|(ok, _)| *ok).count();
-        if comp != comp_ok || comp > exec {
+        // A call whose outcome stayed unknown is compensated blind (it may have executed).
+        let may_have_executed = exec + usize::from(e.failed == Some(true));
+        if comp != comp_ok || comp > may_have_executed {
             return Err(format!(
                 "{what}: compensated {comp} times in the world, {comp_ok} in the ledger, executed {exec}"
             ));
@@ -1786,7 +1787,11 @@ fn check_effect(
             if *ok != reference::compensation_succeeds(e.args.comp_fails) {
                 return Err(format!("{what}: compensation ok={ok} but planned to fail {} times", e.args.comp_fails));
             }
-            if *ok && residue.is_some() != spec.residue {
+            let blind = e.failed == Some(true);
+            if blind && *ok && !residue.as_deref().is_some_and(|r| r.contains("outcome was unknown")) {
+                return Err(format!("{what}: a blind compensation without its note: {residue:?}"));
+            }
+            if *ok && !blind && residue.is_some() != spec.residue {
                 return Err(format!(
                     "{what}: compensation residue {residue:?} from a tool with residue={}",
                     spec.residue
@@ -1860,7 +1865,9 @@ fn check_effect(
     }
     match (disp, tag) {
         (Disposition::Compensated, t) => {
-            let want = if spec.residue { Tag::Unresolved } else { Tag::Clean };
+            // A blind compensation (the call's outcome stayed unknown) is never clean.
+            let blind = e.failed == Some(true);
+            let want = if spec.residue || blind { Tag::Unresolved } else { Tag::Clean };
             if comp != 1 || *t != want {
                 return Err(format!(
                     "{what}: settled Compensated/{t} but compensated {comp} times (residue tool: {})",
@@ -1888,7 +1895,9 @@ fn check_effect(
 fn check_reason(id: TxId, t: &LTx, rec: &TxRec, groups: &[GroupRec], txs: &BTreeMap<TxId, LTx>) -> Result<(), String> {
     let Some(reason) = t.reason() else { return Err(format!("{id} aborted without a reason")) };
     let ok = match reason {
-        AbortReason::ToolFailed { tool, .. } => t.effects.iter().any(|e| e.failed.is_some() && e.tool == *tool),
+        AbortReason::ToolFailed { tool, .. } | AbortReason::ToolUnavailable { tool, .. } => {
+            t.effects.iter().any(|e| e.failed.is_some() && e.tool == *tool)
+        }
         AbortReason::ReleaseFailed { tool, .. } => {
             t.decisions.first().is_some_and(|(c, _, _)| *c)
                 && t.effects

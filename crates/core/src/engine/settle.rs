@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Action, Core, EffStatus, KeyState, Level, Ordering, Tx, disposition_for_discard};
-use crate::effect::{AbortReason, Disposition, EffectClass, EffectOutcome, Outcome, PartialCommit, Tag};
+use crate::effect::{AbortReason, CallOutcome, Disposition, EffectClass, EffectOutcome, Outcome, PartialCommit, Tag};
 use crate::error::{EngineError, TxState};
 use crate::ids::{EffectId, Epoch, Timestamp, TxId};
 use crate::ledger::Event;
@@ -92,23 +92,26 @@ pub enum ExecResult {
 }
 
 impl Core {
-    /// Reports the result of an eager call. `Err((message, unknown))`: the call failed;
-    /// `unknown` says it may nevertheless have taken effect.
-    pub fn executed(
-        &mut self,
-        tx: TxId,
-        effect: EffectId,
-        result: Result<Arc<Value>, (String, bool)>,
-    ) -> Result<ExecResult, EngineError> {
+    /// Reports how an eager call ended, once the retry-and-probe policy is done with it. A
+    /// failure aborts the transaction: [`CallOutcome::NotApplied`] leaves nothing to undo
+    /// (`retry: true` aborts retryably, [`AbortReason::ToolUnavailable`]);
+    /// [`CallOutcome::Unknown`] may have taken effect, so the abort compensates it when the
+    /// tool has a compensation (blind: the effect is then tagged `unresolved`, never `clean`)
+    /// and otherwise tags it `unresolved`. The call is never re-executed.
+    pub fn executed(&mut self, tx: TxId, effect: EffectId, result: CallOutcome) -> Result<ExecResult, EngineError> {
         let Some(t) = self.txs.get_mut(&tx) else {
             if let Some(task) = self.late.remove(&(tx, effect)) {
                 return Ok(match result {
-                    Ok(output) => {
+                    CallOutcome::Done { output } => {
                         self.events.push(Event::EffectExecuted { tx, effect, output: output.clone() });
                         ExecResult::Late(CompensationTask { output, ..task })
                     }
-                    Err((error, unknown)) => {
-                        self.events.push(Event::EffectFailed { tx, effect, error, unknown });
+                    CallOutcome::NotApplied { message, .. } => {
+                        self.events.push(Event::EffectFailed { tx, effect, error: message, unknown: false });
+                        ExecResult::Done
+                    }
+                    CallOutcome::Unknown { message } => {
+                        self.events.push(Event::EffectFailed { tx, effect, error: message, unknown: true });
                         ExecResult::Done
                     }
                 });
@@ -123,8 +126,8 @@ impl Core {
             });
         };
         t.in_flight -= 1;
-        match result {
-            Ok(output) => {
+        let (message, unknown, retry) = match result {
+            CallOutcome::Done { output } => {
                 e.status = EffStatus::Executed;
                 e.output = Some(output.clone());
                 t.lv.ext_order.push(effect.0);
@@ -143,18 +146,33 @@ impl Core {
                     };
                     return Ok(ExecResult::Late(task));
                 }
-                Ok(ExecResult::Done)
+                return Ok(ExecResult::Done);
             }
-            Err((message, unknown)) => {
-                e.status = EffStatus::Failed { unknown };
-                let tool = e.tool.to_string();
-                self.events.push(Event::EffectFailed { tx, effect, error: message.clone(), unknown });
-                if t.state == TxState::Aborting {
-                    return Ok(ExecResult::Done);
-                }
-                let plan = self.abort(tx, AbortReason::ToolFailed { tool, message })?;
-                Ok(ExecResult::Aborted(plan))
-            }
+            CallOutcome::NotApplied { message, retry } => (message, false, retry),
+            CallOutcome::Unknown { message } => (message, true, false),
+        };
+        e.status = EffStatus::Failed { unknown };
+        let tool = e.tool.to_string();
+        self.events.push(Event::EffectFailed { tx, effect, error: message.clone(), unknown });
+        if t.state == TxState::Aborting {
+            return Ok(ExecResult::Done);
+        }
+        let reason = if retry {
+            AbortReason::ToolUnavailable { tool, message }
+        } else {
+            AbortReason::ToolFailed { tool, message }
+        };
+        Ok(ExecResult::Aborted(self.abort(tx, reason)?))
+    }
+
+    /// Renews the lease of an open or sealed transaction from `now` (a no-op in other states).
+    /// The runtime calls it when an eager call returns, so that a long call does not cost its
+    /// transaction the lease (see [`Core::expire_leases`] for calls still running).
+    pub fn renew_lease(&mut self, tx: TxId, now: Timestamp) {
+        if let Some(t) = self.txs.get_mut(&tx)
+            && matches!(t.state, TxState::Open | TxState::Sealed)
+        {
+            t.lease_until = t.lease_until.max(now.after(t.lease));
         }
     }
 
@@ -289,12 +307,7 @@ impl Core {
     }
 
     /// Reports the release of one held effect at commit.
-    pub fn release_done(
-        &mut self,
-        tx: TxId,
-        effect: EffectId,
-        result: Result<Arc<Value>, (String, bool)>,
-    ) -> Result<(), EngineError> {
+    pub fn release_done(&mut self, tx: TxId, effect: EffectId, result: CallOutcome) -> Result<(), EngineError> {
         let t = self.tx_mut(tx)?;
         if t.state != TxState::Committing {
             let state = t.state;
@@ -307,18 +320,19 @@ impl Core {
                 expected: "a held effect not yet released",
             });
         };
-        match result {
-            Ok(output) => {
+        let (error, unknown) = match result {
+            CallOutcome::Done { output } => {
                 e.status = EffStatus::Released;
                 e.output = Some(output.clone());
                 t.lv.ext_order.push(effect.0);
                 self.events.push(Event::Released { tx, effect, output: Some(output), error: None, unknown: false });
+                return Ok(());
             }
-            Err((error, unknown)) => {
-                e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
-                self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
-            }
-        }
+            CallOutcome::NotApplied { message, .. } => (message, false),
+            CallOutcome::Unknown { message } => (message, true),
+        };
+        e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
+        self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
         Ok(())
     }
 
@@ -428,7 +442,7 @@ impl Core {
         let epoch = t.epoch;
         let mut compensations = Vec::new();
         for (i, e) in t.effects.iter().enumerate().rev() {
-            if e.status == EffStatus::Executed && e.compensable {
+            if needs_compensation(e) {
                 compensations.push(CompensationTask {
                     tx,
                     effect: EffectId(i as u32),
@@ -451,12 +465,22 @@ impl Core {
         result: Result<Option<String>, String>,
     ) -> Result<(), EngineError> {
         let t = self.tx_mut(tx)?;
-        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| e.status == EffStatus::Executed) else {
+        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| needs_compensation(e)) else {
             return Err(EngineError::InvalidArgument {
                 field: "effect",
                 value: format!("{tx}{effect}"),
                 expected: "an executed effect awaiting compensation",
             });
+        };
+        // A call whose outcome stayed unknown was compensated without knowing whether it took
+        // effect: the world is probably right, but nothing proves it, so the residue note
+        // keeps it `unresolved` (live and on replay alike: the note is in the record).
+        let result = match (result, &e.status) {
+            (Ok(residue), EffStatus::Failed { unknown: true }) => Ok(Some(match residue {
+                Some(r) => format!("{BLIND_COMPENSATION}; residue: {r}"),
+                None => BLIND_COMPENSATION.to_owned(),
+            })),
+            (r, _) => r,
         };
         let (residue, error) = match result {
             Ok(residue) => {
@@ -588,6 +612,15 @@ impl Core {
                 self.leases.insert((t.lease_until, tx));
                 continue;
             }
+            if t.in_flight > 0 {
+                // A call is running: its caller still holds the transaction, and the lease
+                // runs on while it does (the runtime reports a call whose future was dropped
+                // as an unknown outcome, so a running call always ends).
+                let until = now.after(t.lease);
+                self.txs.get_mut(&tx).expect("present").lease_until = until;
+                self.leases.insert((until, tx));
+                continue;
+            }
             // The entry is gone from `leases` already; abort() tolerates that.
             if let Ok(plan) = self.abort(tx, AbortReason::LeaseExpired) {
                 self.actions.push(Action::RunAbort(plan));
@@ -674,4 +707,14 @@ impl Core {
             self.actions.push(Action::Wake(w));
         }
     }
+}
+
+/// The residue note of a compensation run for a call whose outcome was unknown.
+pub(super) const BLIND_COMPENSATION: &str =
+    "the call's outcome was unknown; compensated without knowing whether it took effect";
+
+/// Whether an abort compensates this effect: it executed, or its outcome stayed unknown (it
+/// may have executed), and the tool has a compensation handler.
+pub(super) fn needs_compensation(e: &super::Eff) -> bool {
+    e.compensable && matches!(e.status, EffStatus::Executed | EffStatus::Failed { unknown: true })
 }
