@@ -4,10 +4,32 @@
 use tidegate_core::engine::{AbortPlan, CompensationTask, ReleasePlan, Settlement};
 use tidegate_core::{CallOutcome, Outcome};
 
+use std::future::Future;
+
 use crate::engine::Tidegate;
 use crate::{Error, Result};
 
 impl Tidegate {
+    /// Runs `work` in a task of its own and waits for it. Dropping the returned future does
+    /// not cancel the work: settlement never depends on the caller's future staying alive.
+    pub(crate) async fn detached<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        match self.inner.handle.spawn(work).await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: the work did not finish here.
+            Err(_) => Err(Error::Store(tidegate_storage::StoreError::Closed)),
+        }
+    }
+
+    /// [`Tidegate::run_abort`] in a task of its own (see [`Tidegate::detached`]).
+    pub(crate) async fn run_abort_detached(&self, plan: AbortPlan) -> Result<Outcome> {
+        let tg = self.clone();
+        self.detached(async move { tg.run_abort(plan).await }).await
+    }
+
     /// Releases a decided commit's held effects in issuance order, stopping at the first that
     /// fails after retries, then finishes the commit.
     pub(crate) async fn release(&self, plan: ReleasePlan) -> Result<Outcome> {

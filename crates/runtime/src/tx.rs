@@ -174,17 +174,21 @@ impl Transaction {
                 self.engine.durable(lsn).await?;
                 return Ok(Ack::Replayed { effect, output });
             }
-            Recorded::Execute(id) => {
-                // The pending record is durable before the call, so that after a crash the
-                // ledger knows the call may have happened (and never repeats it blindly).
-                self.engine.durable(lsn).await?;
-                id
-            }
+            Recorded::Execute(id) => id,
         };
+        // From here the call is in flight: if the caller drops this future, the guard reports
+        // it (not started: did not happen; started: outcome unknown), so it never stays in
+        // flight with nobody to finish it (the lease runs on while a call is in flight).
+        let mut guard = InFlight { tx: self, effect: id, tool: tool.name(), started: false };
+        // The pending record is durable before the call, so that after a crash the ledger
+        // knows the call may have happened (and never repeats it blindly).
+        self.engine.durable(lsn).await?;
         if must_wait {
             self.turnstile(id).await;
         }
+        guard.started = true;
         let result = self.engine.call_under_policy(tool, &args).await;
+        std::mem::forget(guard);
         let now = self.engine.inner.clock.now();
         let exec = self.engine.with_core(|c| {
             let r = c.executed(self.id, id, result.clone());
@@ -204,9 +208,10 @@ impl Transaction {
                 // Failed while the transaction was already aborting.
                 failed => Err(self.interrupted(tool, failed.message().unwrap_or_default().to_owned())),
             },
-            ExecResult::Aborted(plan) => Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?))),
+            ExecResult::Aborted(plan) => Err(Error::Aborted(Box::new(self.engine.run_abort_detached(plan).await?))),
             ExecResult::Late(task) => {
-                self.engine.late_compensate(task).await;
+                let tg = self.engine.clone();
+                self.engine.detached(async move { Ok(tg.late_compensate(task).await) }).await?;
                 Err(self.interrupted(tool, "it returned after the abort and was compensated".to_owned()))
             }
         }
@@ -269,11 +274,21 @@ impl Transaction {
     }
 
     /// [`Transaction::commit`] with options.
+    ///
+    /// Settlement does not depend on this future: the decision, the releases and any
+    /// compensations run in a task of their own that the future only waits for, so a commit
+    /// dropped at any await (a timeout, `select!`, a cancelled task) still settles.
     pub async fn commit_with(&self, opts: CommitOptions) -> Result<Outcome> {
         self.engine.with_core(|c| c.request_commit(self.id))?;
-        let result = self.decide(opts).await;
-        self.engine.inner.tx_hooks.lock().remove(&self.id);
-        result
+        let tx = self.clone();
+        self.engine
+            .detached(async move {
+                let result = tx.decide(opts).await;
+                tx.engine.inner.tx_hooks.lock().remove(&tx.id);
+                tx.engine.inner.shared.lock().waiters.remove(&tx.id);
+                result
+            })
+            .await
     }
 
     async fn decide(&self, opts: CommitOptions) -> Result<Outcome> {
@@ -364,7 +379,11 @@ impl Transaction {
         }
         let view: SealedView = self.engine.inner.shared.lock().core.view(self.id)?;
         for hook in hooks {
-            if let Verdict::Veto(reason) = hook.check(&view).await {
+            // A panicking hook is a failed hook: it vetoes, and the engine stays live.
+            let verdict = crate::policy::caught(|| hook.check(&view))
+                .await
+                .unwrap_or_else(|panic| Verdict::Veto(format!("the hook panicked: {panic}")));
+            if let Verdict::Veto(reason) = verdict {
                 return Ok(Some(AbortReason::Vetoed { hook: hook.name().to_owned(), reason }));
             }
         }
@@ -377,6 +396,38 @@ impl Transaction {
         let reason = AbortReason::Explicit { reason: reason.into() };
         let plan = self.engine.with_core(|c| c.abort(self.id, reason))?.0;
         self.engine.inner.tx_hooks.lock().remove(&self.id);
-        self.engine.run_abort(plan).await
+        // A committer waiting for this transaction's turn learns it was aborted.
+        if let Some(w) = self.engine.inner.shared.lock().waiters.get(&self.id) {
+            w.notify_one();
+        }
+        self.engine.run_abort_detached(plan).await
+    }
+}
+
+/// An eager call in flight; see [`Transaction::call_with`]. Forgotten once the call returned.
+struct InFlight<'a> {
+    tx: &'a Transaction,
+    effect: EffectId,
+    tool: &'a str,
+    started: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let outcome = if self.started {
+            CallOutcome::unknown(format!("the caller dropped the call of `{}` while it ran", self.tool))
+        } else {
+            CallOutcome::not_applied(format!("the caller dropped the call of `{}` before it started", self.tool), false)
+        };
+        let (tx, effect) = (self.tx.id, self.effect);
+        if let Ok((ExecResult::Aborted(plan), _)) = self.tx.engine.with_core(|c| c.executed(tx, effect, outcome)) {
+            let tg = self.tx.engine.clone();
+            self.tx.engine.inner.handle.spawn(async move {
+                let _ = tg.run_abort(plan).await;
+            });
+        }
+        if self.tx.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
+            self.tx.engine.inner.turnstile.notify_waiters();
+        }
     }
 }
