@@ -211,7 +211,12 @@ impl Transaction {
             ExecResult::Aborted(plan) => Err(Error::Aborted(Box::new(self.engine.run_abort_detached(plan).await?))),
             ExecResult::Late(task) => {
                 let tg = self.engine.clone();
-                self.engine.detached(async move { Ok(tg.late_compensate(task).await) }).await?;
+                self.engine
+                    .detached(async move {
+                        tg.late_compensate(task).await;
+                        Ok(())
+                    })
+                    .await?;
                 Err(self.interrupted(tool, "it returned after the abort and was compensated".to_owned()))
             }
         }
