@@ -90,7 +90,7 @@ impl Tidegate {
     pub(crate) async fn late_compensate(&self, task: CompensationTask) {
         let result = self.compensate(&task).await;
         let _ = self.with_core(|c| {
-            c.late_compensated(task.tx, task.effect, result);
+            c.late_compensated(task.tx, task.effect, result, task.blind);
             Ok(())
         });
     }

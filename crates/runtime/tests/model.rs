@@ -2018,16 +2018,9 @@ fn check_effect(
     if exec == 1 && comp == 0 && *tag == Tag::Clean {
         return Err(format!("{what}: executed, never compensated, yet tagged clean ({disp:?})"));
     }
-    // Whenever it executed, even after the abort was decided, an undoable effect is undone;
-    // except a call whose outcome came back unknown after the abort was decided: it is
-    // tagged `unresolved` for an operator (never `clean`), not compensated blind.
-    let late_unknown = e.failed == Some(true) && matches!((disp, tag), (Disposition::Unknown, Tag::Unresolved));
-    if exec == 1
-        && comp == 0
-        && spec.compensable
-        && !late_unknown
-        && reference::compensation_succeeds(e.args.comp_fails)
-    {
+    // Whenever it executed, even after the abort was decided (and even if its outcome came back
+    // unknown: compensated blind), an undoable effect is undone.
+    if exec == 1 && comp == 0 && spec.compensable && reference::compensation_succeeds(e.args.comp_fails) {
         return Err(format!("{what}: executed for an aborted transaction and never compensated ({disp:?}/{tag})"));
     }
     match (disp, tag) {

@@ -466,6 +466,7 @@ impl Core {
                 tool: e.tool.clone(),
                 args: e.args.clone(),
                 output: e.output.clone().unwrap_or_default(),
+                blind: e.status != EffStatus::Executed,
             })
             .collect();
         Ok(super::AbortPlan { tx, reason: t.reason.clone().unwrap_or(AbortReason::LeaseExpired), compensations })

@@ -22,8 +22,11 @@ pub struct CompensationTask {
     pub tool: Arc<str>,
     /// The forward call's arguments.
     pub args: Arc<Value>,
-    /// The forward call's output.
+    /// The forward call's output (null when `blind`).
     pub output: Arc<Value>,
+    /// The forward call's outcome is unknown: the compensation runs without knowing whether
+    /// it took effect, and the effect stays `unresolved` whatever the compensation reports.
+    pub blind: bool,
 }
 
 /// The compensations of a decided abort, in the order to run them (reverse issuance).
@@ -111,8 +114,9 @@ impl Core {
                         ExecResult::Done
                     }
                     CallOutcome::Unknown { message } => {
+                        // It may have taken effect after its transaction settled: undo it blind.
                         self.events.push(Event::EffectFailed { tx, effect, error: message, unknown: true });
-                        ExecResult::Done
+                        ExecResult::Late(CompensationTask { output: Arc::default(), blind: true, ..task })
                     }
                 });
             }
@@ -143,6 +147,7 @@ impl Core {
                         tool: e.tool.clone(),
                         args: e.args.clone(),
                         output: e.output.clone().unwrap_or_default(),
+                        blind: false,
                     };
                     return Ok(ExecResult::Late(task));
                 }
@@ -155,7 +160,21 @@ impl Core {
         let tool = e.tool.to_string();
         self.events.push(Event::EffectFailed { tx, effect, error: message.clone(), unknown });
         if t.state == TxState::Aborting {
-            return Ok(ExecResult::Done);
+            if !needs_compensation(e) {
+                return Ok(ExecResult::Done);
+            }
+            // Aborted while the call ran, and its outcome came back unknown: compensate it
+            // blind now, as the abort would have (see the `Done` arm for `Compensating`).
+            e.status = EffStatus::Compensating;
+            let task = CompensationTask {
+                tx,
+                effect,
+                tool: e.tool.clone(),
+                args: e.args.clone(),
+                output: Arc::default(),
+                blind: true,
+            };
+            return Ok(ExecResult::Late(task));
         }
         let reason = if retry {
             AbortReason::ToolUnavailable { tool, message }
@@ -449,6 +468,7 @@ impl Core {
                     tool: e.tool.clone(),
                     args: e.args.clone(),
                     output: e.output.clone().unwrap_or_default(),
+                    blind: e.status != EffStatus::Executed,
                 });
             }
         }
@@ -496,20 +516,29 @@ impl Core {
         Ok(())
     }
 
-    /// Records the compensation of an effect that completed after its transaction settled.
-    pub fn late_compensated(&mut self, tx: TxId, effect: EffectId, result: Result<Option<String>, String>) {
+    /// Records the compensation of an effect that completed after its transaction settled
+    /// (`blind`: its outcome came back unknown, see [`CompensationTask::blind`]).
+    pub fn late_compensated(
+        &mut self,
+        tx: TxId,
+        effect: EffectId,
+        result: Result<Option<String>, String>,
+        blind: bool,
+    ) {
         if let Some(e) = self.txs.get_mut(&tx).and_then(|t| t.effects.get_mut(effect.0 as usize))
             && e.status == EffStatus::Compensating
         {
             // Still aborting: record it as any other compensation.
-            e.status = EffStatus::Executed;
+            e.status = if blind { EffStatus::Failed { unknown: true } } else { EffStatus::Executed };
             if self.compensated(tx, effect, result).is_err() {
                 debug_assert!(false, "late compensation of {tx}{effect} refused");
             }
             return;
         }
-        let clean = matches!(result, Ok(None));
+        let clean = !blind && matches!(result, Ok(None));
         let (residue, error) = match result {
+            Ok(Some(r)) if blind => (Some(format!("{BLIND_COMPENSATION}; residue: {r}")), None),
+            Ok(None) if blind => (Some(BLIND_COMPENSATION.to_owned()), None),
             Ok(r) => (r, None),
             Err(e) => (None, Some(e)),
         };
@@ -566,6 +595,7 @@ impl Core {
                             tool: e.tool.clone(),
                             args: e.args.clone(),
                             output: Arc::default(),
+                            blind: false,
                         },
                     );
                 }
