@@ -244,6 +244,7 @@ impl Builder {
                 tx_hooks: Mutex::new(HashMap::default()),
                 tools: RwLock::new(HashMap::default()),
                 poisoned: AtomicBool::new(false),
+                stop: Notify::new(),
                 trace: self.trace,
                 turnstile: Notify::new(),
                 turnstile_used: AtomicBool::new(false),
@@ -285,7 +286,10 @@ pub(crate) struct Inner {
     pub(crate) hooks: RwLock<Vec<Arc<dyn PreCommitHook>>>,
     pub(crate) tx_hooks: Mutex<HashMap<TxId, Vec<Arc<dyn PreCommitHook>>>>,
     pub(crate) tools: RwLock<HashMap<Arc<str>, Tool>>,
-    poisoned: AtomicBool,
+    /// Set when the store failed or [`Tidegate::stop`] was called: no more work is accepted.
+    pub(crate) poisoned: AtomicBool,
+    /// Cancels the engine's own settlement tasks on [`Tidegate::stop`].
+    pub(crate) stop: Notify,
     /// Where operation records go, when tracing.
     pub(crate) trace: Option<Arc<dyn TraceSink>>,
     /// Woken whenever an eager call returns, for L3's issuance-order turnstile.
@@ -581,12 +585,13 @@ impl Tidegate {
             let tg = self.clone();
             match a {
                 Action::RunAbort(plan) => {
-                    self.inner.handle.spawn(async move {
-                        let _ = tg.run_abort(plan).await;
-                    });
+                    self.spawn_owned(async move { tg.run_abort(plan).await });
                 }
                 Action::LateCompensate(task) => {
-                    self.inner.handle.spawn(async move { tg.late_compensate(task).await });
+                    self.spawn_owned(async move {
+                        tg.late_compensate(task).await;
+                        Ok(())
+                    });
                 }
                 _ => {}
             }

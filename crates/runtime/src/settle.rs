@@ -16,12 +16,44 @@ impl Tidegate {
         &self,
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        match self.inner.handle.spawn(work).await {
+        match self.spawn_owned(work).await {
             Ok(r) => r,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // The runtime is shutting down: the work did not finish here.
             Err(_) => Err(Error::Store(tidegate_storage::StoreError::Closed)),
         }
+    }
+
+    /// Spawns `work` on the engine's runtime as a task the engine owns: it runs whether or not
+    /// anyone waits for it, until it finishes or [`Tidegate::stop`] cancels it.
+    pub(crate) fn spawn_owned<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> tokio::task::JoinHandle<Result<T>> {
+        let inner = self.inner.clone();
+        self.inner.handle.spawn(async move {
+            let stop = inner.stop.notified();
+            tokio::pin!(stop);
+            // Registered before the check, so a stop between the two is not missed.
+            stop.as_mut().enable();
+            if inner.poisoned.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::Store(tidegate_storage::StoreError::Closed));
+            }
+            tokio::select! {
+                r = work => r,
+                () = stop => Err(Error::Store(tidegate_storage::StoreError::Closed)),
+            }
+        })
+    }
+
+    /// Stops the engine as a process stop would, for an owner shutting it down (a server
+    /// closing a tenant): every settlement task still running is cancelled where it stands
+    /// (the ledger has what it did; the next open's recovery finishes it) and no further work
+    /// is accepted (`StoreError::Closed`). Settlement tasks otherwise outlive the futures of
+    /// the calls that started them, and keep the engine (and its store) alive until done.
+    pub fn stop(&self) {
+        self.inner.poisoned.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inner.stop.notify_waiters();
     }
 
     /// [`Tidegate::run_abort`] in a task of its own (see [`Tidegate::detached`]).

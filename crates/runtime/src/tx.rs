@@ -427,9 +427,7 @@ impl Drop for InFlight<'_> {
         let (tx, effect) = (self.tx.id, self.effect);
         if let Ok((ExecResult::Aborted(plan), _)) = self.tx.engine.with_core(|c| c.executed(tx, effect, outcome)) {
             let tg = self.tx.engine.clone();
-            self.tx.engine.inner.handle.spawn(async move {
-                let _ = tg.run_abort(plan).await;
-            });
+            self.tx.engine.spawn_owned(async move { tg.run_abort(plan).await });
         }
         if self.tx.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
             self.tx.engine.inner.turnstile.notify_waiters();
