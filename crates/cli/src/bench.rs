@@ -159,7 +159,7 @@ fn generate_finished(core: &mut Core, store: &dyn LedgerStore, first: u64, n: u6
             Decision::Commit(plan) => {
                 for r in plan.releases {
                     core.release_started(b.tx, r.effect)?;
-                    core.release_done(b.tx, r.effect, Ok(Arc::new(Value::Null)))?;
+                    core.release_done(b.tx, r.effect, tidegate_core::CallOutcome::done(Value::Null))?;
                 }
                 if !matches!(core.finish_commit(b.tx)?, Settlement::Committed(_)) {
                     anyhow::bail!("generated transaction {} did not commit", b.tx);

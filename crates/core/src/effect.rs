@@ -91,6 +91,81 @@ pub struct EffectDecl {
     pub compensable: bool,
 }
 
+/// How one call of a tool ended: the single result type of every call the engine makes (an
+/// eager call, a release at commit) once the retry-and-probe policy is done with it, and of
+/// each attempt before that. It carries the tool's own message into errors and the ledger.
+///
+/// The failure rule (docs/engine.md, "Failures"): only [`CallOutcome::NotApplied`] says a
+/// call did not take effect. Every other failure (a plain error, a panic, a dropped call) is
+/// [`CallOutcome::Unknown`]: the call may have taken effect, so it is never re-executed unless
+/// the tool's probe says it did not happen.
+///
+/// Recorded in the ledger as the existing `effect_failed` / `released` fields (`error` is the
+/// message, `unknown` tells the two failures apart); `retry` is not recorded, because a
+/// recorded failure is final.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum CallOutcome {
+    /// The call took effect; its output.
+    Done {
+        /// The tool's output.
+        output: Arc<Value>,
+    },
+    /// The call certainly did not take effect.
+    NotApplied {
+        /// The tool's message.
+        message: String,
+        /// Whether trying again may succeed (a refused connection, a 503 before processing).
+        /// After the policy's last attempt, a `retry: true` failure aborts the transaction
+        /// retryably ([`AbortReason::ToolUnavailable`]).
+        retry: bool,
+    },
+    /// The call may or may not have taken effect (a timeout after sending, a plain error, a
+    /// panic, a dropped call).
+    Unknown {
+        /// The tool's message.
+        message: String,
+    },
+}
+
+impl CallOutcome {
+    /// A call that took effect with `output`.
+    pub fn done(output: impl Into<Arc<Value>>) -> CallOutcome {
+        CallOutcome::Done { output: output.into() }
+    }
+
+    /// A call that certainly did not take effect; `retry` says whether trying again may help.
+    pub fn not_applied(message: impl Into<String>, retry: bool) -> CallOutcome {
+        CallOutcome::NotApplied { message: message.into(), retry }
+    }
+
+    /// A call whose outcome is unknown.
+    pub fn unknown(message: impl Into<String>) -> CallOutcome {
+        CallOutcome::Unknown { message: message.into() }
+    }
+
+    /// The output, when the call took effect.
+    pub fn output(&self) -> Option<&Arc<Value>> {
+        match self {
+            CallOutcome::Done { output } => Some(output),
+            _ => None,
+        }
+    }
+
+    /// The tool's message, when the call failed.
+    pub fn message(&self) -> Option<&str> {
+        match self {
+            CallOutcome::Done { .. } => None,
+            CallOutcome::NotApplied { message, .. } | CallOutcome::Unknown { message } => Some(message),
+        }
+    }
+
+    /// Whether the call may have taken effect without the engine knowing (an unknown outcome).
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, CallOutcome::Unknown { .. })
+    }
+}
+
 /// The acknowledgement the agent gets for a held effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -189,6 +264,15 @@ pub enum AbortReason {
         /// The failure.
         message: String,
     },
+    /// A tool call certainly did not take effect and still failed transiently after the
+    /// retry policy's last attempt (or its probe kept saying it did not happen): nothing of it
+    /// left, so running the work again later may succeed.
+    ToolUnavailable {
+        /// The tool.
+        tool: String,
+        /// The last failure.
+        message: String,
+    },
     /// A held effect could not be released at commit, before anything had been released.
     ReleaseFailed {
         /// The tool.
@@ -268,6 +352,7 @@ impl AbortReason {
         matches!(
             self,
             AbortReason::StaleRead { .. }
+                | AbortReason::ToolUnavailable { .. }
                 | AbortReason::LeaseExpired
                 | AbortReason::WaitTimeout
                 | AbortReason::WriteConflict { .. }
@@ -281,6 +366,7 @@ impl AbortReason {
     pub fn kind(&self) -> &'static str {
         match self {
             AbortReason::ToolFailed { .. } => "tool_failed",
+            AbortReason::ToolUnavailable { .. } => "tool_unavailable",
             AbortReason::ReleaseFailed { .. } => "release_failed",
             AbortReason::Vetoed { .. } => "vetoed",
             AbortReason::LostBranch { .. } => "lost_branch",
@@ -301,6 +387,9 @@ impl fmt::Display for AbortReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AbortReason::ToolFailed { tool, message } => write!(f, "tool `{tool}` failed: {message}"),
+            AbortReason::ToolUnavailable { tool, message } => {
+                write!(f, "tool `{tool}` unavailable (the call did not take effect): {message}")
+            }
             AbortReason::ReleaseFailed { tool, message } => {
                 write!(f, "release of `{tool}` failed at commit: {message}")
             }

@@ -18,7 +18,7 @@ pub mod scope;
 pub mod trace;
 
 pub use effect::{
-    AbortReason, Disposition, EffectClass, EffectDecl, EffectOutcome, HeldAck, Outcome, PartialCommit, Tag,
+    AbortReason, CallOutcome, Disposition, EffectClass, EffectDecl, EffectOutcome, HeldAck, Outcome, PartialCommit, Tag,
 };
 pub use engine::{Ablation, Action, Core, CoreConfig, Isolation, Level, Ordering};
 pub use error::{EngineError, TxState};

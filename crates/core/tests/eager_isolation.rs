@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::json;
 use tidegate_core::engine::{AbortPlan, BeginRequest, Decision, ExecResult, Recorded, Settlement};
 use tidegate_core::{
-    AbortReason, Action, Core, CoreConfig, EffectClass, EffectDecl, EffectId, EngineError, Level, Ordering, Timestamp,
+    AbortReason, Action, CallOutcome, Core, CoreConfig, EffectClass, EffectDecl, EffectId, EngineError, Level, Ordering, Timestamp,
     TxId,
 };
 
@@ -53,6 +53,7 @@ impl Bench {
             key: None,
             args: Arc::new(json!({"cell": cell, "v": v})),
             compensable: true,
+            call_id: None,
         }
     }
 
@@ -62,7 +63,7 @@ impl Bench {
             Recorded::Execute(e) => {
                 let old = self.world.cells.insert(cell.to_owned(), v).unwrap_or(0);
                 self.world.undo.insert((tx, e), (cell.to_owned(), old));
-                assert!(matches!(self.core.executed(tx, e, Ok(Arc::new(json!(old)))).unwrap(), ExecResult::Done));
+                assert!(matches!(self.core.executed(tx, e, CallOutcome::done(json!(old))).unwrap(), ExecResult::Done));
                 Ok(())
             }
             other => panic!("{other:?}"),
@@ -116,7 +117,7 @@ impl Bench {
                     self.core.release_started(tx, r.effect).unwrap();
                     let v = r.args["v"].as_i64().unwrap();
                     self.world.cells.insert(r.args["cell"].as_str().unwrap().to_owned(), v);
-                    self.core.release_done(tx, r.effect, Ok(Arc::new(json!("ok")))).unwrap();
+                    self.core.release_done(tx, r.effect, CallOutcome::done(json!("ok"))).unwrap();
                 }
                 assert!(matches!(self.core.finish_commit(tx).unwrap(), Settlement::Committed(_)));
                 Some(true)

@@ -60,7 +60,7 @@ fn seal_is_refused_while_a_call_is_in_flight() {
     };
     assert!(matches!(c.seal(t, now), Err(EngineError::InFlight { .. })));
     assert_eq!(c.state(t).unwrap(), TxState::Open);
-    c.executed(t, e, Ok(Arc::new(json!("ok")))).unwrap();
+    c.executed(t, e, tidegate_core::CallOutcome::done(json!("ok"))).unwrap();
     c.seal(t, now).unwrap();
     c.request_commit(t).unwrap();
     assert!(matches!(c.try_commit(t, now).unwrap(), Decision::Commit(_)));
@@ -84,7 +84,7 @@ fn versions_advance_on_committed_writes_only() {
     c.request_commit(t).unwrap();
     let Decision::Commit(plan) = c.try_commit(t, now).unwrap() else { panic!("nothing earlier blocks it") };
     for r in plan.releases {
-        c.release_done(t, r.effect, Ok(Arc::new(json!(null)))).unwrap();
+        c.release_done(t, r.effect, tidegate_core::CallOutcome::done(json!(null))).unwrap();
     }
     c.finish_commit(t).unwrap();
     assert!(c.version(&scope).0 > 0);

@@ -12,7 +12,7 @@ use tidegate_core::engine::{
     BeginRequest, CHECKPOINT_FORMAT_VERSION, CheckpointError, Decision, ExecResult, Recorded, Replay, Settlement,
 };
 use tidegate_core::{
-    AbortReason, Core, CoreConfig, EffectClass, EffectDecl, Event, ScopeRegistry, Timestamp, TxId, TxState,
+    AbortReason, CallOutcome, Core, CoreConfig, EffectClass, EffectDecl, Event, ScopeRegistry, Timestamp, TxId, TxState,
 };
 
 const SCOPES: [&str; 5] = ["retail:order:W1", "retail:order:W1:lines", "retail:order:W2", "mail:a@x.io", "kv:n:1"];
@@ -80,9 +80,13 @@ fn workload(seed: u64) -> (Core, Vec<Event>) {
                         // Sometimes the "crash" leaves the call in flight forever.
                         if rng.gen_bool(0.9) {
                             let r = if rng.gen_bool(0.1) {
-                                Err(("down".to_owned(), rng.gen_bool(0.5)))
+                                if rng.gen_bool(0.5) {
+                                    CallOutcome::unknown("down")
+                                } else {
+                                    CallOutcome::not_applied("down", false)
+                                }
                             } else {
-                                Ok(Arc::new(json!("ok")))
+                                CallOutcome::done(json!("ok"))
                             };
                             if let Ok(ExecResult::Aborted(plan)) = c.executed(tx, e, r) {
                                 for t in plan.compensations {
@@ -112,11 +116,11 @@ fn workload(seed: u64) -> (Core, Vec<Event>) {
                             for r in plan.releases {
                                 c.release_started(tx, r.effect).unwrap();
                                 let res = if rng.gen_bool(0.1) {
-                                    Err(("bounce".to_owned(), false))
+                                    CallOutcome::not_applied("bounce", false)
                                 } else {
-                                    Ok(Arc::new(json!(null)))
+                                    CallOutcome::done(json!(null))
                                 };
-                                let failed = res.is_err();
+                                let failed = res.output().is_none();
                                 c.release_done(tx, r.effect, res).unwrap();
                                 if failed {
                                     break;

@@ -14,7 +14,7 @@ use tidegate_core::engine::{
     AbortPlan, BeginRequest, Decision, ExecResult, Recorded, RecoverError, Recovery, Replay, ReplayRule, Settlement,
 };
 use tidegate_core::{
-    AbortReason, Core, CoreConfig, EffectClass, EffectDecl, EngineError, Epoch, Event, GroupId, ScopeRegistry,
+    AbortReason, CallOutcome, Core, CoreConfig, EffectClass, EffectDecl, EngineError, Epoch, Event, GroupId, ScopeRegistry,
     Timestamp, TxId, TxState,
 };
 
@@ -62,7 +62,7 @@ fn commit(c: &mut Core, tx: TxId, now: Timestamp) {
         Decision::Commit(plan) => {
             for r in plan.releases {
                 c.release_started(tx, r.effect).unwrap();
-                c.release_done(tx, r.effect, Ok(Arc::new(json!("sent")))).unwrap();
+                c.release_done(tx, r.effect, CallOutcome::done(json!("sent"))).unwrap();
             }
             assert!(matches!(c.finish_commit(tx).unwrap(), Settlement::Committed(_)));
         }
@@ -82,7 +82,7 @@ fn small_ledger() -> Vec<Event> {
     else {
         panic!()
     };
-    c.executed(a.tx, e, Ok(Arc::new(json!(1)))).unwrap();
+    c.executed(a.tx, e, CallOutcome::done(json!(1))).unwrap();
     c.record_effect(a.tx, decl("mail", EffectClass::Gated, "kv:x", Some("k1")), now).unwrap();
     commit(&mut c, a.tx, now);
     let b = c.begin(BeginRequest::default(), now).unwrap();
@@ -90,7 +90,7 @@ fn small_ledger() -> Vec<Event> {
     else {
         panic!()
     };
-    c.executed(b.tx, e, Ok(Arc::new(json!(2)))).unwrap();
+    c.executed(b.tx, e, CallOutcome::done(json!(2))).unwrap();
     let plan = c.abort(b.tx, AbortReason::Explicit { reason: "x".into() }).unwrap();
     run_abort(&mut c, plan);
     c.take_events().collect()
@@ -405,8 +405,8 @@ fn late_results_after_settlement_replay() {
     };
     let plan = c.abort(t, AbortReason::Explicit { reason: "x".into() }).unwrap();
     run_abort(&mut c, plan);
-    let ExecResult::Late(task) = c.executed(t, e, Ok(Arc::new(json!(1)))).unwrap() else { panic!() };
-    c.late_compensated(t, task.effect, Ok(None));
+    let ExecResult::Late(task) = c.executed(t, e, CallOutcome::done(json!(1))).unwrap() else { panic!() };
+    c.late_compensated(t, task.effect, Ok(None), false);
     let l: Vec<Event> = c.take_events().collect();
     let (mut rebuilt, _) = recover(&l).unwrap();
     rebuilt.check_integrity().unwrap();
@@ -480,9 +480,9 @@ fn workload(seed: u64) -> Vec<Event> {
                     if let Ok(Recorded::Execute(e)) = c.record_effect(tx, d, now) {
                         if rng.gen_bool(0.85) {
                             let r = if rng.gen_bool(0.1) {
-                                Err(("down".into(), rng.gen_bool(0.5)))
+                                if rng.gen_bool(0.5) { CallOutcome::unknown("down") } else { CallOutcome::not_applied("down", false) }
                             } else {
-                                Ok(Arc::new(json!(1)))
+                                CallOutcome::done(json!(1))
                             };
                             if let Ok(ExecResult::Aborted(plan)) = c.executed(tx, e, r) {
                                 run_abort(&mut c, plan);
@@ -506,11 +506,11 @@ fn workload(seed: u64) -> Vec<Event> {
                             for r in plan.releases {
                                 c.release_started(tx, r.effect).unwrap();
                                 let res = if rng.gen_bool(0.1) {
-                                    Err(("bounce".into(), false))
+                                    CallOutcome::not_applied("bounce", false)
                                 } else {
-                                    Ok(Arc::new(json!(0)))
+                                    CallOutcome::done(json!(0))
                                 };
-                                let failed = res.is_err();
+                                let failed = !matches!(res, CallOutcome::Done { .. });
                                 c.release_done(tx, r.effect, res).unwrap();
                                 if failed {
                                     break;
@@ -526,8 +526,8 @@ fn workload(seed: u64) -> Vec<Event> {
             9 if !late.is_empty() => {
                 // A call that was left running returns (perhaps after its transaction aborted).
                 let (tx, e) = late.swap_remove(rng.gen_range(0..late.len()));
-                match c.executed(tx, e, Ok(Arc::new(json!("late")))) {
-                    Ok(ExecResult::Late(task)) => c.late_compensated(tx, task.effect, Ok(None)),
+                match c.executed(tx, e, CallOutcome::done(json!("late"))) {
+                    Ok(ExecResult::Late(task)) => c.late_compensated(tx, task.effect, Ok(None), false),
                     Ok(ExecResult::Aborted(plan)) => run_abort(&mut c, plan),
                     _ => {}
                 }
@@ -558,19 +558,19 @@ fn drive_to_quiescence(mut c: Core, rec: Recovery) -> Result<(), String> {
     let fail = |what: &str, e: EngineError| format!("{what}: {e}");
     for d in rec.in_doubt {
         if let ExecResult::Aborted(plan) =
-            c.executed(d.tx, d.effect, Err(("unknown".into(), true))).map_err(|e| fail("in doubt", e))?
+            c.executed(d.tx, d.effect, CallOutcome::unknown("unknown")).map_err(|e| fail("in doubt", e))?
         {
             run_abort(&mut c, plan);
         }
     }
     for tx in rec.committing {
         for r in c.unknown_releases(tx).map_err(|e| fail("unknown releases", e))? {
-            c.release_probed(tx, r.effect, Err(("probe: no".into(), false))).map_err(|e| fail("probe", e))?;
+            c.release_probed(tx, r.effect, CallOutcome::not_applied("probe: no", false)).map_err(|e| fail("probe", e))?;
         }
         let plan = c.resume_commit(tx).map_err(|e| fail("resume commit", e))?;
         for r in plan.releases {
             c.release_started(tx, r.effect).map_err(|e| fail("release started", e))?;
-            c.release_done(tx, r.effect, Ok(Arc::new(json!(0)))).map_err(|e| fail("release", e))?;
+            c.release_done(tx, r.effect, CallOutcome::done(json!(0))).map_err(|e| fail("release", e))?;
         }
         if let Settlement::Abort(plan) = c.finish_commit(tx).map_err(|e| fail("finish commit", e))? {
             run_abort(&mut c, plan);
@@ -834,7 +834,7 @@ fn a_twenty_thousand_segment_logged_scope_replays_without_stack_overflow() {
         let Decision::Commit(plan) = c.try_commit(t, Timestamp(0)).unwrap() else { panic!() };
         for r in plan.releases {
             c.release_started(t, r.effect).unwrap();
-            c.release_done(t, r.effect, Ok(Arc::new(json!(0)))).unwrap();
+            c.release_done(t, r.effect, CallOutcome::done(json!(0))).unwrap();
         }
         assert!(matches!(c.finish_commit(t).unwrap(), Settlement::Committed(_)));
         let s = reg().parse_logged(&deep).unwrap();
@@ -870,8 +870,8 @@ fn a_checkpoint_from_before_the_replay_guard_loads_and_accepts_late_records() {
     let open = c.begin(BeginRequest::default(), now).unwrap().tx;
     c.record_effect(open, decl("set", EffectClass::Reversible, "kv:y", None), now).unwrap();
     let head: Vec<Event> = c.take_events().collect();
-    let ExecResult::Late(task) = c.executed(t, e, Ok(Arc::new(json!(1)))).unwrap() else { panic!() };
-    c.late_compensated(t, task.effect, Ok(None));
+    let ExecResult::Late(task) = c.executed(t, e, CallOutcome::done(json!(1))).unwrap() else { panic!() };
+    c.late_compensated(t, task.effect, Ok(None), false);
     let tail: Vec<Event> = c.take_events().collect();
 
     let mut r = Replay::new(CoreConfig::default(), reg());

@@ -22,8 +22,11 @@ use crate::trace::{FileTrace, TraceSink};
 use crate::tx::Transaction;
 use crate::{Error, Result};
 
-/// Bounded retry with exponential backoff, for releases and compensations (and tool calls
-/// whose error is `retryable`).
+/// The one retry-and-probe policy of every call the engine makes (eager calls, releases at
+/// commit, compensations): bounded retry with exponential backoff for failures known not to
+/// have taken effect, the tool's probe for unknown outcomes (whose "did not happen" answer is
+/// retried in place within the same attempts), never a blind re-execution. Probe use is not
+/// optional: an unknown outcome is always probed when the tool has a probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts in all, including the first. Default: 4.
@@ -278,6 +281,7 @@ impl Builder {
                 tx_hooks: Mutex::new(HashMap::default()),
                 tools: RwLock::new(HashMap::default()),
                 poisoned: AtomicBool::new(false),
+                stop: Notify::new(),
                 trace: self.trace,
                 turnstile: Notify::new(),
                 turnstile_used: AtomicBool::new(false),
@@ -388,7 +392,10 @@ pub(crate) struct Inner {
     pub(crate) hooks: RwLock<Vec<Arc<dyn PreCommitHook>>>,
     pub(crate) tx_hooks: Mutex<HashMap<TxId, Vec<Arc<dyn PreCommitHook>>>>,
     pub(crate) tools: RwLock<HashMap<Arc<str>, Tool>>,
-    poisoned: AtomicBool,
+    /// Set when the store failed or [`Tidegate::stop`] was called: no more work is accepted.
+    pub(crate) poisoned: AtomicBool,
+    /// Cancels the engine's own settlement tasks on [`Tidegate::stop`].
+    pub(crate) stop: Notify,
     /// Where operation records go, when tracing.
     pub(crate) trace: Option<Arc<dyn TraceSink>>,
     /// Woken whenever an eager call returns, for L3's issuance-order turnstile.
@@ -708,12 +715,13 @@ impl Tidegate {
             let tg = self.clone();
             match a {
                 Action::RunAbort(plan) => {
-                    self.inner.handle.spawn(async move {
-                        let _ = tg.run_abort(plan).await;
-                    });
+                    self.spawn_owned(async move { tg.run_abort(plan).await });
                 }
                 Action::LateCompensate(task) => {
-                    self.inner.handle.spawn(async move { tg.late_compensate(task).await });
+                    self.spawn_owned(async move {
+                        tg.late_compensate(task).await;
+                        Ok(())
+                    });
                 }
                 _ => {}
             }

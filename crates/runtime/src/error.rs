@@ -1,6 +1,6 @@
 //! The runtime's error type.
 
-use tidegate_core::{AbortReason, EngineError, Outcome, TxId};
+use tidegate_core::{AbortReason, CallOutcome, EngineError, Outcome, TxId};
 use tidegate_storage::StoreError;
 
 /// Result with [`Error`] as the default error.
@@ -51,6 +51,18 @@ pub enum Error {
         /// Context.
         detail: String,
     },
+    /// An eager call returned after its transaction had been aborted (by another task, an
+    /// expired lease, a lost speculation): what the call did was compensated or recorded, and
+    /// the transaction's outcome says how it settled.
+    #[error("transaction {tx} was aborted while `{tool}` ran: {detail}")]
+    CallInterrupted {
+        /// The transaction.
+        tx: TxId,
+        /// The tool.
+        tool: String,
+        /// What became of the call (the tool's own message when it failed).
+        detail: String,
+    },
     /// The trace file could not be created or written.
     #[error("trace file `{}`: {source}", path.display())]
     Trace {
@@ -71,7 +83,10 @@ impl Error {
                 !committed && reason.as_ref().is_some_and(AbortReason::retryable)
             }
             Error::Store(e) => e.retryable(),
-            Error::InvalidArgument { .. } | Error::UnknownTool { .. } | Error::Trace { .. } => false,
+            Error::InvalidArgument { .. }
+            | Error::UnknownTool { .. }
+            | Error::CallInterrupted { .. }
+            | Error::Trace { .. } => false,
         }
     }
 
@@ -100,5 +115,93 @@ fn finished_text(committed: bool, reason: Option<&AbortReason>, settled: bool) -
         Some(r) if r.retryable() => format!("{how}: {r}; retry the work in a new transaction"),
         Some(r) => format!("{how}: {r}"),
         None => format!("{how}; it takes no more reads, calls or decisions"),
+    }
+}
+
+/// How a tool handler failed, as the adapter reports it.
+///
+/// Only [`ToolError::failed`] and [`ToolError::transient`] say the call did not take effect;
+/// every other failure (an [`ToolError::unknown`], a plain error converted with `?` or
+/// `.into()`, a panic) is an unknown outcome: the engine asks the tool's probe and otherwise
+/// never assumes it did not happen (docs/engine.md, "Failures").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ToolError {
+    /// What went wrong, in the tool's words (kept in errors and the ledger).
+    pub message: String,
+    /// Which failure it is.
+    pub kind: FailureKind,
+}
+
+/// The kind of a [`ToolError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The call certainly did not take effect, and trying again will not help (the provider
+    /// refused it).
+    NotApplied,
+    /// The call certainly did not take effect, and trying again may help (a refused
+    /// connection, a 503 before processing). Never use it for timeouts.
+    Transient,
+    /// The call may or may not have taken effect (a timeout after sending, a reset
+    /// connection, any error the handler did not classify).
+    Unknown,
+}
+
+impl ToolError {
+    /// The provider refused the call: it certainly did not take effect; not worth retrying.
+    pub fn failed(message: impl Into<String>) -> ToolError {
+        ToolError { message: message.into(), kind: FailureKind::NotApplied }
+    }
+
+    /// A transient failure certainly without effect; the runtime retries it with backoff.
+    pub fn transient(message: impl Into<String>) -> ToolError {
+        ToolError { message: message.into(), kind: FailureKind::Transient }
+    }
+
+    /// The call may or may not have taken effect (timeout). The runtime asks the tool's probe;
+    /// without one the effect is compensated (if it can be) and tagged `unresolved`.
+    pub fn unknown(message: impl Into<String>) -> ToolError {
+        ToolError { message: message.into(), kind: FailureKind::Unknown }
+    }
+
+    /// Whether the call is known not to have taken effect and may be retried.
+    pub fn retryable(&self) -> bool {
+        self.kind == FailureKind::Transient
+    }
+
+    /// Whether the call may have taken effect.
+    pub fn outcome_unknown(&self) -> bool {
+        self.kind == FailureKind::Unknown
+    }
+
+    /// The engine's typed outcome for this failure.
+    pub fn into_outcome(self) -> CallOutcome {
+        match self.kind {
+            FailureKind::NotApplied => CallOutcome::NotApplied { message: self.message, retry: false },
+            FailureKind::Transient => CallOutcome::NotApplied { message: self.message, retry: true },
+            FailureKind::Unknown => CallOutcome::Unknown { message: self.message },
+        }
+    }
+}
+
+/// A plain message is an unclassified failure: outcome unknown.
+impl From<String> for ToolError {
+    fn from(message: String) -> ToolError {
+        ToolError::unknown(message)
+    }
+}
+
+/// A plain message is an unclassified failure: outcome unknown.
+impl From<&str> for ToolError {
+    fn from(message: &str) -> ToolError {
+        ToolError::unknown(message)
+    }
+}
+
+/// An I/O error says nothing about whether the provider acted: outcome unknown.
+impl From<std::io::Error> for ToolError {
+    fn from(e: std::io::Error) -> ToolError {
+        ToolError::unknown(e.to_string())
     }
 }

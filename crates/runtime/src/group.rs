@@ -45,6 +45,22 @@ impl Tidegate {
     }
 }
 
+impl Tidegate {
+    /// Runs the losers' aborts in a task of their own (dropping the caller's future does not
+    /// leave them aborting).
+    async fn run_aborts_detached(&self, plans: Vec<tidegate_core::engine::AbortPlan>) -> Result<Vec<Outcome>> {
+        let tg = self.clone();
+        self.detached(async move {
+            let mut out = Vec::with_capacity(plans.len());
+            for plan in plans {
+                out.push(tg.run_abort(plan).await?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
 impl Speculation {
     /// The group's id.
     pub fn id(&self) -> GroupId {
@@ -65,11 +81,7 @@ impl Speculation {
     /// dropping what they held). Returns the losers' settlements.
     pub async fn choose(&self, winner: TxId) -> Result<Vec<Outcome>> {
         let (plans, _) = self.engine.with_core(|c| c.choose_winner(self.group, winner))?;
-        let mut losers = Vec::with_capacity(plans.len());
-        for plan in plans {
-            losers.push(self.engine.run_abort(plan).await?);
-        }
-        Ok(losers)
+        self.engine.run_aborts_detached(plans).await
     }
 
     /// Commits the chosen winner (sealing it if still open). Refuses with `NoWinner` if no
@@ -99,10 +111,6 @@ impl Speculation {
     pub async fn abort(&self, reason: impl Into<String>) -> Result<Vec<Outcome>> {
         let reason = AbortReason::Explicit { reason: reason.into() };
         let (plans, _) = self.engine.with_core(|c| c.abort_group(self.group, reason))?;
-        let mut out = Vec::with_capacity(plans.len());
-        for plan in plans {
-            out.push(self.engine.run_abort(plan).await?);
-        }
-        Ok(out)
+        self.engine.run_aborts_detached(plans).await
     }
 }

@@ -37,6 +37,7 @@ mod error;
 mod group;
 pub mod hooks;
 mod read;
+mod policy;
 mod recover;
 mod run;
 mod settle;
@@ -47,7 +48,7 @@ mod tx;
 pub use checkpoint::{CheckpointInfo, CheckpointPolicy, ReplayReport};
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use engine::{Builder, RetryPolicy, Tidegate, TxOptions};
-pub use error::{Error, Result};
+pub use error::{Error, FailureKind, Result};
 pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
 pub use read::Read;
@@ -56,8 +57,8 @@ pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};
 pub use tidegate_core::engine::{EffectView, ReadResult, SealedView};
 pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};
 pub use tidegate_core::{
-    Ablation, AbortReason, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, Isolation, Level,
-    Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
+    Ablation, AbortReason, CallOutcome, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch,
+    Isolation, Level, Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
 };
 /// The embedded ledger backend (feature `sqlite`, default on): a durable engine is
 /// `Tidegate::builder().store(Arc::new(SqliteStore::open(dir)?)).build()`.

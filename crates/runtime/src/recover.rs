@@ -2,7 +2,7 @@
 
 use crate::tool::CallCtx;
 use tidegate_core::engine::{ExecResult, Recovery};
-use tidegate_core::{Action, EffectId, TxId};
+use tidegate_core::{Action, CallOutcome, EffectId, TxId};
 
 use crate::engine::Tidegate;
 use crate::tool::Probe;
@@ -79,20 +79,20 @@ impl Tidegate {
                 Some(p) => match p.await {
                     Probe::Happened(v) => {
                         report.probed_happened.push((d.tx, d.effect));
-                        Ok(std::sync::Arc::new(v))
+                        CallOutcome::done(v)
                     }
                     Probe::DidNotHappen => {
                         report.probed_not_happened.push((d.tx, d.effect));
-                        Err(("did not happen (probe after restart)".to_owned(), false))
+                        CallOutcome::not_applied("did not happen (probe after restart)", false)
                     }
                     Probe::Unknown => {
                         report.unresolved.push((d.tx, d.effect));
-                        Err(("outcome unknown after restart (probe did not know)".to_owned(), true))
+                        CallOutcome::unknown("outcome unknown after restart (probe did not know)")
                     }
                 },
                 None => {
                     report.unresolved.push((d.tx, d.effect));
-                    Err(("outcome unknown after restart and the tool has no probe".to_owned(), true))
+                    CallOutcome::unknown("outcome unknown after restart and the tool has no probe")
                 }
             };
             let (exec, lsn) = self.with_core(|c| c.executed(d.tx, d.effect, result))?;
@@ -115,15 +115,15 @@ impl Tidegate {
                 let result = match p.await {
                     Probe::Happened(v) => {
                         report.probed_happened.push((tx, r.effect));
-                        Ok(std::sync::Arc::new(v))
+                        CallOutcome::done(v)
                     }
                     Probe::DidNotHappen => {
                         report.probed_not_happened.push((tx, r.effect));
-                        Err(("release did not happen (probe after restart)".to_owned(), false))
+                        CallOutcome::not_applied("release did not happen (probe after restart)", false)
                     }
                     Probe::Unknown => {
                         report.unresolved.push((tx, r.effect));
-                        Err(("release outcome unknown after restart (probe did not know)".to_owned(), true))
+                        CallOutcome::unknown("release outcome unknown after restart (probe did not know)")
                     }
                 };
                 self.with_core(|c| c.release_probed(tx, r.effect, result))?;

@@ -1,14 +1,67 @@
 //! Executing settlements: releasing held effects at commit and compensating at abort, each
 //! with bounded retry and backoff from the engine's clock.
 
-use tidegate_core::Outcome;
 use tidegate_core::engine::{AbortPlan, CompensationTask, ReleasePlan, Settlement};
+use tidegate_core::{CallOutcome, Outcome};
+
+use std::future::Future;
 
 use crate::engine::Tidegate;
-use crate::tool::{Compensation, Probe, ToolError};
 use crate::{Error, Result};
 
 impl Tidegate {
+    /// Runs `work` in a task of its own and waits for it. Dropping the returned future does
+    /// not cancel the work: settlement never depends on the caller's future staying alive.
+    pub(crate) async fn detached<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        match self.spawn_owned(work).await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: the work did not finish here.
+            Err(_) => Err(Error::Store(tidegate_storage::StoreError::Closed)),
+        }
+    }
+
+    /// Spawns `work` on the engine's runtime as a task the engine owns: it runs whether or not
+    /// anyone waits for it, until it finishes or [`Tidegate::stop`] cancels it.
+    pub(crate) fn spawn_owned<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> tokio::task::JoinHandle<Result<T>> {
+        let inner = self.inner.clone();
+        self.inner.handle.spawn(async move {
+            let stop = inner.stop.notified();
+            tokio::pin!(stop);
+            // Registered before the check, so a stop between the two is not missed.
+            stop.as_mut().enable();
+            if inner.poisoned.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::Store(tidegate_storage::StoreError::Closed));
+            }
+            tokio::select! {
+                r = work => r,
+                () = stop => Err(Error::Store(tidegate_storage::StoreError::Closed)),
+            }
+        })
+    }
+
+    /// Stops the engine as a process stop would, for an owner shutting it down (a server
+    /// closing a tenant): every settlement task still running is cancelled where it stands
+    /// (the ledger has what it did; the next open's recovery finishes it) and no further work
+    /// is accepted (`StoreError::Closed`). Settlement tasks otherwise outlive the futures of
+    /// the calls that started them, and keep the engine (and its store) alive until done.
+    pub fn stop(&self) {
+        self.inner.poisoned.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inner.stop.notify_waiters();
+    }
+
+    /// [`Tidegate::run_abort`] in a task of its own (see [`Tidegate::detached`]).
+    pub(crate) async fn run_abort_detached(&self, plan: AbortPlan) -> Result<Outcome> {
+        let tg = self.clone();
+        self.detached(async move { tg.run_abort(plan).await }).await
+    }
+
     /// Releases a decided commit's held effects in issuance order, stopping at the first that
     /// fails after retries, then finishes the commit.
     pub(crate) async fn release(&self, plan: ReleasePlan) -> Result<Outcome> {
@@ -19,43 +72,13 @@ impl Tidegate {
             let (_, lsn) = self.with_core(|c| c.release_started(tx, r.effect))?;
             self.durable(lsn).await?;
             decided_durably = true;
+            // The one retry-and-probe policy: an unknown outcome is never fired again unless
+            // the probe says it did not happen.
             let result = match self.tool(&r.tool) {
-                Ok(tool) => {
-                    let mut attempt = 1;
-                    loop {
-                        match tool.invoke(self.call_ctx(&tool, tx, r.effect), r.args.clone()).await {
-                            Ok(v) => break Ok(std::sync::Arc::new(v)),
-                            // An unknown outcome is never retried (firing twice is worse): the
-                            // tool's probe, if any, says whether it happened.
-                            Err(e) if e.outcome_unknown => {
-                                match tool.probe_call(self.call_ctx(&tool, tx, r.effect), r.args.clone()) {
-                                    Some(p) => match p.await {
-                                        Probe::Happened(v) => break Ok(std::sync::Arc::new(v)),
-                                        Probe::DidNotHappen => {
-                                            break Err((format!("{} (probe: did not happen)", e.message), false));
-                                        }
-                                        Probe::Unknown => {
-                                            break Err((
-                                                format!("{} (outcome unknown; probe did not know)", e.message),
-                                                true,
-                                            ));
-                                        }
-                                    },
-                                    None => break Err((format!("{} (outcome unknown)", e.message), true)),
-                                }
-                            }
-                            Err(e) if attempt < self.inner.retry.attempts => {
-                                let _ = e;
-                                self.backoff(attempt).await;
-                                attempt += 1;
-                            }
-                            Err(e) => break Err((format!("{} (after {attempt} attempts)", e.message), false)),
-                        }
-                    }
-                }
-                Err(e) => Err((e.to_string(), false)),
+                Ok(tool) => self.call_under_policy(&tool, &self.call_ctx(&tool, tx, r.effect), &r.args).await,
+                Err(e) => CallOutcome::not_applied(e.to_string(), false),
             };
-            let failed = result.is_err();
+            let failed = !matches!(result, CallOutcome::Done { .. });
             // Not waited on here: a crash before this record is durable leaves a started,
             // unrecorded release, which recovery treats as unknown and never fires again; the
             // next release's start (or the settlement) makes it durable.
@@ -99,34 +122,13 @@ impl Tidegate {
     pub(crate) async fn late_compensate(&self, task: CompensationTask) {
         let result = self.compensate(&task).await;
         let _ = self.with_core(|c| {
-            c.late_compensated(task.tx, task.effect, result);
+            c.late_compensated(task.tx, task.effect, result, task.blind);
             Ok(())
         });
     }
 
     async fn compensate(&self, task: &CompensationTask) -> Result<Option<String>, String> {
         let tool = self.tool(&task.tool).map_err(|e| e.to_string())?;
-        let mut attempt = 1;
-        loop {
-            let ctx = self.call_ctx(&tool, task.tx, task.effect);
-            let Some(fut) = tool.compensate_call(ctx, task.args.clone(), task.output.clone()) else {
-                return Err(format!("tool `{}` has no compensation handler", task.tool));
-            };
-            match fut.await {
-                Ok(Compensation { residue }) => return Ok(residue),
-                Err(ToolError { message, .. }) if attempt >= self.inner.retry.attempts => {
-                    return Err(format!("{message} (after {attempt} attempts)"));
-                }
-                Err(_) => {
-                    self.backoff(attempt).await;
-                    attempt += 1;
-                }
-            }
-        }
-    }
-
-    async fn backoff(&self, attempt: u32) {
-        let at = self.inner.clock.now().after(self.inner.retry.backoff(attempt));
-        self.inner.clock.sleep_until(at).await;
+        self.compensate_under_policy(&tool, &self.call_ctx(&tool, task.tx, task.effect), &task.args, &task.output).await
     }
 }

@@ -22,37 +22,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tidegate_core::{EffectClass, EffectId, TxId};
 
-/// A tool call's failure, as the adapter reports it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct ToolError {
-    /// What went wrong.
-    pub message: String,
-    /// Whether the call is known NOT to have taken effect and may be retried (a refused
-    /// connection, a 503 before processing). Never set it for timeouts.
-    pub retryable: bool,
-    /// Whether the call may have taken effect (a timeout after sending). The runtime then
-    /// asks the adapter's probe, if any; otherwise the effect is tagged `unresolved`.
-    pub outcome_unknown: bool,
-}
-
-impl ToolError {
-    /// A failure known not to have taken effect, not worth retrying.
-    pub fn failed(message: impl Into<String>) -> ToolError {
-        ToolError { message: message.into(), retryable: false, outcome_unknown: false }
-    }
-
-    /// A transient failure known not to have taken effect; the runtime retries it with
-    /// backoff.
-    pub fn transient(message: impl Into<String>) -> ToolError {
-        ToolError { message: message.into(), retryable: true, outcome_unknown: false }
-    }
-
-    /// The call may or may not have taken effect (timeout).
-    pub fn unknown(message: impl Into<String>) -> ToolError {
-        ToolError { message: message.into(), retryable: false, outcome_unknown: true }
-    }
-}
+pub use crate::error::ToolError;
 
 /// The result of a compensation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tidegate_core::engine::{Decision, ExecResult, ReadResult, Recorded, SealedView};
-use tidegate_core::{AbortReason, EffectDecl, EffectId, Epoch, HeldAck, Outcome, TxId, TxState};
+use tidegate_core::{AbortReason, CallOutcome, EffectDecl, EffectId, Epoch, HeldAck, Outcome, TxId, TxState};
 use tokio::sync::Notify;
 
 use crate::engine::Tidegate;
 use crate::hooks::{PreCommitHook, Verdict};
-use crate::tool::{CallCtx, CallHandle, Probe, Tool, ToolError};
+use crate::tool::{CallCtx, CallHandle, Tool};
 use crate::{Error, Result};
 
 /// What the agent is told about a tool call.
@@ -231,19 +231,29 @@ impl Transaction {
                 self.engine.durable(lsn).await?;
                 return Ok(Ack::Replayed { effect, output });
             }
-            Recorded::Execute(id) => {
-                // The pending record is durable before the call, so that after a crash the
-                // ledger knows the call may have happened (and never repeats it blindly).
-                self.engine.durable(lsn).await?;
-                id
-            }
+            Recorded::Execute(id) => id,
         };
-        let ctx = ctx(id);
+        // From here the call is in flight: if the caller drops this future, the guard reports
+        // it (not started: did not happen; started: outcome unknown), so it never stays in
+        // flight with nobody to finish it (the lease runs on while a call is in flight).
+        let call_ctx = ctx(id);
+        let mut guard = InFlight { tx: self, effect: id, tool: tool.name(), started: false };
+        // The pending record is durable before the call, so that after a crash the ledger
+        // knows the call may have happened (and never repeats it blindly).
+        self.engine.durable(lsn).await?;
         if must_wait {
             self.turnstile(id).await;
         }
-        let result = self.engine.execute(tool, ctx, args).await;
-        let exec = self.engine.with_core(|c| c.executed(self.id, id, result.clone()));
+        guard.started = true;
+        let result = self.engine.call_under_policy(tool, &call_ctx, &args).await;
+        std::mem::forget(guard);
+        let now = self.engine.inner.clock.now();
+        let exec = self.engine.with_core(|c| {
+            let r = c.executed(self.id, id, result.clone());
+            // The lease runs from the call's return: a long call does not cost it.
+            c.renew_lease(self.id, now);
+            r
+        });
         if self.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
             self.engine.inner.turnstile.notify_waiters();
         }
@@ -252,14 +262,20 @@ impl Transaction {
         self.engine.durable(lsn).await?;
         match exec {
             ExecResult::Done => match result {
-                Ok(output) => Ok(Ack::Executed { effect: id, output }),
+                CallOutcome::Done { output } => Ok(Ack::Executed { effect: id, output }),
                 // Failed while the transaction was already aborting.
-                Err((message, _)) => Err(self.settled_error(Some(message))),
+                failed => Err(self.interrupted(tool, failed.message().unwrap_or_default().to_owned())),
             },
-            ExecResult::Aborted(plan) => Err(Error::Aborted(Box::new(self.engine.run_abort(plan).await?))),
+            ExecResult::Aborted(plan) => Err(Error::Aborted(Box::new(self.engine.run_abort_detached(plan).await?))),
             ExecResult::Late(task) => {
-                self.engine.late_compensate(task).await;
-                Err(self.settled_error(None))
+                let tg = self.engine.clone();
+                self.engine
+                    .detached(async move {
+                        tg.late_compensate(task).await;
+                        Ok(())
+                    })
+                    .await?;
+                Err(self.interrupted(tool, "it returned after the abort and was compensated".to_owned()))
             }
         }
     }
@@ -288,8 +304,8 @@ impl Transaction {
         self.call(&tool, args).await
     }
 
-    fn settled_error(&self, _msg: Option<String>) -> Error {
-        self.engine.inner.shared.lock().endings.explain(tidegate_core::EngineError::Settled { tx: self.id })
+    fn interrupted(&self, tool: &Tool, detail: String) -> Error {
+        Error::CallInterrupted { tx: self.id, tool: tool.name().to_owned(), detail }
     }
 
     /// Adds a pre-commit hook for this transaction only (for example a human approval).
@@ -321,11 +337,21 @@ impl Transaction {
     }
 
     /// [`Transaction::commit`] with options.
+    ///
+    /// Settlement does not depend on this future: the decision, the releases and any
+    /// compensations run in a task of their own that the future only waits for, so a commit
+    /// dropped at any await (a timeout, `select!`, a cancelled task) still settles.
     pub async fn commit_with(&self, opts: CommitOptions) -> Result<Outcome> {
         self.engine.with_core(|c| c.request_commit(self.id))?;
-        let result = self.decide(opts).await;
-        self.engine.inner.tx_hooks.lock().remove(&self.id);
-        result
+        let tx = self.clone();
+        self.engine
+            .detached(async move {
+                let result = tx.decide(opts).await;
+                tx.engine.inner.tx_hooks.lock().remove(&tx.id);
+                tx.engine.inner.shared.lock().waiters.remove(&tx.id);
+                result
+            })
+            .await
     }
 
     async fn decide(&self, opts: CommitOptions) -> Result<Outcome> {
@@ -416,7 +442,11 @@ impl Transaction {
         }
         let view: SealedView = self.engine.inner.shared.lock().core.view(self.id)?;
         for hook in hooks {
-            if let Verdict::Veto(reason) = hook.check(&view).await {
+            // A panicking hook is a failed hook: it vetoes, and the engine stays live.
+            let verdict = crate::policy::caught(|| hook.check(&view))
+                .await
+                .unwrap_or_else(|panic| Verdict::Veto(format!("the hook panicked: {panic}")));
+            if let Verdict::Veto(reason) = verdict {
                 return Ok(Some(AbortReason::Vetoed { hook: hook.name().to_owned(), reason }));
             }
         }
@@ -429,42 +459,36 @@ impl Transaction {
         let reason = AbortReason::Explicit { reason: reason.into() };
         let plan = self.engine.with_core(|c| c.abort(self.id, reason))?.0;
         self.engine.inner.tx_hooks.lock().remove(&self.id);
-        self.engine.run_abort(plan).await
+        // A committer waiting for this transaction's turn learns it was aborted.
+        if let Some(w) = self.engine.inner.shared.lock().waiters.get(&self.id) {
+            w.notify_one();
+        }
+        self.engine.run_abort_detached(plan).await
     }
 }
 
-impl Tidegate {
-    /// Runs an eager call: retries errors the tool marks retryable, and resolves unknown
-    /// outcomes through the tool's probe when it has one.
-    pub(crate) async fn execute(
-        &self,
-        tool: &Tool,
-        ctx: CallCtx,
-        args: Arc<Value>,
-    ) -> Result<Arc<Value>, (String, bool)> {
-        let retry = self.inner.retry;
-        let mut attempt = 1;
-        loop {
-            match tool.invoke(ctx.clone(), args.clone()).await {
-                Ok(v) => return Ok(Arc::new(v)),
-                Err(ToolError { retryable: true, message, .. }) if attempt < retry.attempts => {
-                    let _ = message;
-                    let at = self.inner.clock.now().after(retry.backoff(attempt));
-                    self.inner.clock.sleep_until(at).await;
-                    attempt += 1;
-                }
-                Err(e) if e.outcome_unknown => {
-                    return match tool.probe_call(ctx, args.clone()) {
-                        Some(p) => match p.await {
-                            Probe::Happened(v) => Ok(Arc::new(v)),
-                            Probe::DidNotHappen => Err((format!("{} (probe: did not happen)", e.message), false)),
-                            Probe::Unknown => Err((format!("{} (probe: still unknown)", e.message), true)),
-                        },
-                        None => Err((format!("{} (outcome unknown, no probe)", e.message), true)),
-                    };
-                }
-                Err(e) => return Err((e.message, false)),
-            }
+/// An eager call in flight; see [`Transaction::call_with`]. Forgotten once the call returned.
+struct InFlight<'a> {
+    tx: &'a Transaction,
+    effect: EffectId,
+    tool: &'a str,
+    started: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let outcome = if self.started {
+            CallOutcome::unknown(format!("the caller dropped the call of `{}` while it ran", self.tool))
+        } else {
+            CallOutcome::not_applied(format!("the caller dropped the call of `{}` before it started", self.tool), false)
+        };
+        let (tx, effect) = (self.tx.id, self.effect);
+        if let Ok((ExecResult::Aborted(plan), _)) = self.tx.engine.with_core(|c| c.executed(tx, effect, outcome)) {
+            let tg = self.tx.engine.clone();
+            self.tx.engine.spawn_owned(async move { tg.run_abort(plan).await });
+        }
+        if self.tx.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
+            self.tx.engine.inner.turnstile.notify_waiters();
         }
     }
 }

@@ -59,6 +59,11 @@ fn tool_under_test(w: &World, class: EffectClass, store: Option<(Arc<Faulty>, u3
             let store = store.clone();
             let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async move {
+                // A dead process calls nothing (the policy would otherwise retry in place a
+                // call the probe says did not happen).
+                if store.as_ref().is_some_and(|(s, _, _)| s.crashed()) {
+                    return Err(tidegate_runtime::ToolError::unknown("the process is dead"));
+                }
                 let die = store.as_ref().filter(|(_, k, _)| *k == n);
                 if let Some((s, _, false)) = die {
                     s.crash_now();

@@ -442,6 +442,9 @@ impl Tenant {
         for h in self.background.lock().drain(..) {
             h.abort();
         }
+        // The engine's own settlement tasks outlive the requests that started them: stop them
+        // (recovery at the next open finishes what they left), so the ledger is let go.
+        self.engine.stop();
         self.dispatcher.queue().wake_all();
         let mut problems = Vec::new();
         if !self.settings.memory

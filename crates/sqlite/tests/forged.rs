@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tidegate_core::engine::{BeginRequest, Decision, Recorded, Settlement};
-use tidegate_core::{Core, CoreConfig, EffectClass, EffectDecl, Event, ScopeRegistry, Timestamp};
+use tidegate_core::{CallOutcome, Core, CoreConfig, EffectClass, EffectDecl, Event, ScopeRegistry, Timestamp};
 use tidegate_runtime::Tidegate;
 use tidegate_sqlite::SqliteStore;
 use tidegate_storage::LedgerStore;
@@ -38,14 +38,14 @@ fn genuine() -> Vec<Event> {
         let Recorded::Execute(e) = c.record_effect(tx, decl("book", EffectClass::Reversible), now).unwrap() else {
             panic!()
         };
-        c.executed(tx, e, Ok(Arc::new(json!("ok")))).unwrap();
+        c.executed(tx, e, CallOutcome::done(json!("ok"))).unwrap();
         c.record_effect(tx, decl("notify", EffectClass::Gated), now).unwrap();
         c.seal(tx, now).unwrap();
         c.request_commit(tx).unwrap();
         let Decision::Commit(plan) = c.try_commit(tx, now).unwrap() else { panic!() };
         for r in plan.releases {
             c.release_started(tx, r.effect).unwrap();
-            c.release_done(tx, r.effect, Ok(Arc::new(json!("sent")))).unwrap();
+            c.release_done(tx, r.effect, CallOutcome::done(json!("sent"))).unwrap();
         }
         assert!(matches!(c.finish_commit(tx).unwrap(), Settlement::Committed(_)));
     }

@@ -19,7 +19,7 @@
 //! | `effect_executed` | `tx`, `effect`, `output` (any JSON; registers the compensation) |
 //! | `effect_failed` | `tx`, `effect`, `error`, `unknown` |
 //! | `sealed` | `tx` |
-//! | `decided` | `tx`, `commit`, `stamp`? (commits), `reason`? (aborts: an object tagged by `kind`: `tool_failed`, `release_failed`, `vetoed`, `lost_branch`, `stale_read`, `lease_expired`, `wait_timeout`, `protocol_violation`, `explicit`, `write_conflict`, `lock_conflict`, `cascading_abort`, `phantom_tool`, with their fields) |
+//! | `decided` | `tx`, `commit`, `stamp`? (commits), `reason`? (aborts: an object tagged by `kind`: `tool_failed` (with an optional `unavailable: true` for `AbortReason::ToolUnavailable`, added within format 2), `release_failed`, `vetoed`, `lost_branch`, `stale_read`, `lease_expired`, `wait_timeout`, `protocol_violation`, `explicit`, `write_conflict`, `lock_conflict`, `cascading_abort`, `phantom_tool`, with their fields) |
 //! | `release_started` | `tx`, `effect` |
 //! | `released` | `tx`, `effect`, `output`?, `error`?, `unknown`? |
 //! | `compensated` | `tx`, `effect`, `residue`?, `error`? |

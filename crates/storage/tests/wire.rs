@@ -153,3 +153,24 @@ fn undecodable_records_say_what_is_wrong() {
         assert!(err.contains(says) && err.contains("does not decode"), "{text}: {err}");
     }
 }
+
+/// `tool_unavailable` is stored as a `tool_failed` record with the optional `unavailable` flag
+/// (a field added within format 2): it round-trips, and a reader that ignores the flag still
+/// reads a plain `tool_failed`.
+#[test]
+fn tool_unavailable_is_a_tool_failed_record_with_an_optional_flag() {
+    let event = Event::Decided {
+        tx: TxId(3),
+        commit: false,
+        stamp: None,
+        reason: Some(AbortReason::ToolUnavailable { tool: "x".into(), message: "m".into() }),
+    };
+    let text = wire::encode(0, &event).unwrap();
+    assert!(text.contains(r#""kind":"tool_failed""#) && text.contains(r#""unavailable":true"#), "{text}");
+    assert_eq!(wire::decode(&text).unwrap(), event);
+    let old_reader = text.replace(r#","unavailable":true"#, "");
+    match wire::decode(&old_reader).unwrap() {
+        Event::Decided { reason: Some(AbortReason::ToolFailed { .. }), .. } => {}
+        other => panic!("{other:?}"),
+    }
+}

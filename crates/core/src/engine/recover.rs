@@ -804,14 +804,14 @@ impl Core {
             .collect())
     }
 
-    /// Records what a probe found for a release whose outcome was unknown after a restart:
-    /// `Ok(output)` it happened, `Err((message, unknown))` it did not (or the probe did not
-    /// know). Logged as the `released` record the crash lost.
+    /// Records what a probe found for a release whose outcome was unknown after a restart
+    /// (`Done`: it happened; otherwise it did not, or the probe did not know). Logged as the
+    /// `released` record the crash lost.
     pub fn release_probed(
         &mut self,
         tx: TxId,
         effect: EffectId,
-        result: Result<Arc<serde_json::Value>, (String, bool)>,
+        result: crate::CallOutcome,
     ) -> Result<(), crate::EngineError> {
         let t = self.tx_mut(tx)?;
         let ok = t.state == TxState::Committing
@@ -826,17 +826,18 @@ impl Core {
             });
         }
         let e = &mut t.effects[effect.0 as usize];
-        match result {
-            Ok(output) => {
+        let (error, unknown) = match result {
+            crate::CallOutcome::Done { output } => {
                 e.status = EffStatus::Released;
                 e.output = Some(output.clone());
                 self.events.push(Event::Released { tx, effect, output: Some(output), error: None, unknown: false });
+                return Ok(());
             }
-            Err((error, unknown)) => {
-                e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
-                self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
-            }
-        }
+            crate::CallOutcome::NotApplied { message, .. } => (message, false),
+            crate::CallOutcome::Unknown { message } => (message, true),
+        };
+        e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
+        self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
         Ok(())
     }
 
@@ -851,13 +852,14 @@ impl Core {
             .iter()
             .enumerate()
             .rev()
-            .filter(|(_, e)| e.status == EffStatus::Executed && e.compensable)
+            .filter(|(_, e)| super::settle::needs_compensation(e))
             .map(|(i, e)| super::CompensationTask {
                 tx,
                 effect: EffectId(i as u32),
                 tool: e.tool.clone(),
                 args: e.args.clone(),
                 output: e.output.clone().unwrap_or_default(),
+                blind: e.status != EffStatus::Executed,
             })
             .collect();
         Ok(super::AbortPlan { tx, reason: t.reason.clone().unwrap_or(AbortReason::LeaseExpired), compensations })

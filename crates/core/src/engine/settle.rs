@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Action, Core, EffStatus, KeyState, Level, Ordering, Tx, disposition_for_discard};
-use crate::effect::{AbortReason, Disposition, EffectClass, EffectOutcome, Outcome, PartialCommit, Tag};
+use crate::effect::{AbortReason, CallOutcome, Disposition, EffectClass, EffectOutcome, Outcome, PartialCommit, Tag};
 use crate::error::{EngineError, TxState};
 use crate::ids::{EffectId, Epoch, Timestamp, TxId};
 use crate::ledger::Event;
@@ -22,8 +22,11 @@ pub struct CompensationTask {
     pub tool: Arc<str>,
     /// The forward call's arguments.
     pub args: Arc<Value>,
-    /// The forward call's output.
+    /// The forward call's output (null when `blind`).
     pub output: Arc<Value>,
+    /// The forward call's outcome is unknown: the compensation runs without knowing whether
+    /// it took effect, and the effect stays `unresolved` whatever the compensation reports.
+    pub blind: bool,
 }
 
 /// The compensations of a decided abort, in the order to run them (reverse issuance).
@@ -92,24 +95,28 @@ pub enum ExecResult {
 }
 
 impl Core {
-    /// Reports the result of an eager call. `Err((message, unknown))`: the call failed;
-    /// `unknown` says it may nevertheless have taken effect.
-    pub fn executed(
-        &mut self,
-        tx: TxId,
-        effect: EffectId,
-        result: Result<Arc<Value>, (String, bool)>,
-    ) -> Result<ExecResult, EngineError> {
+    /// Reports how an eager call ended, once the retry-and-probe policy is done with it. A
+    /// failure aborts the transaction: [`CallOutcome::NotApplied`] leaves nothing to undo
+    /// (`retry: true` aborts retryably, [`AbortReason::ToolUnavailable`]);
+    /// [`CallOutcome::Unknown`] may have taken effect, so the abort compensates it when the
+    /// tool has a compensation (blind: the effect is then tagged `unresolved`, never `clean`)
+    /// and otherwise tags it `unresolved`. The call is never re-executed.
+    pub fn executed(&mut self, tx: TxId, effect: EffectId, result: CallOutcome) -> Result<ExecResult, EngineError> {
         let Some(t) = self.txs.get_mut(&tx) else {
             if let Some(task) = self.late.remove(&(tx, effect)) {
                 return Ok(match result {
-                    Ok(output) => {
+                    CallOutcome::Done { output } => {
                         self.events.push(Event::EffectExecuted { tx, effect, output: output.clone() });
                         ExecResult::Late(CompensationTask { output, ..task })
                     }
-                    Err((error, unknown)) => {
-                        self.events.push(Event::EffectFailed { tx, effect, error, unknown });
+                    CallOutcome::NotApplied { message, .. } => {
+                        self.events.push(Event::EffectFailed { tx, effect, error: message, unknown: false });
                         ExecResult::Done
+                    }
+                    CallOutcome::Unknown { message } => {
+                        // It may have taken effect after its transaction settled: undo it blind.
+                        self.events.push(Event::EffectFailed { tx, effect, error: message, unknown: true });
+                        ExecResult::Late(CompensationTask { output: Arc::default(), blind: true, ..task })
                     }
                 });
             }
@@ -123,8 +130,8 @@ impl Core {
             });
         };
         t.in_flight -= 1;
-        match result {
-            Ok(output) => {
+        let (message, unknown, retry) = match result {
+            CallOutcome::Done { output } => {
                 e.status = EffStatus::Executed;
                 e.output = Some(output.clone());
                 t.lv.ext_order.push(effect.0);
@@ -140,21 +147,51 @@ impl Core {
                         tool: e.tool.clone(),
                         args: e.args.clone(),
                         output: e.output.clone().unwrap_or_default(),
+                        blind: false,
                     };
                     return Ok(ExecResult::Late(task));
                 }
-                Ok(ExecResult::Done)
+                return Ok(ExecResult::Done);
             }
-            Err((message, unknown)) => {
-                e.status = EffStatus::Failed { unknown };
-                let tool = e.tool.to_string();
-                self.events.push(Event::EffectFailed { tx, effect, error: message.clone(), unknown });
-                if t.state == TxState::Aborting {
-                    return Ok(ExecResult::Done);
-                }
-                let plan = self.abort(tx, AbortReason::ToolFailed { tool, message })?;
-                Ok(ExecResult::Aborted(plan))
+            CallOutcome::NotApplied { message, retry } => (message, false, retry),
+            CallOutcome::Unknown { message } => (message, true, false),
+        };
+        e.status = EffStatus::Failed { unknown };
+        let tool = e.tool.to_string();
+        self.events.push(Event::EffectFailed { tx, effect, error: message.clone(), unknown });
+        if t.state == TxState::Aborting {
+            if !needs_compensation(e) {
+                return Ok(ExecResult::Done);
             }
+            // Aborted while the call ran, and its outcome came back unknown: compensate it
+            // blind now, as the abort would have (see the `Done` arm for `Compensating`).
+            e.status = EffStatus::Compensating;
+            let task = CompensationTask {
+                tx,
+                effect,
+                tool: e.tool.clone(),
+                args: e.args.clone(),
+                output: Arc::default(),
+                blind: true,
+            };
+            return Ok(ExecResult::Late(task));
+        }
+        let reason = if retry {
+            AbortReason::ToolUnavailable { tool, message }
+        } else {
+            AbortReason::ToolFailed { tool, message }
+        };
+        Ok(ExecResult::Aborted(self.abort(tx, reason)?))
+    }
+
+    /// Renews the lease of an open or sealed transaction from `now` (a no-op in other states).
+    /// The runtime calls it when an eager call returns, so that a long call does not cost its
+    /// transaction the lease (see [`Core::expire_leases`] for calls still running).
+    pub fn renew_lease(&mut self, tx: TxId, now: Timestamp) {
+        if let Some(t) = self.txs.get_mut(&tx)
+            && matches!(t.state, TxState::Open | TxState::Sealed)
+        {
+            t.lease_until = t.lease_until.max(now.after(t.lease));
         }
     }
 
@@ -288,12 +325,7 @@ impl Core {
     }
 
     /// Reports the release of one held effect at commit.
-    pub fn release_done(
-        &mut self,
-        tx: TxId,
-        effect: EffectId,
-        result: Result<Arc<Value>, (String, bool)>,
-    ) -> Result<(), EngineError> {
+    pub fn release_done(&mut self, tx: TxId, effect: EffectId, result: CallOutcome) -> Result<(), EngineError> {
         let t = self.tx_mut(tx)?;
         if t.state != TxState::Committing {
             let state = t.state;
@@ -306,18 +338,19 @@ impl Core {
                 expected: "a held effect not yet released",
             });
         };
-        match result {
-            Ok(output) => {
+        let (error, unknown) = match result {
+            CallOutcome::Done { output } => {
                 e.status = EffStatus::Released;
                 e.output = Some(output.clone());
                 t.lv.ext_order.push(effect.0);
                 self.events.push(Event::Released { tx, effect, output: Some(output), error: None, unknown: false });
+                return Ok(());
             }
-            Err((error, unknown)) => {
-                e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
-                self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
-            }
-        }
+            CallOutcome::NotApplied { message, .. } => (message, false),
+            CallOutcome::Unknown { message } => (message, true),
+        };
+        e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
+        self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
         Ok(())
     }
 
@@ -427,13 +460,14 @@ impl Core {
         let epoch = t.epoch;
         let mut compensations = Vec::new();
         for (i, e) in t.effects.iter().enumerate().rev() {
-            if e.status == EffStatus::Executed && e.compensable {
+            if needs_compensation(e) {
                 compensations.push(CompensationTask {
                     tx,
                     effect: EffectId(i as u32),
                     tool: e.tool.clone(),
                     args: e.args.clone(),
                     output: e.output.clone().unwrap_or_default(),
+                    blind: e.status != EffStatus::Executed,
                 });
             }
         }
@@ -450,12 +484,22 @@ impl Core {
         result: Result<Option<String>, String>,
     ) -> Result<(), EngineError> {
         let t = self.tx_mut(tx)?;
-        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| e.status == EffStatus::Executed) else {
+        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| needs_compensation(e)) else {
             return Err(EngineError::InvalidArgument {
                 field: "effect",
                 value: format!("{tx}{effect}"),
                 expected: "an executed effect awaiting compensation",
             });
+        };
+        // A call whose outcome stayed unknown was compensated without knowing whether it took
+        // effect: the world is probably right, but nothing proves it, so the residue note
+        // keeps it `unresolved` (live and on replay alike: the note is in the record).
+        let result = match (result, &e.status) {
+            (Ok(residue), EffStatus::Failed { unknown: true }) => Ok(Some(match residue {
+                Some(r) => format!("{BLIND_COMPENSATION}; residue: {r}"),
+                None => BLIND_COMPENSATION.to_owned(),
+            })),
+            (r, _) => r,
         };
         let (residue, error) = match result {
             Ok(residue) => {
@@ -471,20 +515,29 @@ impl Core {
         Ok(())
     }
 
-    /// Records the compensation of an effect that completed after its transaction settled.
-    pub fn late_compensated(&mut self, tx: TxId, effect: EffectId, result: Result<Option<String>, String>) {
+    /// Records the compensation of an effect that completed after its transaction settled
+    /// (`blind`: its outcome came back unknown, see [`CompensationTask::blind`]).
+    pub fn late_compensated(
+        &mut self,
+        tx: TxId,
+        effect: EffectId,
+        result: Result<Option<String>, String>,
+        blind: bool,
+    ) {
         if let Some(e) = self.txs.get_mut(&tx).and_then(|t| t.effects.get_mut(effect.0 as usize))
             && e.status == EffStatus::Compensating
         {
             // Still aborting: record it as any other compensation.
-            e.status = EffStatus::Executed;
+            e.status = if blind { EffStatus::Failed { unknown: true } } else { EffStatus::Executed };
             if self.compensated(tx, effect, result).is_err() {
                 debug_assert!(false, "late compensation of {tx}{effect} refused");
             }
             return;
         }
-        let clean = matches!(result, Ok(None));
+        let clean = !blind && matches!(result, Ok(None));
         let (residue, error) = match result {
+            Ok(Some(r)) if blind => (Some(format!("{BLIND_COMPENSATION}; residue: {r}")), None),
+            Ok(None) if blind => (Some(BLIND_COMPENSATION.to_owned()), None),
             Ok(r) => (r, None),
             Err(e) => (None, Some(e)),
         };
@@ -541,6 +594,7 @@ impl Core {
                             tool: e.tool.clone(),
                             args: e.args.clone(),
                             output: Arc::default(),
+                            blind: false,
                         },
                     );
                 }
@@ -585,6 +639,15 @@ impl Core {
             if t.lease_until > now {
                 // Renewed since this entry was made.
                 self.leases.insert((t.lease_until, tx));
+                continue;
+            }
+            if t.in_flight > 0 {
+                // A call is running: its caller still holds the transaction, and the lease
+                // runs on while it does (the runtime reports a call whose future was dropped
+                // as an unknown outcome, so a running call always ends).
+                let until = now.after(t.lease);
+                self.txs.get_mut(&tx).expect("present").lease_until = until;
+                self.leases.insert((until, tx));
                 continue;
             }
             // The entry is gone from `leases` already; abort() tolerates that.
@@ -674,4 +737,14 @@ impl Core {
             self.actions.push(Action::Wake(w));
         }
     }
+}
+
+/// The residue note of a compensation run for a call whose outcome was unknown.
+pub(super) const BLIND_COMPENSATION: &str =
+    "the call's outcome was unknown; compensated without knowing whether it took effect";
+
+/// Whether an abort compensates this effect: it executed, or its outcome stayed unknown (it
+/// may have executed), and the tool has a compensation handler.
+pub(super) fn needs_compensation(e: &super::Eff) -> bool {
+    e.compensable && matches!(e.status, EffStatus::Executed | EffStatus::Failed { unknown: true })
 }

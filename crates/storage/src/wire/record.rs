@@ -158,6 +158,11 @@ pub(crate) enum ReasonRecord<'a> {
         tool: Cow<'a, str>,
         #[serde(borrow)]
         message: Cow<'a, str>,
+        /// Added in format 2 without a version bump (optional, absent = false): the call
+        /// certainly did not take effect and failed transiently to the last attempt
+        /// (`AbortReason::ToolUnavailable`). An older reader sees a plain `tool_failed`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        unavailable: bool,
     },
     ReleaseFailed {
         #[serde(borrow)]
@@ -262,7 +267,12 @@ fn b(s: &str) -> Cow<'_, str> {
 
 fn reason(r: &AbortReason) -> Result<ReasonRecord<'_>, String> {
     Ok(match r {
-        AbortReason::ToolFailed { tool, message } => ReasonRecord::ToolFailed { tool: b(tool), message: b(message) },
+        AbortReason::ToolFailed { tool, message } => {
+            ReasonRecord::ToolFailed { tool: b(tool), message: b(message), unavailable: false }
+        }
+        AbortReason::ToolUnavailable { tool, message } => {
+            ReasonRecord::ToolFailed { tool: b(tool), message: b(message), unavailable: true }
+        }
         AbortReason::ReleaseFailed { tool, message } => {
             ReasonRecord::ReleaseFailed { tool: b(tool), message: b(message) }
         }
@@ -461,8 +471,11 @@ impl ReasonRecord<'_> {
     fn into_reason(self) -> AbortReason {
         let o = Cow::into_owned;
         match self {
-            ReasonRecord::ToolFailed { tool, message } => {
+            ReasonRecord::ToolFailed { tool, message, unavailable: false } => {
                 AbortReason::ToolFailed { tool: o(tool), message: o(message) }
+            }
+            ReasonRecord::ToolFailed { tool, message, unavailable: true } => {
+                AbortReason::ToolUnavailable { tool: o(tool), message: o(message) }
             }
             ReasonRecord::ReleaseFailed { tool, message } => {
                 AbortReason::ReleaseFailed { tool: o(tool), message: o(message) }
