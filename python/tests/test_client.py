@@ -249,6 +249,23 @@ def test_tools_of_this_process_are_served_by_its_worker_thread(client: tidegate.
     assert tx2.outcome is not None and tx2.outcome.tags == {0: "clean"}
 
 
+@tidegate.tool(scope=lambda n, **_: f"kv:py:async{n}", effect="reversible")
+async def double(n: int) -> int:
+    return 2 * n
+
+
+def test_async_blocks_and_coroutine_tools_of_this_process(client: tidegate.Client) -> None:
+    import asyncio
+
+    async def main() -> Any:
+        async with client.transaction(may_touch=["kv:py:async21"]) as tx:
+            out = await double(21)
+        return out, tx.outcome
+
+    out, outcome = asyncio.run(main())
+    assert out == 42 and outcome is not None and outcome.committed
+
+
 @tidegate.tool(scope="kv:py:flaky", effect="reversible")
 def flaky(n: int) -> int:
     raise ConnectionError("the provider refused")

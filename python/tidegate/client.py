@@ -633,6 +633,16 @@ class RemoteTransaction(Transaction):
         """The asyncio form of :meth:`call` (runs the request on a thread)."""
         return await asyncio.to_thread(self.call, tool, *args, **kwargs)
 
+    async def _acall(
+        self,
+        tool: Tool,
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        scopes: Optional[List[str]],
+        key: Optional[str] = None,
+    ) -> Any:
+        return await asyncio.to_thread(self._call, tool, args, kwargs, scopes, key)
+
     def _effect(self, tool: str, payload: Dict[str, Any], key: Optional[str], scopes: Optional[List[str]]) -> Any:
         body: Dict[str, Any] = {"tool": tool, "args": payload}
         if key is not None:
