@@ -85,7 +85,7 @@ fn trial(cfg: &Config, si: u32, ri: Option<u32>, granularity: Granularity, seed:
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xbeef);
     let mut buffer_sum = 0usize;
     for i in 0..cfg.transactions {
-        let (template, params) = g.next();
+        let (template, params) = g.next_request();
         let suspicious = si > 0 && i % si == 0;
         m.request(Request {
             template,
@@ -168,7 +168,7 @@ fn perf(
     if mode == "direct" {
         crate::exec::install_marker_table(db.as_mut())?;
         for i in 0..n {
-            let (name, params) = g.next();
+            let (name, params) = g.next_request();
             let t = set.get(&name).ok_or_else(|| crate::Error::UnknownTemplate(name.clone()))?;
             let t0 = Instant::now();
             match crate::exec::execute(db.as_mut(), &set, t, &params, u64::from(i) + 1, false) {
@@ -185,7 +185,7 @@ fn perf(
         Manager::open(set, db, Box::new(MemoryLog::new()), Options { strategy, granularity: Granularity::Field })?;
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
     for i in 0..n {
-        let (template, params) = g.next();
+        let (template, params) = g.next_request();
         let suspicious = si > 0 && i % si == 0;
         let t0 = Instant::now();
         m.request(Request { template, params, sender: "bench".into(), suspicious })?;
@@ -228,7 +228,7 @@ fn double_execution(
     let mut g = Generator::new(cfg.scale, cfg.seed);
     let start = Instant::now();
     for _ in 0..n {
-        let (template, params) = g.next();
+        let (template, params) = g.next_request();
         let id = m.request(Request { template, params, sender: "llm".into(), suspicious: true })?;
         if !m.status(id)?.status.is_final() {
             m.review(id, Decision::Remove, "bench")?;

@@ -6,6 +6,7 @@
 //! rewritten by [`crate::value::bind`]. Constraint violations are reported as non-retryable
 //! [`Error::Database`]; connection trouble and serialisation failures as retryable.
 
+#[cfg(feature = "postgres")]
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
@@ -97,7 +98,7 @@ impl Database for SqliteDatabase {
 
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>> {
         let mut st = self.conn.prepare_cached(sql).map_err(|e| sqlite_err(sql, e))?;
-        let names: Vec<String> = st.column_names().into_iter().map(str::to_owned).collect();
+        let names: Vec<String> = st.column_names().map(str::to_owned).collect();
         let mut rows =
             st.query(rusqlite::params_from_iter(params.iter().map(to_sqlite))).map_err(|e| sqlite_err(sql, e))?;
         let mut out = Vec::new();

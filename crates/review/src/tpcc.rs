@@ -350,7 +350,7 @@ impl Generator {
     }
 
     /// The next request: template name and parameters.
-    pub fn next(&mut self) -> (String, Value) {
+    pub fn next_request(&mut self) -> (String, Value) {
         let t = self.next_type();
         self.of_type(t)
     }

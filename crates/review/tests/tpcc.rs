@@ -21,10 +21,12 @@ fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+#[cfg(feature = "postgres")]
 fn pg_url() -> String {
     std::env::var("TIDEGATE_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+#[cfg(feature = "postgres")]
 /// A fresh PostgreSQL schema, or `None` (with a message) when no server answers.
 fn pg(schema: &str) -> Option<tidegate_review::PgDatabase> {
     match tidegate_review::PgDatabase::connect(&pg_url(), None) {
@@ -80,7 +82,7 @@ fn sequence(
                 assert_eq!(st, Status::Removed, "{}", ctx(i));
             }
         } else {
-            let (template, params) = g.next();
+            let (template, params) = g.next_request();
             let suspicious = rng.gen_bool(0.25);
             m.request(Request {
                 template,
@@ -137,6 +139,7 @@ fn tpcc_stays_consistent_under_random_reviews_buffer_compensating_sqlite() {
     run(Strategy::BufferCompensating, &|_| Some(Box::new(SqliteDatabase::memory().unwrap())), 40);
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn tpcc_stays_consistent_under_random_reviews_buffer_suspicious_postgres() {
     run(
@@ -146,6 +149,7 @@ fn tpcc_stays_consistent_under_random_reviews_buffer_suspicious_postgres() {
     );
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn tpcc_stays_consistent_under_random_reviews_buffer_compensating_postgres() {
     run(
@@ -179,7 +183,7 @@ fn every_transaction_type_commits_and_keeps_tpcc_consistent_without_review() {
         assert_consistent(&mut m, &template);
     }
     for _ in 0..200 {
-        let (template, params) = g.next();
+        let (template, params) = g.next_request();
         m.request(Request { template, params, sender: "clerk".into(), suspicious: false }).unwrap();
     }
     assert_consistent(&mut m, "200 more");
