@@ -882,7 +882,7 @@ fn a_checkpoint_from_before_the_replay_guard_loads_and_accepts_late_records() {
     let nl = bytes.iter().position(|&b| b == b'\n').unwrap();
     let mut state: serde_json::Value = serde_json::from_slice(&bytes[nl + 1..]).unwrap();
     let obj = state.as_object_mut().unwrap();
-    assert!(obj.remove("guard").is_some() && obj.remove("dirty").is_some());
+    assert!(obj.remove("guard").is_some() && obj.remove("dirty").is_some() && obj.remove("dirty_epochs").is_some());
     let state = serde_json::to_vec(&state).unwrap();
     let old = format!(
         "tidegate-checkpoint {{\"format\":1,\"ledger_format\":2,\"lsn\":{},\"len\":{},\"fnv1a64\":\"{:016x}\"}}\n",

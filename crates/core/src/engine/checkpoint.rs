@@ -218,7 +218,7 @@ impl Replay {
         }
         core.cfg = cfg;
         core.scopes = scopes;
-        if core.dirty.is_empty() {
+        if core.dirty.is_empty() && core.dirty_epochs.is_empty() {
             // A checkpoint from before dirty marks: rebuild them from the transactions.
             core.rebuild_dirty_marks();
         }

@@ -56,6 +56,15 @@ impl Core {
                 return Err(format!("{id} names group {g} which does not list it"));
             }
         }
+        let mut marks: BTreeMap<Epoch, u32> = BTreeMap::new();
+        for t in self.txs.values() {
+            for e in t.effects.iter().filter(|e| Core::marks_dirty(e)) {
+                *marks.entry(t.epoch).or_insert(0) += e.scopes.len() as u32;
+            }
+        }
+        if marks != self.dirty_epochs {
+            return Err(format!("dirty-mark counts {:?} differ from the transactions' {marks:?}", self.dirty_epochs));
+        }
         if undeclared != self.undeclared {
             return Err(format!(
                 "undeclared-epoch multiset {:?} differs from the open undeclared transactions {undeclared:?}",

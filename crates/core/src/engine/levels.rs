@@ -109,7 +109,7 @@ impl Core {
             // for the settlement and cascades a retraction; below L2 reading them is A3,
             // which those levels admit (docs/levels.md).
             Touch::Read => {
-                !self.dirty.is_empty()
+                self.dirty_elsewhere(epoch)
                     && self.dirty.claimed_by_other(scope, epoch)
                     && self.txs.values().any(|o| {
                         o.epoch != epoch
@@ -120,15 +120,15 @@ impl Core {
                     })
             }
             Touch::Held => {
-                !self.dirty.is_empty()
-                    && if ordered {
-                        self.dirty.claimed_after(scope, epoch)
-                    } else {
-                        self.dirty.claimed_by_other(scope, epoch)
-                    }
+                if ordered {
+                    self.dirty_epochs.last_key_value().is_some_and(|(e, _)| *e > epoch)
+                        && self.dirty.claimed_after(scope, epoch)
+                } else {
+                    self.dirty_elsewhere(epoch) && self.dirty.claimed_by_other(scope, epoch)
+                }
             }
             Touch::Eager => {
-                (!self.dirty.is_empty() && self.dirty.claimed_by_other(scope, epoch))
+                (self.dirty_elsewhere(epoch) && self.dirty.claimed_by_other(scope, epoch))
                     || self.held_elsewhere(tx, epoch, scope, ordered)
             }
         };
@@ -141,6 +141,23 @@ impl Core {
             Err(e) => debug_assert!(false, "eager-isolation abort of {tx} failed: {e}"),
         }
         Err(EngineError::LockConflict { tx, scope })
+    }
+
+    /// Whether a transaction at another epoch holds a dirty mark (O(1)).
+    fn dirty_elsewhere(&self, epoch: Epoch) -> bool {
+        self.dirty_epochs.first_key_value().is_some_and(|(e, _)| *e != epoch)
+            || self.dirty_epochs.last_key_value().is_some_and(|(e, _)| *e != epoch)
+    }
+
+    fn count_mark(&mut self, epoch: Epoch, add: bool) {
+        if add {
+            *self.dirty_epochs.entry(epoch).or_insert(0) += 1;
+        } else if let Some(n) = self.dirty_epochs.get_mut(&epoch) {
+            *n -= 1;
+            if *n == 0 {
+                self.dirty_epochs.remove(&epoch);
+            }
+        }
     }
 
     /// Whether another unfinished, not aborting transaction (an earlier one, if `ordered`)
@@ -168,6 +185,7 @@ impl Core {
         if Self::marks_dirty(e) {
             for s in &e.scopes {
                 self.dirty.claim(s, epoch);
+                self.count_mark(epoch, true);
             }
         }
     }
@@ -186,6 +204,7 @@ impl Core {
             .collect();
         for (epoch, s) in marks {
             self.dirty.claim(&s, epoch);
+            self.count_mark(epoch, true);
         }
     }
 
@@ -200,6 +219,7 @@ impl Core {
         for e in t.effects.iter().filter(|e| Self::marks_dirty(e)) {
             for s in &e.scopes {
                 self.dirty.unclaim(s, t.epoch);
+                self.count_mark(t.epoch, false);
                 if !committed && self.cfg.level >= Level::L1 {
                     let stamp = *bumped.get_or_insert_with(|| {
                         // Saturating: at the end of the range the next commit is refused.

@@ -428,6 +428,10 @@ pub struct Core {
     /// consulted at L1 and above.
     #[serde(default)]
     dirty: ScopeIndex,
+    /// How many dirty marks each epoch holds: whether another epoch holds any is O(1), so a
+    /// transaction alone with its own marks queries nothing.
+    #[serde(default)]
+    dirty_epochs: BTreeMap<Epoch, u32>,
     /// Replay's checks of the ledger's order (recover.rs); unused by a live engine.
     #[serde(default = "recover::ReplayGuard::of_old_checkpoint")]
     guard: recover::ReplayGuard,
@@ -480,6 +484,7 @@ impl Core {
             traces: Vec::new(),
             retracted: HashMap::default(),
             dirty: ScopeIndex::default(),
+            dirty_epochs: BTreeMap::new(),
             guard: recover::ReplayGuard::default(),
         }
     }
