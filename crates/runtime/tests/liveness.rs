@@ -243,7 +243,7 @@ async fn dropped_call_is_settled_not_left_in_flight() {
     assert!(timeout(Duration::from_millis(100), tx.call(&t, json!({"id": "B"}))).await.is_err());
     settled(&tx).await;
     assert_eq!(counts.comps.load(Ordering::SeqCst), 1, "compensated blind");
-    assert!(matches!(tx.state(), Err(Error::Engine(EngineError::Settled { .. }))));
+    assert!(matches!(tx.state(), Err(Error::Finished { committed: false, settled: true, .. })));
     let next = tg.begin_with(on("B")).unwrap();
     next.seal().unwrap();
     assert!(timeout(NEVER, next.commit()).await.unwrap().unwrap().committed);

@@ -525,8 +525,14 @@ impl Core {
                 }
                 e.output = Some(output.clone());
             }
-            Event::EffectFailed { tx, effect, .. }
-                if !self.txs.contains_key(tx) && self.guard.late_calls.remove(&(*tx, *effect)) => {}
+            Event::EffectFailed { tx, effect, unknown, .. }
+                if !self.txs.contains_key(tx) && self.guard.late_calls.remove(&(*tx, *effect)) =>
+            {
+                // A late call whose outcome came back unknown is compensated blind.
+                if *unknown {
+                    self.guard.late_comps.insert((*tx, *effect));
+                }
+            }
             Event::EffectFailed { tx, effect, unknown, .. } => {
                 let t = self.replay_tx(*tx)?;
                 let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
@@ -674,7 +680,9 @@ impl Core {
                 let t = self.replay_tx(*tx)?;
                 let state = t.state;
                 let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
-                if state != TxState::Aborting || e.status != EffStatus::Executed {
+                // Executed, or failed with an unknown outcome (compensated blind).
+                let compensable = matches!(e.status, EffStatus::Executed | EffStatus::Failed { unknown: true });
+                if state != TxState::Aborting || !compensable {
                     return refuse(
                         R::IllegalTransition,
                         format!(
