@@ -2098,7 +2098,9 @@ fn check_cells(h: &History, txs: &BTreeMap<TxId, LTx>, cov: &mut Coverage) -> Re
     };
     for t in txs.values().filter(|t| !t.committed()) {
         let tags = t.settled.as_ref().map(|(_, d)| d.clone()).unwrap_or_default();
-        for (i, e) in sets(t) {
+        // Every set, executed or not: one that failed with an unknown outcome may have acted,
+        // and its tag says whether its blind compensation undid it.
+        for (i, e) in t.effects.iter().enumerate().filter(|(_, e)| e.tool == "set") {
             if e.returned_after_abort || !matches!(tags.get(i), Some((_, Tag::Clean))) {
                 skip.extend(e.scopes.iter().cloned());
             }
