@@ -22,7 +22,7 @@ fn classify(err: &Error) -> (&'static str, String) {
                 "stale_read" => "StaleRead",
                 "vetoed" => "Vetoed",
                 "protocol_violation" => "ProtocolViolation",
-                "tool_failed" => "ToolFailed",
+                "tool_failed" | "tool_unavailable" => "ToolFailed",
                 "release_failed" => "ReleaseFailed",
                 "lost_branch" => "LostBranch",
                 "lease_expired" => "LeaseExpired",
@@ -51,6 +51,7 @@ fn classify(err: &Error) -> (&'static str, String) {
         Error::Store(_) => ("StoreError", "store".into()),
         Error::InvalidArgument { .. } => ("InvalidArgument", "invalid_argument".into()),
         Error::UnknownTool { .. } => ("UnknownTool", "unknown_tool".into()),
+        Error::CallInterrupted { .. } => ("WrongState", "settled".into()),
         _ => ("TidegateError", "engine".into()),
     }
 }

@@ -268,6 +268,10 @@ impl Transaction {
             },
             ExecResult::Aborted(plan) => Err(Error::Aborted(Box::new(self.engine.run_abort_detached(plan).await?))),
             ExecResult::Late(task) => {
+                let detail = match result.message() {
+                    Some(m) => format!("{m} (outcome unknown; compensated blind)"),
+                    None => "it returned after the abort and was compensated".to_owned(),
+                };
                 let tg = self.engine.clone();
                 self.engine
                     .detached(async move {
@@ -275,7 +279,7 @@ impl Transaction {
                         Ok(())
                     })
                     .await?;
-                Err(self.interrupted(tool, "it returned after the abort and was compensated".to_owned()))
+                Err(self.interrupted(tool, detail))
             }
         }
     }
