@@ -90,6 +90,10 @@ impl Claims {
 #[derive(Debug, Default)]
 pub(crate) struct ScopeIndex {
     roots: HashMap<Box<str>, Node>,
+    /// Keep nodes whose claims are all gone (the dirty-mark index: scopes marked once are
+    /// usually marked again, and re-creating their path on every mark costs allocations).
+    /// Not serialised; such nodes hold nothing.
+    keep_vacant: bool,
 }
 
 /// One node of the index in its serialised (checkpoint) form: the node's path and what ends
@@ -182,6 +186,16 @@ impl<'de> serde::Deserialize<'de> for ScopeIndex {
 }
 
 impl ScopeIndex {
+    /// An index that keeps the nodes its claims leave vacant (see the field).
+    pub(crate) fn keeping_vacant_nodes() -> ScopeIndex {
+        ScopeIndex { roots: HashMap::default(), keep_vacant: true }
+    }
+
+    /// Makes this index keep vacant nodes from now on.
+    pub(crate) fn keep_vacant_nodes(&mut self) {
+        self.keep_vacant = true;
+    }
+
     /// Registers that the transaction at `epoch` may touch `scope` until [`Self::unclaim`].
     pub(crate) fn claim(&mut self, scope: &Scope, epoch: Epoch) {
         let mut node = self.roots.entry(scope.kind().into()).or_default();
@@ -220,6 +234,14 @@ impl ScopeIndex {
         // other branch of it exists, since vacant nodes are never kept).
         let root = self.roots.get_mut(scope.kind()).expect("present");
         root.sub.remove(e);
+        if self.keep_vacant {
+            let mut node: &mut Node = root;
+            for seg in scope.segments() {
+                node = node.children.get_mut(seg).expect("walked above");
+                node.sub.remove(e);
+            }
+            return;
+        }
         if root.sub.is_empty() && root.write_sub == 0 {
             self.roots.remove(scope.kind());
             return;
@@ -434,6 +456,18 @@ mod tests {
         };
         // A small stack, so that a recursion per segment would certainly overflow it.
         std::thread::Builder::new().stack_size(256 * 1024).spawn(run).unwrap().join().unwrap();
+    }
+
+    #[test]
+    fn an_index_keeping_vacant_nodes_answers_as_one_that_prunes() {
+        let mut ix = ScopeIndex::keeping_vacant_nodes();
+        ix.claim(&s("kv:a:b"), Epoch(3));
+        ix.unclaim(&s("kv:a:b"), Epoch(3));
+        assert!(!ix.blocked_before(&s("kv:a"), Epoch(9)) && !ix.claimed_by_other(&s("kv:a:b:c"), Epoch(1)));
+        assert_eq!(ix.node_count(), 3, "the path stays for the next mark");
+        assert!(ix.flatten().is_empty(), "vacant nodes are not checkpointed");
+        ix.claim(&s("kv:a:b"), Epoch(4));
+        assert!(ix.claimed_after(&s("kv:a"), Epoch(3)) && !ix.claimed_after(&s("kv:a"), Epoch(4)));
     }
 
     #[test]

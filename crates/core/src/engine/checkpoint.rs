@@ -218,6 +218,7 @@ impl Replay {
         }
         core.cfg = cfg;
         core.scopes = scopes;
+        core.dirty.keep_vacant_nodes();
         if core.dirty.is_empty() && core.dirty_epochs.is_empty() {
             // A checkpoint from before dirty marks: rebuild them from the transactions.
             core.rebuild_dirty_marks();

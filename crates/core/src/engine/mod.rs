@@ -483,7 +483,7 @@ impl Core {
             committing: SmallVec::new(),
             traces: Vec::new(),
             retracted: HashMap::default(),
-            dirty: ScopeIndex::default(),
+            dirty: ScopeIndex::keeping_vacant_nodes(),
             dirty_epochs: BTreeMap::new(),
             guard: recover::ReplayGuard::default(),
         }
