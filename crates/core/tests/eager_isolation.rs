@@ -11,8 +11,8 @@ use std::sync::Arc;
 use serde_json::json;
 use tidegate_core::engine::{AbortPlan, BeginRequest, Decision, ExecResult, Recorded, Settlement};
 use tidegate_core::{
-    AbortReason, Action, CallOutcome, Core, CoreConfig, EffectClass, EffectDecl, EffectId, EngineError, Level, Ordering, Timestamp,
-    TxId,
+    AbortReason, Action, CallOutcome, Core, CoreConfig, EffectClass, EffectDecl, EffectId, EngineError, Level,
+    Ordering, Timestamp, TxId,
 };
 
 const NOW: Timestamp = Timestamp(0);

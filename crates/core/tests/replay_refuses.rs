@@ -14,8 +14,8 @@ use tidegate_core::engine::{
     AbortPlan, BeginRequest, Decision, ExecResult, Recorded, RecoverError, Recovery, Replay, ReplayRule, Settlement,
 };
 use tidegate_core::{
-    AbortReason, CallOutcome, Core, CoreConfig, EffectClass, EffectDecl, EngineError, Epoch, Event, GroupId, ScopeRegistry,
-    Timestamp, TxId, TxState,
+    AbortReason, CallOutcome, Core, CoreConfig, EffectClass, EffectDecl, EngineError, Epoch, Event, GroupId,
+    ScopeRegistry, Timestamp, TxId, TxState,
 };
 
 fn reg() -> ScopeRegistry {
@@ -480,7 +480,11 @@ fn workload(seed: u64) -> Vec<Event> {
                     if let Ok(Recorded::Execute(e)) = c.record_effect(tx, d, now) {
                         if rng.gen_bool(0.85) {
                             let r = if rng.gen_bool(0.1) {
-                                if rng.gen_bool(0.5) { CallOutcome::unknown("down") } else { CallOutcome::not_applied("down", false) }
+                                if rng.gen_bool(0.5) {
+                                    CallOutcome::unknown("down")
+                                } else {
+                                    CallOutcome::not_applied("down", false)
+                                }
                             } else {
                                 CallOutcome::done(json!(1))
                             };
@@ -565,7 +569,8 @@ fn drive_to_quiescence(mut c: Core, rec: Recovery) -> Result<(), String> {
     }
     for tx in rec.committing {
         for r in c.unknown_releases(tx).map_err(|e| fail("unknown releases", e))? {
-            c.release_probed(tx, r.effect, CallOutcome::not_applied("probe: no", false)).map_err(|e| fail("probe", e))?;
+            c.release_probed(tx, r.effect, CallOutcome::not_applied("probe: no", false))
+                .map_err(|e| fail("probe", e))?;
         }
         let plan = c.resume_commit(tx).map_err(|e| fail("resume commit", e))?;
         for r in plan.releases {

@@ -11,8 +11,8 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tidegate_core::engine::SealedView;
 use tidegate_runtime::{
-    AbortReason, Ack, Compensation, Disposition, EffectClass, Error, PreCommitHook, Tag, Tidegate, Tool,
-    TxOptions, TxState, Verdict,
+    AbortReason, Ack, Compensation, Disposition, EffectClass, Error, PreCommitHook, Tag, Tidegate, Tool, TxOptions,
+    TxState, Verdict,
 };
 use tokio::time::{sleep, timeout};
 
