@@ -345,7 +345,15 @@ async fn metrics_health_and_request_ids_are_served() {
     let r = h.req("GET", "/readyz", None, None).await;
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.body["tenants"], 1);
-    let m = h.req("GET", "/metrics", None, None).await;
+    // The commit's latency is recorded just after its settlement becomes visible: poll.
+    let mut m = h.req("GET", "/metrics", None, None).await;
+    for _ in 0..100 {
+        if m.text.contains("tidegate_commits_total 1") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        m = h.req("GET", "/metrics", None, None).await;
+    }
     for name in [
         "tidegate_http_requests_total",
         "tidegate_commit_latency_seconds_bucket",
