@@ -237,3 +237,20 @@ fn a_transaction_released_after_a_held_suspicious_one_respects_its_future_compen
     assert_eq!(m.stats().refused_removals, 0);
     assert_eq!(m.status(c).unwrap().status, Status::Failed, "50 - 60 is refused by the database");
 }
+
+#[test]
+fn a_given_compensation_runs_on_removal_and_a_template_strategy_overrides_the_deployment() {
+    let mut m = bank(Strategy::BufferSuspicious, Granularity::Field);
+    let b = m.request(req("bonus", json!({"id": 1, "amount": 10}), true)).unwrap();
+    assert_eq!(
+        m.status(b).unwrap().status,
+        Status::ExecutedAwaitingReview,
+        "the template asks for buffer-compensating"
+    );
+    assert_eq!(balance(&mut m, 1), 60);
+    let w = m.request(req("withdraw", json!({"id": 1, "amount": 45}), false)).unwrap();
+    assert_eq!(m.status(w).unwrap().waits_for, vec![b], "the given compensation decrements: checked as predicted");
+    m.review(b, Decision::Remove, "rita").unwrap();
+    assert_eq!(balance(&mut m, 1), 5);
+    assert_eq!(m.status(w).unwrap().status, Status::Committed);
+}
