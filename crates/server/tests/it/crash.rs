@@ -368,18 +368,13 @@ async fn sigkill_under_64_client_load_loses_no_acknowledged_commit_and_delivers_
     }
 }
 
-/// Found by the crash test (1 s leases): an orphaned transaction whose
-/// reversible effect was in flight at the kill is aborted by its lease at the next start
-/// (`decided`, `settled` with the effect `unresolved`), and then the runtime's recovery of the
-/// in-flight effect appends `effect_failed` ("outcome unknown after restart and the tool has no
-/// probe") for the settled transaction. The ledger no longer replays: the shutdown checkpoint
-/// fails, `tidegate ledger verify` reports "event for tx-N, which is not open", and the tenant
-/// cannot be opened again. A runtime bug (crates/runtime recovery vs lease expiry), outside
-/// the server; un-ignore once it is fixed. `TIDEGATE_CRASH_SEED=1 cargo test -p
-/// tidegate-server --test it -- --ignored crash_finding` fails on the reference machine with
-/// `503 tenant_unavailable` after the third restart ("ledger is corrupt at LSN ...").
+/// Regression (found by this crash test with 1 s leases): an orphaned transaction whose
+/// reversible effect was in flight at the kill is aborted by its lease at the next start, and
+/// recovery then reported the in-flight effect's unknown outcome for the settled transaction.
+/// Replay refused that late record, so the tenant could not be opened again. Replay now
+/// accepts a late result (and the blind compensation of an unknown one) as the live engine
+/// records it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runtime bug: recovery appends effect_failed after a lease-expiry abort settled the transaction"]
 async fn crash_finding_recovery_of_an_in_flight_effect_races_the_lease_expiry_abort() {
     let Some(bin) = binary() else {
         eprintln!("skipped: no tidegate binary (set TIDEGATE_BIN or `cargo build -p tidegate`)");
