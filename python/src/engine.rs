@@ -135,7 +135,17 @@ impl Engine {
                 attempts: retry_attempts,
                 initial_backoff: backoff,
                 max_backoff: backoff.max(Duration::from_secs(1)),
-            });
+            })
+            // Settlement runs in tasks of the engine's own: they keep the operation's context
+            // (asyncio loop, released outputs, the exception a callback raised).
+            .task_scope(Arc::new(|| {
+                let ctx = crate::calls::current();
+                Box::new(move |fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| match ctx {
+                    Some(c) => Box::pin(crate::calls::CTX.scope(c, fut))
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+                    None => fut,
+                })
+            }));
         let trace = match &trace {
             Some(path) => {
                 let t = Arc::new(FileTrace::create(path).map_err(|e| {

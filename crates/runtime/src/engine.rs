@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 use tidegate_core::engine::{BeginRequest, Stats};
@@ -94,7 +95,17 @@ pub struct Builder {
     retry: RetryPolicy,
     trace: Option<Arc<dyn TraceSink>>,
     checkpoints: CheckpointPolicy,
+    task_scope: Option<TaskScope>,
 }
+
+/// Carries a caller's task-local context into the tasks the engine spawns to settle its
+/// transactions (settlement runs in a task of its own so that it never depends on the
+/// caller's future). Called on the caller's task when the engine spawns; the wrapper it returns
+/// runs the settlement future inside the caller's context (e.g. a `tokio::task_local!` scope).
+/// A binding whose handlers read a task-local (the Python package) sets it with
+/// [`Builder::task_scope`].
+pub type TaskScope =
+    Arc<dyn Fn() -> Box<dyn FnOnce(BoxFuture<'static, ()>) -> BoxFuture<'static, ()> + Send> + Send + Sync>;
 
 impl fmt::Debug for Builder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -106,6 +117,13 @@ impl Builder {
     /// Lease of open transactions (default 30 s; must be positive, checked at build).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.cfg.lease = lease;
+        self
+    }
+
+    /// Carries the caller's task-local context into the engine's settlement tasks (see
+    /// [`TaskScope`]).
+    pub fn task_scope(mut self, scope: TaskScope) -> Self {
+        self.task_scope = Some(scope);
         self
     }
 
@@ -283,6 +301,7 @@ impl Builder {
                 poisoned: AtomicBool::new(false),
                 stop: Notify::new(),
                 trace: self.trace,
+                task_scope: self.task_scope,
                 turnstile: Notify::new(),
                 turnstile_used: AtomicBool::new(false),
                 level,
@@ -398,6 +417,8 @@ pub(crate) struct Inner {
     pub(crate) stop: Notify,
     /// Where operation records go, when tracing.
     pub(crate) trace: Option<Arc<dyn TraceSink>>,
+    /// Carries the caller's task-local context into settlement tasks.
+    pub(crate) task_scope: Option<TaskScope>,
     /// Woken whenever an eager call returns, for L3's issuance-order turnstile.
     pub(crate) turnstile: Notify,
     /// Set once a call has waited at the turnstile, so that engines that never need it skip
@@ -440,6 +461,7 @@ impl Tidegate {
             retry: RetryPolicy::default(),
             trace: None,
             checkpoints: CheckpointPolicy::default(),
+            task_scope: None,
         }
     }
 

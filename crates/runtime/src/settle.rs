@@ -31,7 +31,9 @@ impl Tidegate {
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> tokio::task::JoinHandle<Result<T>> {
         let inner = self.inner.clone();
-        self.inner.handle.spawn(async move {
+        // Taken on the caller's task: the wrapper re-enters the caller's context in the task.
+        let scope = self.inner.task_scope.as_ref().map(|f| f());
+        let body = async move {
             let stop = inner.stop.notified();
             tokio::pin!(stop);
             // Registered before the check, so a stop between the two is not missed.
@@ -43,6 +45,18 @@ impl Tidegate {
                 r = work => r,
                 () = stop => Err(Error::Store(tidegate_storage::StoreError::Closed)),
             }
+        };
+        self.inner.handle.spawn(async move {
+            let Some(wrap) = scope else { return body.await };
+            let slot = std::sync::Arc::new(parking_lot::Mutex::new(None));
+            let out = slot.clone();
+            wrap(Box::pin(async move {
+                let r = body.await;
+                *out.lock() = Some(r);
+            }))
+            .await;
+            let r = slot.lock().take();
+            r.unwrap_or(Err(Error::Store(tidegate_storage::StoreError::Closed)))
         })
     }
 
