@@ -40,9 +40,14 @@ where
 /// Runs an engine future on the calling thread keeping the interpreter attached. Only for
 /// operations that never wait for another thread that may need the interpreter (an eager call
 /// on an in-memory engine: its only waits are the tool itself and retry backoff).
-pub(crate) fn block_attached<F: Future>(py: Python<'_>, ctx: Arc<CallCtx>, fut: F) -> PyResult<F::Output> {
-    let rt = runtime(py)?;
-    Ok(rt.block_on(CTX.scope(ctx, fut)))
+pub(crate) fn block_attached<F: Future + Send>(py: Python<'_>, ctx: Arc<CallCtx>, fut: F) -> PyResult<F::Output>
+where
+    F::Output: Send,
+{
+    // Settlement runs in tasks of the engine's own (on other threads), and a failed call's
+    // abort compensates there: holding the interpreter while waiting would deadlock with a
+    // compensation that needs it. So this releases it too.
+    block(py, ctx, fut)
 }
 
 /// Spawns an engine future for an asyncio caller; `finish` converts its output (on a runtime
