@@ -84,8 +84,6 @@ pub(crate) struct Engine {
     scopes: ScopeRegistry,
     level: Level,
     isolation: Isolation,
-    /// Whether the ledger is durable (calls then wait for syncs: release the interpreter).
-    durable: bool,
 }
 
 impl Engine {
@@ -168,7 +166,7 @@ impl Engine {
         }
         let tg = b.build().map_err(|e| to_pyerr(py, &e, None))?;
         tg.spawn_reaper();
-        Ok(Engine { tg: RwLock::new(Some(tg)), trace, scopes, level, isolation, durable: data_dir.is_some() })
+        Ok(Engine { tg: RwLock::new(Some(tg)), trace, scopes, level, isolation })
     }
 
     /// Declares a tool with this engine. All arguments are validated before anything is
@@ -228,7 +226,7 @@ impl Engine {
             opts.lease = Some(duration(py, "lease", l)?);
         }
         let tx = tg.begin_with(opts).map_err(|e| to_pyerr(py, &e, None))?;
-        Ok(Tx::new(tx, self.durable))
+        Ok(Tx::new(tx))
     }
 
     /// Begins a speculation group of `branches` transactions sharing one epoch.
@@ -251,7 +249,7 @@ impl Engine {
             opts.lease = Some(duration(py, "lease", l)?);
         }
         let spec = tg.speculate(opts, branches).map_err(|e| to_pyerr(py, &e, None))?;
-        Spec::new(py, spec, self.durable)
+        Spec::new(py, spec)
     }
 
     /// Finishes what a previous process left unfinished (register every tool first).

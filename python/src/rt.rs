@@ -1,6 +1,7 @@
-//! The binding's tokio runtime and the three ways Python drives an engine future: on the
-//! calling thread with the interpreter released ([`block`]), on the calling thread with it
-//! attached ([`block_attached`]), or spawned for an asyncio caller ([`spawn`]).
+//! The binding's tokio runtime and the two ways Python drives an engine future: on the
+//! calling thread with the interpreter released ([`block`]; never attached, since settlement
+//! and a failed call's compensations run in the engine's tasks on other threads and may need
+//! the interpreter), or spawned for an asyncio caller ([`spawn`]).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -35,19 +36,6 @@ where
 {
     let rt = runtime(py)?;
     Ok(py.detach(|| rt.block_on(CTX.scope(ctx, fut))))
-}
-
-/// Runs an engine future on the calling thread keeping the interpreter attached. Only for
-/// operations that never wait for another thread that may need the interpreter (an eager call
-/// on an in-memory engine: its only waits are the tool itself and retry backoff).
-pub(crate) fn block_attached<F: Future + Send>(py: Python<'_>, ctx: Arc<CallCtx>, fut: F) -> PyResult<F::Output>
-where
-    F::Output: Send,
-{
-    // Settlement runs in tasks of the engine's own (on other threads), and a failed call's
-    // abort compensates there: holding the interpreter while waiting would deadlock with a
-    // compensation that needs it. So this releases it too.
-    block(py, ctx, fut)
 }
 
 /// Spawns an engine future for an asyncio caller; `finish` converts its output (on a runtime

@@ -19,9 +19,8 @@ pub(crate) struct Spec {
 }
 
 impl Spec {
-    pub(crate) fn new(py: Python<'_>, spec: Speculation, durable: bool) -> PyResult<Spec> {
-        let branches =
-            spec.branches().iter().map(|t| Py::new(py, Tx::new(t.clone(), durable))).collect::<PyResult<Vec<_>>>()?;
+    pub(crate) fn new(py: Python<'_>, spec: Speculation) -> PyResult<Spec> {
+        let branches = spec.branches().iter().map(|t| Py::new(py, Tx::new(t.clone()))).collect::<PyResult<Vec<_>>>()?;
         Ok(Spec { spec, branches })
     }
 

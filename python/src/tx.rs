@@ -17,7 +17,7 @@ use crate::engine::duration;
 use crate::errors::{invalid, to_pyerr};
 use crate::hooks::PyHook;
 use crate::live::LiveCall;
-use crate::rt::{aio_ctx, block, block_attached, spawn};
+use crate::rt::{aio_ctx, block, spawn};
 use crate::tool::ToolHandle;
 use crate::view::outcome_to_py;
 
@@ -25,12 +25,11 @@ use crate::view::outcome_to_py;
 #[pyclass(frozen, module = "tidegate._native")]
 pub(crate) struct Tx {
     tx: Transaction,
-    durable: bool,
 }
 
 impl Tx {
-    pub(crate) fn new(tx: Transaction, durable: bool) -> Tx {
-        Tx { tx, durable }
+    pub(crate) fn new(tx: Transaction) -> Tx {
+        Tx { tx }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -185,7 +184,7 @@ impl Tx {
         let tx = self.tx.clone();
         let tool = handle.tool.clone();
         let fut = async move { tx.call_with(&tool, json, opts).await };
-        let ack = if self.durable { block(py, ctx.clone(), fut)? } else { block_attached(py, ctx.clone(), fut)? };
+        let ack = block(py, ctx.clone(), fut)?;
         self.finish_call(py, ack, &ctx, live.as_ref())
     }
 
