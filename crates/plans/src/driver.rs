@@ -13,7 +13,6 @@ use crate::executor::{Action, CallResult, DispatchRequest, Executor, PlanView};
 use crate::fact::{Choice, EffectId, Entry, Observation, PlanFact, PlanId, StuckReason, TxId, Verdict};
 use crate::predicate::Predicate;
 
-
 /// The durable log the executor is a fold of: plan records and engine facts in ledger order.
 pub trait PlanLog: Send + Sync + 'static {
     /// Appends entries; resolves once they are durable. The ledger-backed log appends plan
@@ -124,7 +123,10 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
         Ok(Arc::new(Plans { exec: Mutex::new(exec), log, dispatch, clock, wake: Notify::new() }))
     }
 
-    async fn command(&self, f: impl FnOnce(&mut Executor, u64) -> Result<PlanFact, PlanError>) -> Result<PlanFact, PlanError> {
+    async fn command(
+        &self,
+        f: impl FnOnce(&mut Executor, u64) -> Result<PlanFact, PlanError>,
+    ) -> Result<PlanFact, PlanError> {
         let mut exec = self.exec.lock().await;
         let fact = f(&mut exec, self.clock.now_ms())?;
         self.log.append(vec![Entry::Plan(fact.clone())]).await?;
@@ -134,7 +136,12 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
     }
 
     /// Opens a plan; its id.
-    pub async fn open(&self, owner: &str, deadline_ms: Option<u64>, cascade_limit: Option<u32>) -> Result<PlanId, PlanError> {
+    pub async fn open(
+        &self,
+        owner: &str,
+        deadline_ms: Option<u64>,
+        cascade_limit: Option<u32>,
+    ) -> Result<PlanId, PlanError> {
         let tenant = self.exec.lock().await.tenant().to_owned();
         match self.command(|e, now| e.open(&tenant, owner, deadline_ms, cascade_limit, now)).await? {
             PlanFact::PlanOpened { plan, .. } => Ok(plan),

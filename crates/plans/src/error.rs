@@ -16,7 +16,9 @@ pub enum PlanError {
         expected: String,
     },
     /// A reference to another tenant.
-    #[error("`{field}` names tenant `{found}`, but this executor serves tenant `{tenant}`; triggers and commands never cross tenants")]
+    #[error(
+        "`{field}` names tenant `{found}`, but this executor serves tenant `{tenant}`; triggers and commands never cross tenants"
+    )]
     CrossTenant {
         /// The field.
         field: String,

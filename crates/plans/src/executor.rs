@@ -105,9 +105,9 @@ impl Action {
     /// The plan it belongs to.
     pub fn plan(&self) -> PlanId {
         match self {
-            Action::Compensate { plan, .. } | Action::ProbeForward { plan, .. } | Action::ProbeCompensation { plan, .. } => {
-                *plan
-            }
+            Action::Compensate { plan, .. }
+            | Action::ProbeForward { plan, .. }
+            | Action::ProbeCompensation { plan, .. } => *plan,
         }
     }
 
@@ -128,7 +128,11 @@ impl Action {
                 PlanFact::CompDone { plan: *plan, seq: *seq, result, output, residue, error, depth: *depth }
             }
             Action::ProbeForward { plan, seq, .. } => {
-                PlanFact::ForwardProbed { plan: *plan, seq: *seq, happened: happened(&result) }
+                let output = match &result {
+                    CallResult::Done { output, .. } => Some(output.clone()),
+                    _ => None,
+                };
+                PlanFact::ForwardProbed { plan: *plan, seq: *seq, happened: happened(&result), output }
             }
             Action::ProbeCompensation { plan, seq, .. } => {
                 PlanFact::CompProbed { plan: *plan, seq: *seq, happened: happened(&result) }
@@ -404,7 +408,11 @@ impl Executor {
         now: u64,
     ) -> Result<PlanFact, PlanError> {
         if tenant != self.tenant {
-            return Err(PlanError::CrossTenant { field: "tenant".into(), found: tenant.into(), tenant: self.tenant.clone() });
+            return Err(PlanError::CrossTenant {
+                field: "tenant".into(),
+                found: tenant.into(),
+                tenant: self.tenant.clone(),
+            });
         }
         if owner.is_empty() || owner.len() > 256 {
             return Err(PlanError::invalid("owner", format!("{owner:?}"), "1 to 256 characters"));
@@ -425,7 +433,13 @@ impl Executor {
         Ok(fact)
     }
 
-    fn plan_in(&self, plan: PlanId, op: &'static str, ok: fn(&Status) -> bool, expected: &'static str) -> Result<&Plan, PlanError> {
+    fn plan_in(
+        &self,
+        plan: PlanId,
+        op: &'static str,
+        ok: fn(&Status) -> bool,
+        expected: &'static str,
+    ) -> Result<&Plan, PlanError> {
         let p = self.plans.get(&plan).ok_or(PlanError::UnknownPlan { plan })?;
         if !ok(&p.status) {
             return Err(PlanError::WrongState { plan, operation: op, state: p.status.name(), expected });
@@ -467,7 +481,12 @@ impl Executor {
             return Err(PlanError::StepUnsettled { plan, tx: *tx });
         }
         if p.pending_fail.is_some() {
-            return Err(PlanError::WrongState { plan, operation: "commit", state: "failed (a trigger fired)".into(), expected: "open" });
+            return Err(PlanError::WrongState {
+                plan,
+                operation: "commit",
+                state: "failed (a trigger fired)".into(),
+                expected: "open",
+            });
         }
         if p.regs.iter().any(|r| matches!(r.state, RegState::InFlight(_) | RegState::InDoubt { .. })) {
             return Err(PlanError::WrongState {
@@ -491,13 +510,29 @@ impl Executor {
     }
 
     /// A compliance verdict about effect `(tx, effect)` of `plan`.
-    pub fn verdict(&mut self, plan: PlanId, tx: TxId, effect: EffectId, verdict: Verdict, now: u64) -> Result<PlanFact, PlanError> {
-        let p = self.plan_in(plan, "verdict", |s| matches!(s, Status::Open | Status::Failing { .. }), "open or failing")?;
+    pub fn verdict(
+        &mut self,
+        plan: PlanId,
+        tx: TxId,
+        effect: EffectId,
+        verdict: Verdict,
+        now: u64,
+    ) -> Result<PlanFact, PlanError> {
+        let p =
+            self.plan_in(plan, "verdict", |s| matches!(s, Status::Open | Status::Failing { .. }), "open or failing")?;
         let Some(seq) = p.by_effect.get(&(tx, effect)) else {
-            return Err(PlanError::invalid("effect", format!("{tx}/{effect}"), format!("an effect registered in plan {plan}")));
+            return Err(PlanError::invalid(
+                "effect",
+                format!("{tx}/{effect}"),
+                format!("an effect registered in plan {plan}"),
+            ));
         };
         if let Some(v) = p.regs[*seq as usize].verdict {
-            return Err(PlanError::invalid("verdict", format!("{verdict:?}"), format!("one verdict per effect (already {v:?})")));
+            return Err(PlanError::invalid(
+                "verdict",
+                format!("{verdict:?}"),
+                format!("one verdict per effect (already {v:?})"),
+            ));
         }
         let fact = PlanFact::Verdict { plan, tx, effect, verdict, at_ms: now };
         self.apply_fact(&fact)?;
@@ -570,10 +605,18 @@ impl Executor {
             }
             PlanFact::PlanOpened { plan, tenant, owner, deadline_ms, cascade_limit, .. } => {
                 if *tenant != self.tenant {
-                    return Err(PlanError::CrossTenant { field: "plan_opened.tenant".into(), found: tenant.clone(), tenant: self.tenant.clone() });
+                    return Err(PlanError::CrossTenant {
+                        field: "plan_opened.tenant".into(),
+                        found: tenant.clone(),
+                        tenant: self.tenant.clone(),
+                    });
                 }
                 if *plan != self.next_plan {
-                    return Err(PlanError::invalid("plan_opened.plan", plan, format!("the next plan id {}", self.next_plan)));
+                    return Err(PlanError::invalid(
+                        "plan_opened.plan",
+                        plan,
+                        format!("the next plan id {}", self.next_plan),
+                    ));
                 }
                 self.next_plan += 1;
                 self.plans.insert(
@@ -646,15 +689,20 @@ impl Executor {
             }
             PlanFact::Verdict { plan, tx, effect, verdict, .. } => {
                 let p = self.plan_mut(*plan)?;
-                let seq = *p
-                    .by_effect
-                    .get(&(*tx, *effect))
-                    .ok_or_else(|| PlanError::invalid("verdict.effect", format!("{tx}/{effect}"), "a registered effect"))?;
+                let seq = *p.by_effect.get(&(*tx, *effect)).ok_or_else(|| {
+                    PlanError::invalid("verdict.effect", format!("{tx}/{effect}"), "a registered effect")
+                })?;
                 let r = &mut p.regs[seq as usize];
                 r.verdict = Some(*verdict);
-                if *verdict == Verdict::Block && r.descriptor.is_none() && p.status == Status::Open && p.pending_fail.is_none() {
-                    p.pending_fail =
-                        Some((Cause::Signal { reason: format!("verdict blocks `{}`, which has no compensation", r.tool) }, 0));
+                if *verdict == Verdict::Block
+                    && r.descriptor.is_none()
+                    && p.status == Status::Open
+                    && p.pending_fail.is_none()
+                {
+                    p.pending_fail = Some((
+                        Cause::Signal { reason: format!("verdict blocks `{}`, which has no compensation", r.tool) },
+                        0,
+                    ));
                 }
             }
             PlanFact::PlanResolved { plan, choice, at_ms } => {
@@ -686,7 +734,8 @@ impl Executor {
                         StuckReason::CompensationInDoubt { seq } => {
                             let r = self.reg_mut(*plan, seq)?;
                             let has_probe = r.descriptor.as_ref().is_some_and(|d| d.probe.is_some());
-                            r.state = if has_probe { RegState::InDoubt { probe_unknown: false } } else { RegState::Held };
+                            r.state =
+                                if has_probe { RegState::InDoubt { probe_unknown: false } } else { RegState::Held };
                             self.plan_mut(*plan)?.status = restore(depth, was_open);
                         }
                         StuckReason::ForwardInDoubt { seq } => {
@@ -703,7 +752,9 @@ impl Executor {
                         match reason {
                             StuckReason::CompensationFailed { seq, .. }
                             | StuckReason::CompensationInDoubt { seq }
-                            | StuckReason::ForwardInDoubt { seq } => self.set_reg_state(*plan, seq, RegState::Skipped)?,
+                            | StuckReason::ForwardInDoubt { seq } => {
+                                self.set_reg_state(*plan, seq, RegState::Skipped)?
+                            }
                             _ => {}
                         }
                         let p = self.plan_mut(*plan)?;
@@ -738,10 +789,13 @@ impl Executor {
                 CompResult::Unknown => self.set_reg_state(*plan, *seq, RegState::InDoubt { probe_unknown: false })?,
             },
             PlanFact::CompSkipped { plan, seq, .. } => self.set_reg_state(*plan, *seq, RegState::Skipped)?,
-            PlanFact::ForwardProbed { plan, seq, happened } => {
+            PlanFact::ForwardProbed { plan, seq, happened, output } => {
                 self.probing.remove(&(*plan, *seq));
                 let r = self.reg_mut(*plan, *seq)?;
                 r.fwd_probe = Some(*happened);
+                if output.is_some() && r.output.is_none() {
+                    r.output = output.clone();
+                }
                 match happened {
                     Some(true) => r.forward = Forward::Externalised,
                     Some(false) => r.forward = Forward::NotApplied,
@@ -822,7 +876,8 @@ impl Executor {
         if t.node.eval(&values) != Tri::True {
             return;
         }
-        let witness = t.atoms.iter().filter(|&&i| self.atoms[i].value == Tri::True).map(|&i| self.atoms[i].witness).max();
+        let witness =
+            t.atoms.iter().filter(|&&i| self.atoms[i].value == Tri::True).map(|&i| self.atoms[i].witness).max();
         let p = self.plans.get_mut(&plan).expect("checked above");
         p.triggers[trigger as usize].fired = true;
         if p.pending_fail.is_none() {
@@ -870,8 +925,11 @@ impl Executor {
                     r.forward = if *unknown { Forward::InDoubt } else { Forward::NotApplied };
                 }
             }
-            Observation::Released { tx, effect, ok, unknown } => {
+            Observation::Released { tx, effect, ok, unknown, output } => {
                 if let Some(r) = self.reg_of(*tx, *effect) {
+                    if output.is_some() {
+                        r.output = output.clone();
+                    }
                     r.forward = match (ok, unknown) {
                         (true, _) => Forward::Externalised,
                         (false, true) => Forward::InDoubt,
@@ -1017,9 +1075,13 @@ impl Executor {
                         return Next::Fact(PlanFact::PlanStuck { plan, reason, at_ms: now }, None);
                     }
                 }
+                // A step still running may register more effects above the current top: the
+                // unwind starts once every step has settled (an orphaned step's lease ends it).
+                if p.steps.iter().any(|tx| self.txs.get(tx).is_some_and(|i| i.settled.is_none())) {
+                    return Next::Wait;
+                }
                 match p.regs.iter().rposition(|r| !matches!(r.state, RegState::Done | RegState::Skipped)) {
                     Some(seq) => self.handle(plan, seq as Seq, depth, now),
-                    None if p.steps.iter().any(|tx| self.txs.get(tx).is_some_and(|i| i.settled.is_none())) => Next::Wait,
                     None => Next::Fact(PlanFact::PlanEnded { plan, outcome: Outcome::Unwound, at_ms: now }, None),
                 }
             }
@@ -1122,11 +1184,16 @@ pub fn resolve_args(template: &Value, args: &Value, output: Option<&Value>) -> R
                 _ => return Ok(Value::Object(std::iter::once((k.clone(), resolve_args(v, args, output)?)).collect())),
             };
             let ptr = v.as_str().ok_or_else(|| format!("`{k}` must be a JSON pointer string, got {v}"))?;
-            source.pointer(ptr).cloned().ok_or_else(|| format!("`{k}` pointer {ptr:?} names nothing in the forward effect's {}", &k[1..]))
+            source
+                .pointer(ptr)
+                .cloned()
+                .ok_or_else(|| format!("`{k}` pointer {ptr:?} names nothing in the forward effect's {}", &k[1..]))
         }
-        Value::Object(m) => {
-            m.iter().map(|(k, v)| Ok((k.clone(), resolve_args(v, args, output)?))).collect::<Result<_, String>>().map(Value::Object)
-        }
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), resolve_args(v, args, output)?)))
+            .collect::<Result<_, String>>()
+            .map(Value::Object),
         Value::Array(a) => a.iter().map(|v| resolve_args(v, args, output)).collect::<Result<_, _>>().map(Value::Array),
         v => Ok(v.clone()),
     }

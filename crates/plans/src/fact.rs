@@ -193,7 +193,9 @@ pub enum Outcome {
 #[serde(tag = "fact", rename_all = "snake_case")]
 #[allow(missing_docs)] // the fields are documented in docs/plans.md
 pub enum PlanFact {
-    ExecutorStarted { incarnation: u64 },
+    ExecutorStarted {
+        incarnation: u64,
+    },
     PlanOpened {
         plan: PlanId,
         tenant: String,
@@ -203,15 +205,54 @@ pub enum PlanFact {
         cascade_limit: u32,
         at_ms: u64,
     },
-    StepBegun { plan: PlanId, step: u32, tx: TxId },
-    TriggerArmed { plan: PlanId, trigger: u32, predicate: Predicate },
-    PlanCommitted { plan: PlanId, at_ms: u64 },
-    PlanSignalled { plan: PlanId, reason: String, at_ms: u64 },
-    Verdict { plan: PlanId, tx: TxId, effect: EffectId, verdict: Verdict, at_ms: u64 },
-    PlanResolved { plan: PlanId, choice: Choice, at_ms: u64 },
-    PlanFailed { plan: PlanId, cause: Cause, depth: u32, at_ms: u64 },
-    PlanStuck { plan: PlanId, reason: StuckReason, at_ms: u64 },
-    CompStarted { plan: PlanId, seq: Seq, incarnation: u64, attempt: u32 },
+    StepBegun {
+        plan: PlanId,
+        step: u32,
+        tx: TxId,
+    },
+    TriggerArmed {
+        plan: PlanId,
+        trigger: u32,
+        predicate: Predicate,
+    },
+    PlanCommitted {
+        plan: PlanId,
+        at_ms: u64,
+    },
+    PlanSignalled {
+        plan: PlanId,
+        reason: String,
+        at_ms: u64,
+    },
+    Verdict {
+        plan: PlanId,
+        tx: TxId,
+        effect: EffectId,
+        verdict: Verdict,
+        at_ms: u64,
+    },
+    PlanResolved {
+        plan: PlanId,
+        choice: Choice,
+        at_ms: u64,
+    },
+    PlanFailed {
+        plan: PlanId,
+        cause: Cause,
+        depth: u32,
+        at_ms: u64,
+    },
+    PlanStuck {
+        plan: PlanId,
+        reason: StuckReason,
+        at_ms: u64,
+    },
+    CompStarted {
+        plan: PlanId,
+        seq: Seq,
+        incarnation: u64,
+        attempt: u32,
+    },
     CompDone {
         plan: PlanId,
         seq: Seq,
@@ -224,10 +265,28 @@ pub enum PlanFact {
         error: Option<String>,
         depth: u32,
     },
-    CompSkipped { plan: PlanId, seq: Seq, reason: SkipReason },
-    ForwardProbed { plan: PlanId, seq: Seq, happened: Option<bool> },
-    CompProbed { plan: PlanId, seq: Seq, happened: Option<bool> },
-    PlanEnded { plan: PlanId, outcome: Outcome, at_ms: u64 },
+    CompSkipped {
+        plan: PlanId,
+        seq: Seq,
+        reason: SkipReason,
+    },
+    ForwardProbed {
+        plan: PlanId,
+        seq: Seq,
+        happened: Option<bool>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<Value>,
+    },
+    CompProbed {
+        plan: PlanId,
+        seq: Seq,
+        happened: Option<bool>,
+    },
+    PlanEnded {
+        plan: PlanId,
+        outcome: Outcome,
+        at_ms: u64,
+    },
 }
 
 impl PlanFact {
@@ -280,11 +339,32 @@ pub enum Observation {
         args: Value,
         descriptor: Option<Descriptor>,
     },
-    EffectExecuted { tx: TxId, effect: EffectId, output: Value },
-    EffectFailed { tx: TxId, effect: EffectId, unknown: bool },
-    Released { tx: TxId, effect: EffectId, ok: bool, unknown: bool },
+    EffectExecuted {
+        tx: TxId,
+        effect: EffectId,
+        output: Value,
+    },
+    EffectFailed {
+        tx: TxId,
+        effect: EffectId,
+        unknown: bool,
+    },
+    Released {
+        tx: TxId,
+        effect: EffectId,
+        ok: bool,
+        unknown: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<Value>,
+    },
     /// A transaction finished: its tags, and for a commit the scopes it wrote.
-    Settled { tx: TxId, committed: bool, tags: Vec<(EffectId, String)>, scopes: Vec<String>, at_ms: u64 },
+    Settled {
+        tx: TxId,
+        committed: bool,
+        tags: Vec<(EffectId, String)>,
+        scopes: Vec<String>,
+        at_ms: u64,
+    },
 }
 
 /// One entry of the log the executor folds: a plan record or an engine fact, in ledger order.

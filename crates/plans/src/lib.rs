@@ -29,10 +29,13 @@ mod wheel;
 
 pub use driver::{Clock, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
 pub use error::PlanError;
-pub use executor::{Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PlanView, Status, resolve_args};
+pub use executor::{
+    Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PlanView, Status, resolve_args,
+};
 pub use fact::{
-    Cause, Choice, CompResult, DEFAULT_CASCADE_LIMIT, Descriptor, EffectId, Entry, MAX_CASCADE_LIMIT, MAX_DESCRIPTOR_BYTES,
-    Observation, Outcome, PLAN_FORMAT_VERSION, PlanFact, PlanId, STREAM, Seq, SkipReason, StuckReason, TxId, Verdict,
+    Cause, Choice, CompResult, DEFAULT_CASCADE_LIMIT, Descriptor, EffectId, Entry, MAX_CASCADE_LIMIT,
+    MAX_DESCRIPTOR_BYTES, Observation, Outcome, PLAN_FORMAT_VERSION, PlanFact, PlanId, STREAM, Seq, SkipReason,
+    StuckReason, TxId, Verdict,
 };
 pub use predicate::{Compensated, MAX_ATOMS, MAX_DEPTH, NoCommit, Predicate, Tagged, Tri};
 pub use wheel::Wheel;

@@ -150,10 +150,16 @@ impl Predicate {
 
     fn walk(&self, tenant: &str, depth: usize, atoms: &mut Vec<Atom>) -> Result<Node, PlanError> {
         if depth >= MAX_DEPTH {
-            return Err(PlanError::invalid("predicate", format!("nesting deeper than {depth}"), format!("at most {MAX_DEPTH} levels")));
+            return Err(PlanError::invalid(
+                "predicate",
+                format!("nesting deeper than {depth}"),
+                format!("at most {MAX_DEPTH} levels"),
+            ));
         }
         let check = |t: &Option<String>, field: &str| match t {
-            Some(t) if t != tenant => Err(PlanError::CrossTenant { field: field.into(), found: t.clone(), tenant: tenant.into() }),
+            Some(t) if t != tenant => {
+                Err(PlanError::CrossTenant { field: field.into(), found: t.clone(), tenant: tenant.into() })
+            }
             _ => Ok(()),
         };
         let atom = match self {
@@ -177,7 +183,11 @@ impl Predicate {
             }
             Predicate::All(v) | Predicate::Any(v) => {
                 if v.is_empty() {
-                    return Err(PlanError::invalid("predicate", "an empty list", "at least one predicate in `all`/`any`"));
+                    return Err(PlanError::invalid(
+                        "predicate",
+                        "an empty list",
+                        "at least one predicate in `all`/`any`",
+                    ));
                 }
                 let nodes = v.iter().map(|p| p.walk(tenant, depth + 1, atoms)).collect::<Result<Vec<_>, _>>()?;
                 return Ok(if matches!(self, Predicate::All(_)) { Node::All(nodes) } else { Node::Any(nodes) });
@@ -185,7 +195,11 @@ impl Predicate {
             Predicate::Not(p) => return Ok(Node::Not(Box::new(p.walk(tenant, depth + 1, atoms)?))),
         };
         if atoms.len() >= MAX_ATOMS {
-            return Err(PlanError::invalid("predicate", format!("more than {MAX_ATOMS} atoms"), format!("at most {MAX_ATOMS} atoms")));
+            return Err(PlanError::invalid(
+                "predicate",
+                format!("more than {MAX_ATOMS} atoms"),
+                format!("at most {MAX_ATOMS} atoms"),
+            ));
         }
         atoms.push(atom);
         Ok(Node::Atom(atoms.len() - 1))

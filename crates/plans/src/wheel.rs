@@ -82,8 +82,7 @@ impl<T> Wheel<T> {
     /// per slot.
     pub fn advance(&mut self, to: u64, mut fire: impl FnMut(u64, T)) {
         loop {
-            let Some((level, slot, deadline)) =
-                (0..LEVELS).find_map(|l| self.next_at(l).map(|(s, d)| (l, s, d)))
+            let Some((level, slot, deadline)) = (0..LEVELS).find_map(|l| self.next_at(l).map(|(s, d)| (l, s, d)))
             else {
                 break;
             };
