@@ -19,6 +19,9 @@ pub enum Which {
     /// Review middleware on TPC-C: buffered rate vs SI/RI at field and table granularity,
     /// throughput and latency on SQLite (and PostgreSQL), double-execution cost.
     Review(crate::bench_review::Args),
+    /// Plans executor: compensations fired/s, memory per held registration, reopen time
+    /// with 1,000,000 held registrations and deadlines, deadline-wheel cost per timer.
+    Plans(crate::bench_plans::Args),
     /// Per-transaction cost, cost after a long history, speculation commit, disjoint waits.
     Micro {
         /// Print one JSON object instead of a table.
@@ -93,6 +96,7 @@ pub fn run(which: Which) -> anyhow::Result<()> {
         }
         Which::Detect { json, sizes, seed } => crate::bench_detect::run(json, &sizes, seed),
         Which::Review(args) => crate::bench_review::run(args),
+        Which::Plans(args) => crate::bench_plans::run(args),
         Which::Serve { json, seconds, clients, data_dir, memory_only } => {
             serve(json, seconds, clients, data_dir, memory_only)
         }

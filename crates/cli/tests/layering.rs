@@ -32,6 +32,7 @@ const ALLOWED: [(&str, &[&str]); 10] = [
             "tidegate-eval",
             "tidegate-server",
             "tidegate-review",
+            "tidegate-plans",
         ],
     ),
 ];

@@ -20,6 +20,7 @@
 
 #![deny(missing_docs)]
 
+pub mod bench;
 mod driver;
 mod error;
 mod executor;

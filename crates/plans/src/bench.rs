@@ -1,0 +1,194 @@
+//! `tidegate bench plans`: compensations fired per second, memory per held registration,
+//! reopen (rebuild) time with held registrations and armed deadlines, and the deadline wheel's
+//! cost per timer at growing numbers armed. The executor's own cost: dispatches answer at once.
+
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::executor::{CallResult, Executor};
+use crate::fact::{Descriptor, Entry, Observation, PlanFact};
+use crate::wheel::Wheel;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Plans (each one step, one held registration, one deadline) for the reopen and memory runs.
+    pub held: u64,
+    /// Compensations fired in the throughput run.
+    pub fire: u64,
+    /// Numbers of armed timers the wheel is measured at.
+    pub wheel_sizes: Vec<u64>,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig { held: 1_000_000, fire: 200_000, wheel_sizes: vec![1_000, 100_000, 1_000_000] }
+    }
+}
+
+const TENANT: &str = "bench";
+const CHUNK: u64 = 20_000;
+
+/// The entries of plan `i` (1-based id): opened with a deadline, one committed step with one
+/// executed effect whose descriptor is held.
+fn plan_entries(i: u64, out: &mut Vec<Entry>) {
+    let tx = i;
+    out.push(Entry::Plan(PlanFact::PlanOpened {
+        plan: i,
+        tenant: TENANT.into(),
+        owner: "bench".into(),
+        deadline_ms: Some(1_000_000_000 + i),
+        cascade_limit: 3,
+        at_ms: 0,
+    }));
+    out.push(Entry::Plan(PlanFact::StepBegun { plan: i, step: 0, tx }));
+    out.push(Entry::Engine(Observation::EffectRecorded {
+        tx,
+        effect: 0,
+        tool: "book".into(),
+        held: false,
+        key: format!("k{tx}"),
+        args: json!({"room": i}),
+        descriptor: Some(Descriptor::new("cancel", json!({"booking": {"$output": "/id"}}))),
+    }));
+    out.push(Entry::Engine(Observation::EffectExecuted { tx, effect: 0, output: json!({"id": i}) }));
+    out.push(Entry::Engine(Observation::Settled { tx, committed: true, tags: vec![], scopes: vec![], at_ms: 0 }));
+}
+
+fn rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Rebuilds an executor from `n` plans' records, decoding each from its JSON bytes (as a
+/// reopen reads them); returns it and the seconds spent decoding and folding.
+fn rebuild(n: u64) -> Result<(Executor, f64), String> {
+    let mut exec = Executor::new(TENANT);
+    let mut spent = 0.0;
+    let mut entries = Vec::new();
+    let mut bytes: Vec<Vec<u8>> = Vec::new();
+    let mut i = 1;
+    while i <= n {
+        entries.clear();
+        bytes.clear();
+        for j in i..(i + CHUNK).min(n + 1) {
+            plan_entries(j, &mut entries);
+        }
+        for e in &entries {
+            bytes.push(serde_json::to_vec(e).map_err(|e| e.to_string())?);
+        }
+        let t = Instant::now();
+        for b in &bytes {
+            let e: Entry = serde_json::from_slice(b).map_err(|e| e.to_string())?;
+            exec.apply(&e).map_err(|e| e.to_string())?;
+        }
+        spent += t.elapsed().as_secs_f64();
+        i += CHUNK;
+    }
+    Ok((exec, spent))
+}
+
+/// Runs the benchmark; the result as JSON.
+pub fn run(cfg: &BenchConfig) -> Result<Value, String> {
+    // Reopen and memory.
+    let before = rss_bytes();
+    let (mut exec, reopen_s) = rebuild(cfg.held)?;
+    let after = rss_bytes();
+    let held = exec.held() as u64;
+    let timers = exec.armed_timers() as u64;
+    let bytes_per_held = match (before, after) {
+        (Some(b), Some(a)) if held > 0 => Some(a.saturating_sub(b) as f64 / held as f64),
+        _ => None,
+    };
+    let t = Instant::now();
+    let start = exec.start().map_err(|e| e.to_string())?;
+    let d = exec.decide(0);
+    let first_decide_s = t.elapsed().as_secs_f64();
+    drop((start, d, exec));
+
+    // Compensations fired per second: `fire` plans signalled, unwound to the end.
+    let (mut exec, _) = rebuild(cfg.fire)?;
+    exec.start().map_err(|e| e.to_string())?;
+    for p in 1..=cfg.fire {
+        exec.signal(p, "bench", 1).map_err(|e| e.to_string())?;
+    }
+    let t = Instant::now();
+    let mut fired = 0u64;
+    loop {
+        let d = exec.decide(1);
+        if d.facts.is_empty() && d.actions.is_empty() {
+            break;
+        }
+        for a in d.actions {
+            let f = a.result_fact(CallResult::Done { output: Value::Null, residue: None });
+            exec.apply_fact(&f).map_err(|e| e.to_string())?;
+            fired += 1;
+        }
+    }
+    let fire_s = t.elapsed().as_secs_f64();
+    if exec.held() != 0 {
+        return Err(format!("{} registrations still held after the unwind", exec.held()));
+    }
+
+    // The wheel: cost per timer (insert + fire) at growing numbers armed.
+    let mut wheel_rows = Vec::new();
+    for &n in &cfg.wheel_sizes {
+        let mut w = Wheel::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let t = Instant::now();
+        for i in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.insert(x % 2_592_000_000, i); // within 30 days
+        }
+        let mut count = 0u64;
+        let mut now = 0;
+        while !w.is_empty() {
+            now += 3_600_000;
+            w.advance(now, |_, _| count += 1);
+        }
+        let ns = t.elapsed().as_nanos() as f64 / n.max(1) as f64;
+        wheel_rows.push(json!({"armed": n, "fired": count, "ns_per_timer": ns}));
+    }
+
+    Ok(json!({
+        "held_registrations": held,
+        "armed_deadlines": timers,
+        "reopen_s": reopen_s,
+        "reopen_note": "decode each record from JSON and fold it; records generated outside the timing",
+        "first_decide_after_reopen_s": first_decide_s,
+        "rss_bytes_per_held_registration": bytes_per_held,
+        "rss_note": "RSS growth while rebuilding, divided by held registrations; one plan, step and deadline per registration",
+        "compensations_fired": fired,
+        "fire_s": fire_s,
+        "compensations_fired_per_s": fired as f64 / fire_s.max(1e-9),
+        "wheel": wheel_rows,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_small_bench_runs_and_fires_every_compensation() {
+        let out = run(&BenchConfig { held: 2_000, fire: 500, wheel_sizes: vec![100, 1_000] }).unwrap();
+        assert_eq!(out["held_registrations"], 2_000);
+        assert_eq!(out["armed_deadlines"], 2_000);
+        assert_eq!(out["compensations_fired"], 500);
+        assert_eq!(out["wheel"][1]["fired"], 1_000);
+    }
+
+    /// The full benchmark without building the CLI: `cargo test --release -p tidegate-plans
+    /// --lib full_bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "minutes in debug; run in release"]
+    fn full_bench() {
+        let out = run(&BenchConfig::default()).unwrap();
+        println!("{}", serde_json::to_string_pretty(&out).unwrap());
+    }
+}
