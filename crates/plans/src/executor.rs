@@ -178,9 +178,12 @@ struct Reg {
     tx: TxId,
     tool: Box<str>,
     key: Box<str>,
-    args: Value,
-    output: Option<Value>,
-    descriptor: Option<Box<Descriptor>>,
+    /// JSON text: a parsed tree costs ten times the memory, and is only needed when firing.
+    args: Box<str>,
+    output: Option<Box<str>>,
+    descriptor: Option<Box<str>>,
+    /// `PROBE` and `FORWARD_PROBE` bits of the descriptor.
+    probes: u8,
     held: bool,
     forward: Forward,
     fwd_probe: Option<Option<bool>>,
@@ -733,14 +736,14 @@ impl Executor {
                         }
                         StuckReason::CompensationInDoubt { seq } => {
                             let r = self.reg_mut(*plan, seq)?;
-                            let has_probe = r.descriptor.as_ref().is_some_and(|d| d.probe.is_some());
+                            let has_probe = r.probes & PROBE != 0;
                             r.state =
                                 if has_probe { RegState::InDoubt { probe_unknown: false } } else { RegState::Held };
                             self.plan_mut(*plan)?.status = restore(depth, was_open);
                         }
                         StuckReason::ForwardInDoubt { seq } => {
                             let r = self.reg_mut(*plan, seq)?;
-                            if r.descriptor.as_ref().is_some_and(|d| d.forward_probe.is_some()) {
+                            if r.probes & FORWARD_PROBE != 0 {
                                 r.fwd_probe = None;
                             } else {
                                 r.forward = Forward::Externalised;
@@ -793,8 +796,10 @@ impl Executor {
                 self.probing.remove(&(*plan, *seq));
                 let r = self.reg_mut(*plan, *seq)?;
                 r.fwd_probe = Some(*happened);
-                if output.is_some() && r.output.is_none() {
-                    r.output = output.clone();
+                if let Some(o) = output
+                    && r.output.is_none()
+                {
+                    r.output = Some(text(o));
                 }
                 match happened {
                     Some(true) => r.forward = Forward::Externalised,
@@ -900,9 +905,15 @@ impl Executor {
                     tx: *tx,
                     tool: tool.as_str().into(),
                     key: key.as_str().into(),
-                    args: args.clone(),
+                    args: text(args),
                     output: None,
-                    descriptor: descriptor.clone().map(Box::new),
+                    descriptor: descriptor
+                        .as_ref()
+                        .and_then(|d| serde_json::to_string(d).ok())
+                        .map(String::into_boxed_str),
+                    probes: descriptor.as_ref().map_or(0, |d| {
+                        u8::from(d.probe.is_some()) * PROBE + u8::from(d.forward_probe.is_some()) * FORWARD_PROBE
+                    }),
                     held: *held,
                     forward: Forward::Pending,
                     fwd_probe: None,
@@ -917,7 +928,7 @@ impl Executor {
             Observation::EffectExecuted { tx, effect, output } => {
                 if let Some(r) = self.reg_of(*tx, *effect) {
                     r.forward = Forward::Externalised;
-                    r.output = Some(output.clone());
+                    r.output = Some(text(output));
                 }
             }
             Observation::EffectFailed { tx, effect, unknown } => {
@@ -928,7 +939,7 @@ impl Executor {
             Observation::Released { tx, effect, ok, unknown, output } => {
                 if let Some(r) = self.reg_of(*tx, *effect) {
                     if output.is_some() {
-                        r.output = output.clone();
+                        r.output = output.as_ref().map(text);
                     }
                     r.forward = match (ok, unknown) {
                         (true, _) => Forward::Externalised,
@@ -1095,6 +1106,12 @@ impl Executor {
         let Some(p) = self.plans.get(&plan) else { return Next::Wait };
         let force = p.force;
         let r = &p.regs[seq as usize];
+        // The descriptor and the forward effect's arguments and output are kept as JSON text.
+        let parsed: Option<Result<Descriptor, String>> = r
+            .descriptor
+            .as_deref()
+            .map(|t| serde_json::from_str(t).map_err(|e| format!("the held descriptor does not parse: {e}")));
+        let output = r.output.as_deref().map(value);
         let stuck = |reason| Next::Fact(PlanFact::PlanStuck { plan, reason, at_ms: now }, None);
         let skip = |reason| Next::Fact(PlanFact::CompSkipped { plan, seq, reason }, None);
         let probe = |capability: &str, key: &str| DispatchRequest {
@@ -1102,8 +1119,8 @@ impl Executor {
             operation: Operation::Probe,
             tool: r.tool.to_string(),
             key: key.into(),
-            args: r.args.clone(),
-            output: r.output.clone(),
+            args: value(&r.args),
+            output: output.clone(),
         };
         match &r.state {
             RegState::Done | RegState::Skipped => Next::Wait,
@@ -1111,7 +1128,7 @@ impl Executor {
             RegState::Failed(error) => stuck(StuckReason::CompensationFailed { seq, error: error.clone() }),
             RegState::InFlight(_) | RegState::InDoubt { .. } => {
                 let unknown = matches!(r.state, RegState::InDoubt { probe_unknown: true });
-                let d = r.descriptor.as_deref();
+                let d = parsed.as_ref().and_then(|d| d.as_ref().ok());
                 match d.and_then(|d| d.probe.as_deref()) {
                     Some(cap) if !unknown => {
                         if !self.probing.insert((plan, seq)) {
@@ -1129,16 +1146,20 @@ impl Executor {
                     Some(false) => return skip(SkipReason::StepAborted),
                     Some(true) => {}
                 }
-                let Some(d) = r.descriptor.as_deref() else {
-                    return match r.forward {
-                        Forward::NotApplied => skip(SkipReason::NeverExternalised),
-                        _ if force => skip(SkipReason::NonCompensable),
-                        _ => stuck(StuckReason::Irreversible { seqs: vec![seq] }),
-                    };
+                let d = match parsed {
+                    Some(Ok(d)) => d,
+                    Some(Err(error)) => return stuck(StuckReason::CompensationFailed { seq, error }),
+                    None => {
+                        return match r.forward {
+                            Forward::NotApplied => skip(SkipReason::NeverExternalised),
+                            _ if force => skip(SkipReason::NonCompensable),
+                            _ => stuck(StuckReason::Irreversible { seqs: vec![seq] }),
+                        };
+                    }
                 };
                 match r.forward {
                     Forward::NotApplied => skip(SkipReason::NeverExternalised),
-                    Forward::Externalised => match resolve_args(&d.args, &r.args, r.output.as_ref()) {
+                    Forward::Externalised => match resolve_args(&d.args, &value(&r.args), output.as_ref()) {
                         Err(error) => stuck(StuckReason::CompensationFailed { seq, error }),
                         Ok(args) => {
                             let request = DispatchRequest {
@@ -1147,7 +1168,7 @@ impl Executor {
                                 tool: r.tool.to_string(),
                                 key: d.key_for(&r.key),
                                 args,
-                                output: r.output.clone(),
+                                output: output.clone(),
                             };
                             let fact = PlanFact::CompStarted { plan, seq, incarnation, attempt: r.attempts + 1 };
                             Next::Fact(fact, Some(Action::Compensate { plan, seq, depth: depth + 1, request }))
@@ -1166,6 +1187,17 @@ impl Executor {
             }
         }
     }
+}
+
+const PROBE: u8 = 1;
+const FORWARD_PROBE: u8 = 2;
+
+fn text(v: &Value) -> Box<str> {
+    v.to_string().into_boxed_str()
+}
+
+fn value(t: &str) -> Value {
+    serde_json::from_str(t).unwrap_or(Value::Null)
 }
 
 fn restore(depth: u32, was_open: bool) -> Status {

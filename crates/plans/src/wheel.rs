@@ -164,3 +164,27 @@ mod tests {
         assert_eq!(n, 1);
     }
 }
+
+#[cfg(test)]
+mod timing {
+    #[test]
+    #[ignore = "timing probe"]
+    fn sparse() {
+        for n in [1_000u64, 100_000] {
+            let t = std::time::Instant::now();
+            let mut w = super::Wheel::new();
+            for i in 0..n {
+                w.insert((i * 2_592_000_000) / n, i);
+            }
+            let ins = t.elapsed();
+            let mut now = 0;
+            let mut steps = 0;
+            while !w.is_empty() {
+                now += 3_600_000;
+                steps += 1;
+                w.advance(now, |_, _| {});
+            }
+            eprintln!("n={n} insert {ins:?} total {:?} steps {steps}", t.elapsed());
+        }
+    }
+}
