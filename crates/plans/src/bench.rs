@@ -56,6 +56,16 @@ fn plan_entries(i: u64, out: &mut Vec<Entry>) {
     out.push(Entry::Engine(Observation::Settled { tx, committed: true, tags: vec![], scopes: vec![], at_ms: 0 }));
 }
 
+/// CPU seconds this process used (user + system; Linux clock ticks at the usual 100 Hz). The
+/// benchmark is single-threaded, so on a shared machine this is the fairer figure.
+fn cpu_s() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else { return f64::NAN };
+    let Some(rest) = s.rsplit_once(") ").map(|(_, r)| r) else { return f64::NAN };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
@@ -64,9 +74,9 @@ fn rss_bytes() -> Option<u64> {
 
 /// Rebuilds an executor from `n` plans' records, decoding each from its JSON bytes (as a
 /// reopen reads them); returns it and the seconds spent decoding and folding.
-fn rebuild(n: u64) -> Result<(Executor, f64, f64), String> {
+fn rebuild(n: u64) -> Result<(Executor, [f64; 4]), String> {
     let mut exec = Executor::new(TENANT);
-    let (mut decode, mut fold) = (0.0, 0.0);
+    let (mut decode, mut fold, mut decode_cpu, mut fold_cpu) = (0.0, 0.0, 0.0, 0.0);
     let mut entries = Vec::new();
     let mut bytes: Vec<Vec<u8>> = Vec::new();
     let mut i = 1;
@@ -79,20 +89,22 @@ fn rebuild(n: u64) -> Result<(Executor, f64, f64), String> {
         for e in &entries {
             bytes.push(serde_json::to_vec(e).map_err(|e| e.to_string())?);
         }
-        let t = Instant::now();
         entries.clear();
+        let (t, c) = (Instant::now(), cpu_s());
         for b in &bytes {
             entries.push(serde_json::from_slice(b).map_err(|e| e.to_string())?);
         }
         decode += t.elapsed().as_secs_f64();
-        let t = Instant::now();
+        decode_cpu += cpu_s() - c;
+        let (t, c) = (Instant::now(), cpu_s());
         for e in &entries {
             exec.apply(e).map_err(|e| e.to_string())?;
         }
         fold += t.elapsed().as_secs_f64();
+        fold_cpu += cpu_s() - c;
         i += CHUNK;
     }
-    Ok((exec, decode, fold))
+    Ok((exec, [decode, fold, decode_cpu, fold_cpu]))
 }
 
 /// Runs the benchmark; the result as JSON.
@@ -126,7 +138,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Value, String> {
 
     // Reopen and memory.
     let before = rss_bytes();
-    let (mut exec, decode_s, fold_s) = rebuild(cfg.held)?;
+    let (mut exec, [decode_s, fold_s, decode_cpu_s, fold_cpu_s]) = rebuild(cfg.held)?;
     let after = rss_bytes();
     let held = exec.held() as u64;
     let timers = exec.armed_timers() as u64;
@@ -146,7 +158,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Value, String> {
     for p in 1..=cfg.fire {
         exec.signal(p, "bench", 1).map_err(|e| e.to_string())?;
     }
-    let t = Instant::now();
+    let (t, c) = (Instant::now(), cpu_s());
     let mut fired = 0u64;
     loop {
         let d = exec.decide(1);
@@ -160,6 +172,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Value, String> {
         }
     }
     let fire_s = t.elapsed().as_secs_f64();
+    let fire_cpu_s = cpu_s() - c;
     if exec.held() != 0 {
         return Err(format!("{} registrations still held after the unwind", exec.held()));
     }
@@ -170,6 +183,9 @@ pub fn run(cfg: &BenchConfig) -> Result<Value, String> {
         "reopen_s": decode_s + fold_s,
         "reopen_decode_s": decode_s,
         "reopen_fold_s": fold_s,
+        "reopen_cpu_s": decode_cpu_s + fold_cpu_s,
+        "reopen_decode_cpu_s": decode_cpu_s,
+        "reopen_fold_cpu_s": fold_cpu_s,
         "reopen_note": "decode each record from JSON and fold it; records generated outside the timing",
         "first_decide_after_reopen_s": first_decide_s,
         "rss_bytes_per_held_registration": bytes_per_held,
@@ -177,6 +193,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Value, String> {
         "compensations_fired": fired,
         "fire_s": fire_s,
         "compensations_fired_per_s": fired as f64 / fire_s.max(1e-9),
+        "compensations_fired_per_cpu_s": fired as f64 / fire_cpu_s.max(1e-9),
         "wheel": wheel_rows,
     }))
 }
@@ -200,7 +217,12 @@ mod tests {
     #[test]
     #[ignore = "minutes in debug; run in release"]
     fn full_bench() {
-        let out = run(&BenchConfig::default()).unwrap();
+        let mut cfg = BenchConfig::default();
+        if let Some(n) = std::env::var("TIDEGATE_PLAN_BENCH_HELD").ok().and_then(|s| s.parse().ok()) {
+            cfg.held = n;
+            cfg.fire = n / 5;
+        }
+        let out = run(&cfg).unwrap();
         println!("{}", serde_json::to_string_pretty(&out).unwrap());
     }
 }
