@@ -442,3 +442,37 @@ async fn the_driver_fires_a_deadline_on_virtual_time_and_a_restart_repeats_nothi
     assert!(log.read_all().unwrap().len() > 10);
     runner.abort();
 }
+
+#[test]
+fn a_tagged_predicate_fails_the_plan_when_the_effect_is_tagged_so() {
+    let mut h = H::new();
+    let p = h.open(None, None);
+    h.step(p, 1, &[desc()]);
+    let leaked = |tx| Predicate::Tagged(tidegate_plans::Tagged { tenant: None, tx, effect: 0, tag: "leaked".into() });
+    h.cmd(|e, _| e.arm(p, Predicate::Any(vec![leaked(8), leaked(9)]))).unwrap();
+    h.obs(Observation::Settled { tx: 8, committed: false, tags: vec![(0, "clean".into())], scopes: vec![], at_ms: 0 });
+    h.pump();
+    assert_eq!(h.status(p), Status::Open, "one atom false, one unknown: `any` waits");
+    h.obs(Observation::Settled { tx: 9, committed: false, tags: vec![(0, "leaked".into())], scopes: vec![], at_ms: 0 });
+    h.pump();
+    assert_eq!(h.done, ["k1.0#compensate"]);
+    let cause = h.log.iter().find_map(|e| match e {
+        Entry::Plan(PlanFact::PlanFailed { cause, depth, .. }) => Some((cause.clone(), *depth)),
+        _ => None,
+    });
+    assert_eq!(cause, Some((tidegate_plans::Cause::Predicate { trigger: 0 }, 0)));
+}
+
+#[test]
+fn descriptors_are_checked_and_references_name_what_is_missing() {
+    let big = Descriptor::new("c", json!({"pad": "x".repeat(tidegate_plans::MAX_DESCRIPTOR_BYTES)}));
+    assert!(matches!(big.validate(), Err(PlanError::Invalid { field, .. }) if field == "descriptor.args"));
+    assert!(
+        matches!(Descriptor::new("", Value::Null).validate(), Err(PlanError::Invalid { field, .. }) if field == "descriptor.capability")
+    );
+    let t = json!({"id": {"$output": "/booking/id"}, "n": {"$args": "/n"}, "raw": {"$literal": {"$args": "/n"}}});
+    let out = tidegate_plans::resolve_args(&t, &json!({"n": 3}), Some(&json!({"booking": {"id": "b7"}}))).unwrap();
+    assert_eq!(out, json!({"id": "b7", "n": 3, "raw": {"$args": "/n"}}));
+    let err = tidegate_plans::resolve_args(&t, &json!({}), Some(&json!({}))).unwrap_err();
+    assert!(err.contains("/booking/id"), "{err}");
+}
