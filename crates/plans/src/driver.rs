@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use std::sync::Mutex as SyncMutex;
@@ -109,6 +110,9 @@ pub struct Plans<L, D, C> {
     dispatch: D,
     clock: C,
     wake: Notify,
+    /// Set when an append failed after the executor applied what it appended: the executor
+    /// and the log may differ, so it refuses everything until rebuilt (`Plans::start`).
+    stopped: AtomicBool,
 }
 
 impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
@@ -120,7 +124,14 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
         }
         let fact = exec.start()?;
         log.append(vec![Entry::Plan(fact)]).await?;
-        Ok(Arc::new(Plans { exec: Mutex::new(exec), log, dispatch, clock, wake: Notify::new() }))
+        Ok(Arc::new(Plans {
+            exec: Mutex::new(exec),
+            log,
+            dispatch,
+            clock,
+            wake: Notify::new(),
+            stopped: AtomicBool::new(false),
+        }))
     }
 
     async fn command(
@@ -128,8 +139,9 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
         f: impl FnOnce(&mut Executor, u64) -> Result<PlanFact, PlanError>,
     ) -> Result<PlanFact, PlanError> {
         let mut exec = self.exec.lock().await;
+        self.check()?;
         let fact = f(&mut exec, self.clock.now_ms())?;
-        self.log.append(vec![Entry::Plan(fact.clone())]).await?;
+        self.guard(self.log.append(vec![Entry::Plan(fact.clone())]).await)?;
         drop(exec);
         self.wake.notify_one();
         Ok(fact)
@@ -182,11 +194,28 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
     /// Feeds an engine fact (the ledger-backed binding calls this from its append path).
     pub async fn observe(&self, o: Observation) -> Result<(), PlanError> {
         let mut exec = self.exec.lock().await;
+        self.check()?;
         exec.observe(&o);
-        self.log.append(vec![Entry::Engine(o)]).await?;
+        self.guard(self.log.append(vec![Entry::Engine(o)]).await)?;
         drop(exec);
         self.wake.notify_one();
         Ok(())
+    }
+
+    fn check(&self) -> Result<(), PlanError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(PlanError::Log(
+                "the executor stopped after a failed append; restart it to rebuild from the log".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn guard<T>(&self, r: Result<T, PlanError>) -> Result<T, PlanError> {
+        if r.is_err() {
+            self.stopped.store(true, Ordering::Release);
+        }
+        r
     }
 
     /// The owner-intervention queue.
@@ -206,9 +235,10 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
         loop {
             let (actions, next) = {
                 let mut exec = self.exec.lock().await;
+                self.check()?;
                 let d = exec.decide(self.clock.now_ms());
                 if !d.facts.is_empty() {
-                    self.log.append(d.facts.into_iter().map(Entry::Plan).collect()).await?;
+                    self.guard(self.log.append(d.facts.into_iter().map(Entry::Plan).collect()).await)?;
                 }
                 (d.actions, exec.next_deadline())
             };
@@ -230,8 +260,9 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
                 Some((a, r)) = rx.recv() => {
                     let fact = a.result_fact(r);
                     let mut exec = self.exec.lock().await;
-                    exec.apply_fact(&fact)?;
-                    self.log.append(vec![Entry::Plan(fact)]).await?;
+                    self.check()?;
+                    self.guard(exec.apply_fact(&fact))?;
+                    self.guard(self.log.append(vec![Entry::Plan(fact)]).await)?;
                 }
                 _ = self.wake.notified() => {}
                 _ = sleep => {}

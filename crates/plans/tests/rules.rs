@@ -476,3 +476,33 @@ fn descriptors_are_checked_and_references_name_what_is_missing() {
     let err = tidegate_plans::resolve_args(&t, &json!({}), Some(&json!({}))).unwrap_err();
     assert!(err.contains("/booking/id"), "{err}");
 }
+
+/// A log whose appends fail once `fail` is set.
+#[derive(Clone, Default)]
+struct BrokenLog(MemoryLog, Arc<std::sync::atomic::AtomicBool>);
+
+impl PlanLog for BrokenLog {
+    fn append(&self, entries: Vec<Entry>) -> impl std::future::Future<Output = Result<(), PlanError>> + Send {
+        let fail = self.1.load(std::sync::atomic::Ordering::SeqCst);
+        let inner = self.0.clone();
+        async move { if fail { Err(PlanError::Log("disk full".into())) } else { inner.append(entries).await } }
+    }
+    fn read_all(&self) -> Result<Vec<Entry>, PlanError> {
+        self.0.read_all()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failed_append_the_executor_refuses_until_rebuilt() {
+    let log = BrokenLog::default();
+    let plans = Plans::start(T, log.clone(), Sink::default(), TokioClock::new(0)).await.unwrap();
+    let p = plans.open("o", None, None).await.unwrap();
+    log.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(plans.signal(p, "x").await.unwrap_err(), PlanError::Log("disk full".into()));
+    log.1.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(matches!(plans.commit(p).await, Err(PlanError::Log(m)) if m.contains("restart")));
+    // Rebuilt from the log, the signal that was never durable never happened.
+    let again = Plans::start(T, log.clone(), Sink::default(), TokioClock::new(0)).await.unwrap();
+    assert_eq!(again.plans().await[0].status, Status::Open);
+    again.commit(p).await.unwrap();
+}
