@@ -291,7 +291,7 @@ pub struct Executor {
     tenant: String,
     incarnation: u64,
     next_plan: PlanId,
-    plans: FxHashMap<PlanId, Plan>,
+    plans: PlanTable,
     txs: FxHashMap<TxId, TxInfo>,
     wheel: Wheel<Timer>,
     atoms: Vec<AtomSlot>,
@@ -302,6 +302,38 @@ pub struct Executor {
     probing: FxHashSet<(PlanId, Seq)>,
     stuck: BTreeMap<PlanId, StuckReason>,
     held: usize,
+}
+
+/// Plans by id: ids are dense from 1 (`plan_opened` refuses any other), so a vector indexed
+/// by `id - 1` replaces a hash map (no hashing, no rehash copies, replay touches memory in order).
+#[derive(Debug, Default)]
+struct PlanTable(Vec<Plan>);
+
+impl PlanTable {
+    fn index(id: PlanId) -> Option<usize> {
+        usize::try_from(id.checked_sub(1)?).ok()
+    }
+    fn get(&self, id: &PlanId) -> Option<&Plan> {
+        self.0.get(Self::index(*id)?)
+    }
+    fn get_mut(&mut self, id: &PlanId) -> Option<&mut Plan> {
+        let i = Self::index(*id)?;
+        self.0.get_mut(i)
+    }
+    fn contains_key(&self, id: &PlanId) -> bool {
+        self.get(id).is_some()
+    }
+    fn keys(&self) -> impl Iterator<Item = PlanId> + '_ {
+        (1..=self.0.len() as PlanId).map(|i| i as PlanId)
+    }
+    fn iter_mut(&mut self) -> impl Iterator<Item = (PlanId, &mut Plan)> {
+        self.0.iter_mut().enumerate().map(|(i, p)| (i as PlanId + 1, p))
+    }
+    /// `id` must be the next one (checked by the caller).
+    fn insert(&mut self, id: PlanId, plan: Plan) {
+        debug_assert_eq!(Self::index(id), Some(self.0.len()));
+        self.0.push(plan);
+    }
 }
 
 enum Next {
@@ -317,7 +349,7 @@ impl Executor {
             tenant: tenant.into(),
             incarnation: 0,
             next_plan: 1,
-            plans: FxHashMap::default(),
+            plans: PlanTable::default(),
             txs: FxHashMap::default(),
             wheel: Wheel::new(),
             atoms: Vec::new(),
@@ -370,7 +402,7 @@ impl Executor {
 
     /// Every plan, by id.
     pub fn plans(&self) -> Vec<PlanView> {
-        let mut ids: Vec<_> = self.plans.keys().copied().collect();
+        let mut ids: Vec<_> = self.plans.keys().collect();
         ids.sort_unstable();
         ids.into_iter().filter_map(|p| self.plan(p)).collect()
     }
@@ -597,6 +629,7 @@ impl Executor {
                 let inc = *incarnation;
                 let mut touched = Vec::new();
                 for (id, p) in self.plans.iter_mut() {
+                    let id = &id;
                     for r in p.regs.iter_mut() {
                         if matches!(r.state, RegState::InFlight(i) if i < inc) {
                             r.state = RegState::InDoubt { probe_unknown: false };
