@@ -176,6 +176,7 @@ enum RegState {
 #[derive(Debug)]
 struct Reg {
     tx: TxId,
+    effect: EffectId,
     tool: Box<str>,
     key: Box<str>,
     /// JSON text: a parsed tree costs ten times the memory, and is only needed when firing.
@@ -251,7 +252,6 @@ struct Plan {
     status: Status,
     steps: Vec<TxId>,
     regs: Vec<Reg>,
-    by_effect: FxHashMap<(TxId, EffectId), Seq>,
     triggers: Vec<Trigger>,
     pending_fail: Option<(Cause, u32)>,
     force: bool,
@@ -295,6 +295,8 @@ pub struct Executor {
     txs: FxHashMap<TxId, TxInfo>,
     wheel: Wheel<Timer>,
     atoms: Vec<AtomSlot>,
+    /// The registration of each effect of a step (its plan is the step's, in `txs`).
+    by_effect: FxHashMap<(TxId, EffectId), Seq>,
     by_tagged: FxHashMap<(TxId, EffectId), Vec<usize>>,
     by_comp: FxHashMap<PlanId, Vec<usize>>,
     by_scope: FxHashMap<String, Vec<usize>>,
@@ -353,6 +355,7 @@ impl Executor {
             txs: FxHashMap::default(),
             wheel: Wheel::new(),
             atoms: Vec::new(),
+            by_effect: FxHashMap::default(),
             by_tagged: FxHashMap::default(),
             by_comp: FxHashMap::default(),
             by_scope: FxHashMap::default(),
@@ -427,7 +430,7 @@ impl Executor {
     /// The registration of effect `(tx, effect)`, if it belongs to a plan.
     pub fn registration(&self, tx: TxId, effect: EffectId) -> Option<(PlanId, Seq)> {
         let info = self.txs.get(&tx)?;
-        let seq = *self.plans.get(&info.plan)?.by_effect.get(&(tx, effect))?;
+        let seq = *self.by_effect.get(&(tx, effect))?;
         Some((info.plan, seq))
     }
 
@@ -555,7 +558,8 @@ impl Executor {
     ) -> Result<PlanFact, PlanError> {
         let p =
             self.plan_in(plan, "verdict", |s| matches!(s, Status::Open | Status::Failing { .. }), "open or failing")?;
-        let Some(seq) = p.by_effect.get(&(tx, effect)) else {
+        let mine = self.txs.get(&tx).is_some_and(|i| i.plan == plan);
+        let Some(seq) = self.by_effect.get(&(tx, effect)).filter(|_| mine) else {
             return Err(PlanError::invalid(
                 "effect",
                 format!("{tx}/{effect}"),
@@ -665,7 +669,6 @@ impl Executor {
                         status: Status::Open,
                         steps: Vec::new(),
                         regs: Vec::new(),
-                        by_effect: FxHashMap::default(),
                         triggers: Vec::new(),
                         pending_fail: None,
                         force: false,
@@ -724,10 +727,11 @@ impl Executor {
                 }
             }
             PlanFact::Verdict { plan, tx, effect, verdict, .. } => {
-                let p = self.plan_mut(*plan)?;
-                let seq = *p.by_effect.get(&(*tx, *effect)).ok_or_else(|| {
+                let mine = self.txs.get(tx).is_some_and(|i| i.plan == *plan);
+                let seq = *self.by_effect.get(&(*tx, *effect)).filter(|_| mine).ok_or_else(|| {
                     PlanError::invalid("verdict.effect", format!("{tx}/{effect}"), "a registered effect")
                 })?;
+                let p = self.plan_mut(*plan)?;
                 let r = &mut p.regs[seq as usize];
                 r.verdict = Some(*verdict);
                 if *verdict == Verdict::Block
@@ -878,8 +882,10 @@ impl Executor {
         p.status = Status::Ended(outcome);
         p.pending_fail = None;
         let regs = std::mem::take(&mut p.regs);
-        p.by_effect = FxHashMap::default();
         let steps = p.steps.clone();
+        for r in &regs {
+            self.by_effect.remove(&(r.tx, r.effect));
+        }
         let left = regs.iter().filter(|r| !matches!(r.state, RegState::Done | RegState::Skipped)).count();
         self.held = self.held.saturating_sub(left);
         for tx in steps {
@@ -936,6 +942,7 @@ impl Executor {
                 let seq = p.regs.len() as Seq;
                 p.regs.push(Reg {
                     tx: *tx,
+                    effect: *effect,
                     tool: tool.as_str().into(),
                     key: key.as_str().into(),
                     args: text(args),
@@ -954,7 +961,7 @@ impl Executor {
                     state: RegState::Held,
                     attempts: 0,
                 });
-                p.by_effect.insert((*tx, *effect), seq);
+                self.by_effect.insert((*tx, *effect), seq);
                 self.held += 1;
                 self.agenda.insert(info.plan);
             }
@@ -1019,9 +1026,8 @@ impl Executor {
         let info = self.txs.get(&tx)?;
         let plan = info.plan;
         self.agenda.insert(plan);
-        let p = self.plans.get_mut(&plan)?;
-        let seq = *p.by_effect.get(&(tx, effect))?;
-        p.regs.get_mut(seq as usize)
+        let seq = *self.by_effect.get(&(tx, effect))?;
+        self.plans.get_mut(&plan)?.regs.get_mut(seq as usize)
     }
 
     // ----- the step function -----
