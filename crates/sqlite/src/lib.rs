@@ -387,10 +387,35 @@ impl SqliteStore {
             }
             Err(e) => return Err(e),
         };
+        let (conn, access) = match kind {
+            // A ledger whose creation was cut off before its schema was written (a kill
+            // between creating the file and committing the schema). Nothing can have been
+            // acknowledged from it unless its high-water mark says so; otherwise it reads as
+            // the empty ledger it is (the next writing open creates the schema).
+            Kind::Empty => match &found {
+                head::Found::Missing => (open::connect(&path, Access::EmptySchema)?, Access::EmptySchema),
+                head::Found::Mark { mark, .. } if mark.lsn == 0 => {
+                    (open::connect(&path, Access::EmptySchema)?, Access::EmptySchema)
+                }
+                head::Found::Mark { mark, .. } => {
+                    return Err(StoreError::Shortened { path, acknowledged: mark.lsn, last: 0 });
+                }
+                head::Found::Damaged(detail) => {
+                    return Err(StoreError::Unprovable { path, detail: detail.clone() });
+                }
+            },
+            _ => (conn, access),
+        };
         let (id, mark, mut notes) = match kind {
-            Kind::Empty => {
-                return Err(StoreError::NotALedger { path, detail: "it holds no tables (an empty database)".into() });
-            }
+            Kind::Empty => (
+                None,
+                None,
+                vec![
+                    "the database holds no tables: the ledger's creation was interrupted before its schema was \
+                     written, so it holds no events and nothing was acknowledged (the next writing open creates it)"
+                        .to_owned(),
+                ],
+            ),
             Kind::Legacy { .. } => (None, None, Vec::new()),
             Kind::Current { id, .. } => {
                 let (mark, notes) = SqliteStore::expect_mark(&path, dir, id, found)?;

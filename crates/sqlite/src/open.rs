@@ -81,6 +81,10 @@ pub(crate) enum Access {
     Write,
     /// Read only; SQLite may still maintain the `-shm` index.
     Read,
+    /// No file at all: a private in-memory database holding the empty schema. A read-only
+    /// open of a ledger whose creation was interrupted before its schema was written (an
+    /// empty database file) reads through it, so it reads as the empty ledger it is.
+    EmptySchema,
     /// Read only, for a directory SQLite cannot write and a database with no write-ahead
     /// log beside it: `immutable=1`, so SQLite needs no `-shm` file. Never used while a WAL
     /// exists (an immutable connection ignores it).
@@ -90,6 +94,11 @@ pub(crate) enum Access {
 /// Opens a connection with the settings every connection of the store uses.
 pub(crate) fn connect(path: &Path, access: Access) -> Result<Connection, StoreError> {
     let conn = match access {
+        Access::EmptySchema => {
+            let conn = Connection::open_in_memory().map_err(db("open an in-memory database", path))?;
+            conn.execute_batch(TABLES).map_err(db("create the empty schema in memory", path))?;
+            return Ok(conn);
+        }
         Access::Write => Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,

@@ -800,3 +800,52 @@ fn rows_committed_after_the_last_mark_are_accepted_and_marked_at_open() {
     assert_eq!(mark_on_disk(root.path()).1, 7, "the open marked the durable rows");
     assert_eq!(all(&store), [events(1, 3), events(2, 4)].concat());
 }
+
+/// A kill between creating `ledger.db` and committing its schema leaves an empty database
+/// (with or without its LSN-0 high-water mark). Nothing was acknowledged from it: a read-only
+/// open (`tidegate ledger verify`) reads it as an empty ledger and says why, writing nothing,
+/// and the next writing open creates it. A mark that says events were acknowledged is still
+/// refused.
+#[test]
+fn an_interrupted_creation_reads_as_an_empty_ledger_never_an_error() {
+    let root = tempfile::tempdir().unwrap();
+    // Without a mark: the kill came before the mark was written.
+    let dir = root.path().join("no-mark");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::File::create(dir.join("ledger.db")).unwrap();
+    let ro = SqliteStore::open_read_only(&dir).unwrap();
+    assert_eq!(ro.last_lsn(), 0);
+    assert_eq!(ro.open_report().rows_verified, 0);
+    assert!(ro.open_report().notes.iter().any(|n| n.contains("creation was interrupted")), "{:?}", ro.open_report());
+    let report = ro.verify().unwrap();
+    drop((ro, report));
+    assert_eq!(std::fs::metadata(dir.join("ledger.db")).unwrap().len(), 0, "the read-only open wrote nothing");
+    let store = SqliteStore::open(&dir).unwrap();
+    assert!(store.open_report().created);
+    drop(store);
+
+    // With the LSN-0 mark: the kill came after the mark, before the schema's commit.
+    let dir = root.path().join("mark-0");
+    std::fs::create_dir(&dir).unwrap();
+    drop(SqliteStore::open(&dir).unwrap());
+    std::fs::remove_file(dir.join("ledger.db")).unwrap();
+    let _ = std::fs::remove_file(dir.join("ledger.db-wal"));
+    let _ = std::fs::remove_file(dir.join("ledger.db-shm"));
+    std::fs::File::create(dir.join("ledger.db")).unwrap();
+    let ro = SqliteStore::open_read_only(&dir).unwrap();
+    assert_eq!(ro.last_lsn(), 0);
+    drop(ro);
+
+    // A mark that acknowledged events: the empty database lost them.
+    let dir = root.path().join("acknowledged");
+    std::fs::create_dir(&dir).unwrap();
+    let store = SqliteStore::open(&dir).unwrap();
+    append(&store, events(1, 3)).unwrap();
+    store.close().unwrap();
+    for f in ["ledger.db", "ledger.db-wal", "ledger.db-shm"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    std::fs::File::create(dir.join("ledger.db")).unwrap();
+    let err = SqliteStore::open_read_only(&dir).unwrap_err();
+    assert!(matches!(err, StoreError::Shortened { .. }), "{err}");
+}
