@@ -36,7 +36,7 @@ def cancel_flight(result, trip, **_):
 def reserve_flight(trip: str, route: str) -> dict:
     if not Airline.seats:
         say("airline", f"REFUSED flight {route} (no seats)")
-        raise RuntimeError("no seats left on this route")
+        raise tidegate.NotApplied("no seats left on this route")
     say("airline", f"holds flight {route} for trip {trip}")
     return {"pnr": f"PNR-{trip}"}
 

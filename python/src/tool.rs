@@ -144,14 +144,20 @@ fn with_call_id(
     Ok(Some(d.unbind()))
 }
 
+/// How a tool call (or a release) that raised `exc` ended. Only an explicit "did not happen"
+/// says so: `NotApplied` (final, or retried when its `retry` is true) and `TransientError`
+/// (retried). Every other exception, `OutcomeUnknown` or an ordinary one (a `TimeoutError`
+/// raised after the provider applied the call), is an unknown outcome: the engine asks the
+/// probe and never takes it for proof that nothing happened (docs/engine.md, Failures 11).
 fn tool_error(py: Python<'_>, exc: &Py<PyAny>) -> ToolError {
     let msg = describe(py, exc);
-    if is_error(py, exc, "TransientError") {
+    if is_error(py, exc, "NotApplied") {
+        let retry = exc.bind(py).getattr("retry").and_then(|r| r.is_truthy()).unwrap_or(false);
+        if retry { ToolError::transient(msg) } else { ToolError::failed(msg) }
+    } else if is_error(py, exc, "TransientError") {
         ToolError::transient(msg)
-    } else if is_error(py, exc, "OutcomeUnknown") {
-        ToolError::unknown(msg)
     } else {
-        ToolError::failed(msg)
+        ToolError::unknown(msg)
     }
 }
 
@@ -238,7 +244,7 @@ async fn run_compensation(
             }
         }),
         Err(exc) => Err(interp::attach(|py| {
-            let e = ToolError::failed(format!("compensation raised {}", describe(py, &exc)));
+            let e = ToolError::unknown(format!("compensation raised {}", describe(py, &exc)));
             if let Some(c) = &ctx {
                 *c.error.lock() = Some(exc);
             }
@@ -249,23 +255,35 @@ async fn run_compensation(
 
 /// Runs a probe: `True` / `Happened(output)` happened, `False` did not, `None` (or an
 /// exception) still unknown.
+///
+/// A release whose call raised and whose probe says it happened is fired with the probe's
+/// output, so that output joins the commit's released outputs in the release's place (the
+/// caller's `Held` acknowledgements take them in order). A probe of an eager call runs in
+/// that call's own context, whose released outputs nothing reads.
 async fn run_probe(f: PyFn, args: Arc<Value>, names: Arc<Vec<String>>, ctx: Option<Arc<CallCtx>>) -> Probe {
     let wants = f.wants_id;
     let build: ArgBuilder = Box::new(move |py| {
         let (a, k, id) = unbind_args(py, &args, &names)?;
         Ok((a.unbind(), with_call_id(py, Some(k.unbind()), id.as_deref(), wants)?))
     });
-    match invoke(f.f, f.is_async, build, ctx).await {
+    match invoke(f.f, f.is_async, build, ctx.clone()).await {
         Ok(v) => interp::attach(|py| {
             let v = v.bind(py);
             if v.is_none() {
                 return Probe::Unknown;
             }
+            let happened = |out: Bound<'_, PyAny>| {
+                let json = output_to_json(&out);
+                if let Some(c) = &ctx {
+                    c.released.lock().push(out.unbind());
+                }
+                Probe::Happened(json)
+            };
             if let Ok(out) = v.getattr("_tidegate_happened") {
-                return Probe::Happened(output_to_json(&out));
+                return happened(out);
             }
             match v.is_truthy() {
-                Ok(true) => Probe::Happened(Value::Null),
+                Ok(true) => happened(py.None().into_bound(py)),
                 Ok(false) => Probe::DidNotHappen,
                 Err(_) => Probe::Unknown,
             }

@@ -268,7 +268,7 @@ def test_async_blocks_and_coroutine_tools_of_this_process(client: tidegate.Clien
 
 @tidegate.tool(scope="kv:py:flaky", effect="reversible")
 def flaky(n: int) -> int:
-    raise ConnectionError("the provider refused")
+    raise tidegate.NotApplied("the provider refused")
 
 
 def test_a_failing_tool_of_this_process_aborts_with_tool_failed(client: tidegate.Client) -> None:
@@ -277,6 +277,35 @@ def test_a_failing_tool_of_this_process_aborts_with_tool_failed(client: tidegate
             flaky(1)
     assert e.value.outcome is not None and e.value.outcome.reason_kind == "tool_failed"
     assert "refused" in str(e.value)
+    assert e.value.outcome.effects[0].tag == "clean", "NotApplied: certainly not done, nothing to undo"
+
+
+applied: List[Tuple[str, Any]] = []
+
+
+@tidegate.tool(
+    scope=lambda seat, **_: f"air:seat:{seat}",
+    effect="reversible",
+    compensate=lambda result, seat, **_: applied.append(("undo", seat, result)),
+)
+def seat_after_effect(seat: str) -> str:
+    applied.append(("do", seat))
+    raise TimeoutError("the reply timed out")
+
+
+def test_an_ordinary_exception_in_a_worker_is_an_unknown_outcome(client: tidegate.Client) -> None:
+    # Issue 10 item 8 through the worker loop: reported "unknown", so the server, which has no
+    # probe to ask, aborts and compensates it blind, and tags it unresolved (never clean).
+    applied.clear()
+    seat = unique("9F")
+    with pytest.raises(tidegate.ToolFailed) as e:
+        with client.transaction(may_touch=[f"air:seat:{seat}"]):
+            seat_after_effect(seat)
+    assert "timed out" in str(e.value)
+    o = e.value.outcome
+    assert o is not None and not o.committed and not o.is_clean
+    assert o.effects[0].tag == "unresolved", o
+    assert applied == [("do", seat), ("undo", seat, None)], "called once, undone once"
 
 
 # -- the end-to-end story: agents that die --------------------------------------------------

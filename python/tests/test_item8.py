@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def senders(fired):  # type: ignore[no-untyped-def]
     def send(to):  # type: ignore[no-untyped-def]
         if to == "bad":
-            raise RuntimeError("mail server refused")
+            raise tidegate.NotApplied("mail server refused")
         fired.append(to)
         return f"sent to {to}"
 

@@ -133,7 +133,7 @@ def test_gated_tools_fire_only_at_commit_and_a_failure_aborts_the_turn():
     @lc_tool
     def charge(amount: int) -> str:
         """Charge a card."""
-        raise RuntimeError("card declined")
+        raise tidegate.NotApplied("card declined")
 
     node = ToolNode(
         [book, email, charge],
@@ -177,8 +177,9 @@ def test_undeclared_tools_are_tagged_unresolved_with_one_warning():
 
     @lc_tool
     def fail(text: str) -> str:
-        """Always fails."""
-        raise RuntimeError("nope")
+        """Always refused: it did nothing, so it is not left unresolved (an ordinary exception
+        would be an unknown outcome and be named in the warning too)."""
+        raise tidegate.NotApplied("nope")
 
     node = ToolNode([note, fail], engine=tg, name="notes_node")
     calls = [{"name": "note", "args": {"text": "x"}, "id": "n1", "type": "tool_call"},

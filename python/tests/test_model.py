@@ -4,7 +4,10 @@ The model: eager effects (reversible, reversible_with_cost, idempotent) reach th
 called; held effects (bufferable, gated) reach it only at commit, in issuance order; a tool
 failure or an exception aborts: held effects never leave, executed effects with a
 compensation are undone in reverse issuance order, executed effects without one stand
-(tagged unresolved). The engine must agree on the world's history and on every tag.
+(tagged unresolved). A failing eager call either refuses (`NotApplied`: nothing happened) or
+raises an ordinary exception after its effect landed (an unknown outcome: compensated blind,
+with `result` None, and tagged unresolved either way; issue 10 item 8). The engine must agree
+on the world's history and on every tag.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ EAGER = {"reversible", "reversible_with_cost", "idempotent"}
 step = st.tuples(
     st.sampled_from(CLASSES),
     st.booleans(),  # has a compensation
-    st.booleans(),  # fails (eager only)
+    st.sampled_from([None, "refused", "after"]),  # how it fails (eager only)
 )
 ending = st.sampled_from(["commit", "raise", "abort"])
 
@@ -34,6 +37,9 @@ def model(steps, end):
         if cls in EAGER:
             if fails:
                 failed_at = i
+                if fails == "after":
+                    world.append(("do", i))
+                    executed.append(i)
                 break
             world.append(("do", i))
             executed.append(i)
@@ -52,8 +58,10 @@ def model(steps, end):
     for i, (cls, comp, fails) in enumerate(issued):
         if cls not in EAGER:
             dispositions[i] = ("discarded", "clean")
+        elif i == failed_at and fails == "after":
+            dispositions[i] = ("compensated" if comp else "unknown", "unresolved")
         elif i == failed_at:
-            dispositions[i] = (None, "clean")  # failed call: nothing to undo
+            dispositions[i] = (None, "clean")  # refused call: nothing to undo
         elif comp:
             dispositions[i] = ("compensated", "clean")
         else:
@@ -69,14 +77,16 @@ def test_engine_agrees_with_the_model(steps, end):
     tools = []
     for i, (cls, comp, fails) in enumerate(steps):
 
-        def call(i=i, fails=fails and cls in EAGER):
-            if fails:
-                raise RuntimeError(f"tool {i} failed")
+        def call(i=i, fails=fails if cls in EAGER else None):
+            if fails == "refused":
+                raise tidegate.NotApplied(f"tool {i} refused")
             world.append(("do", i))
+            if fails == "after":
+                raise TimeoutError(f"tool {i} timed out after its effect")
             return i
 
-        def undo(result, i=i):
-            assert result == i
+        def undo(result, i=i, blind=fails == "after" and cls in EAGER):
+            assert result == (None if blind else i)
             world.append(("undo", i))
 
         tools.append(

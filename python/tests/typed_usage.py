@@ -11,6 +11,8 @@ from tidegate import Held, Outcome, PartialCommit, RunResult, ScopeType, Specula
 
 
 def refund(order_id: str, amount: int) -> str:
+    if amount <= 0:
+        raise tidegate.NotApplied(f"nothing to refund on {order_id}", retry=False)
     return f"R-{order_id}-{amount}"
 
 

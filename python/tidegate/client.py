@@ -31,6 +31,12 @@ another reason raises :class:`~tidegate.TidegateError` whose ``kind`` is the pro
 ``code``. Transport failures raise :class:`~tidegate.TidegateError` with kind
 ``"unavailable"`` (retryable).
 
+Tools served by the worker thread follow the engine's failure rule: ``NotApplied`` and
+``TransientError`` are reported as "failed" (certainly not done), any other exception as
+"unknown" (the server asks the probe, else compensates blind or tags the effect
+``unresolved``). The task protocol has no retry flag, so ``NotApplied(retry=True)`` is a final
+failure here, not retried in place.
+
 Not (yet) available over HTTP: effects executed by the client itself without a worker
 round trip (the runtime's two-step protocol), pre-commit hooks, ``read``'s staged value for
 server tools' bufferable effects beyond what the server returns, and speculation groups from
@@ -58,7 +64,7 @@ from .errors import (
     KeyUnresolved,
     LeaseExpired,
     LostBranch,
-    OutcomeUnknown,
+    NotApplied,
     PartialCommit,
     ProtocolViolation,
     ReleaseFailed,
@@ -406,14 +412,23 @@ class Client:
                     result = {"status": "failed", "error": "the probe says the call did not happen"}
                 else:
                     result = {"status": "unknown", "error": "the probe cannot tell"}
+            elif op == "probe":
+                # For a probe, "failed" would mean "the call did not happen".
+                result = {"status": "unknown", "error": f"tool `{t.name}` has no probe function"}
             else:
                 result = {"status": "failed", "error": f"tool `{t.name}` has no {op} function"}
-        except OutcomeUnknown as e:
-            result = {"status": "unknown", "error": f"{type(e).__name__}: {e}"}
-        except TransientError as e:
-            result = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+        except (NotApplied, TransientError) as e:
+            if op == "probe":
+                result = {"status": "unknown", "error": f"the probe raised {type(e).__name__}: {e}"}
+            else:
+                # The only failures that say the call did not take effect. The wire has no
+                # "retry" flag: the server takes a failed task as final.
+                result = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
         except Exception as e:  # noqa: BLE001 - a tool's failure is reported, not raised here
-            result = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+            # Anything else (OutcomeUnknown, a TimeoutError after the provider applied the
+            # call) may have taken effect: the server asks the probe, never takes it as "not
+            # done" (docs/engine.md, Failures 11).
+            result = {"status": "unknown", "error": f"{type(e).__name__}: {e}"}
         try:
             self._request("POST", f"/v1/tasks/{task['id']}/report", {"worker": self._worker_name, "result": result}, ok=(200, 409))
         except TidegateError:

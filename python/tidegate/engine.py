@@ -386,8 +386,10 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: tidegate.open(...)
       256 segments.
     * ``first_committer_wins``: let later transactions commit first and abort earlier ones on
       stale reads instead of waiting in epoch order;
-    * ``retry_attempts`` / ``retry_backoff``: bounded retry of releases, compensations and
-      tool calls that raise :class:`~tidegate.TransientError`.
+    * ``retry_attempts`` / ``retry_backoff``: bounded retry of releases, compensations,
+      tool calls that raise :class:`~tidegate.TransientError` or
+      ``NotApplied(retry=True)``, and calls whose probe says they did not happen. A call
+      that raised anything else is never called again without its probe's word.
 
     The engine becomes the :func:`default_engine` for tool calls made outside a transaction.
     """

@@ -11,6 +11,12 @@ Every exception derives from :class:`TidegateError` and carries:
 Aborts derive from :class:`Aborted`; a commit that released only some of its held effects
 raises :class:`PartialCommit`. Bad input derives from :class:`InvalidArgument`, which is
 also a :class:`ValueError` and names the argument.
+
+A tool tells the engine how its call failed by what it raises. :class:`NotApplied` (and
+:class:`TransientError`, its retryable form) says the call certainly did not take effect;
+any other exception, :class:`OutcomeUnknown` included, says it may have: the engine asks the
+tool's probe, and without an answer compensates it blind (reversible) or tags it
+``unresolved`` (gated); such an effect is never ``clean``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ __all__ = [
     "SpeculationError",
     "StoreError",
     "UnknownTool",
+    "NotApplied",
     "TransientError",
     "OutcomeUnknown",
 ]
@@ -163,11 +170,36 @@ class UnknownTool(TidegateError):
     ``recover()``)."""
 
 
+class NotApplied(TidegateError):
+    """Raise from a tool (or its release at commit) to say the call certainly did NOT take
+    effect: the provider refused it (a declined card, no seats left, a validation error
+    returned before anything was written). The engine records the call as not executed and
+    compensates nothing for it; an eager call aborts its transaction with :class:`ToolFailed`.
+
+    With ``retry=True`` the refusal is transient (a refused connection, a 503 before
+    processing): the engine calls again with backoff, up to its ``retry_attempts``, as for
+    :class:`TransientError`. Never use it for a timeout or anything raised after the request
+    may have reached the provider: that is an unknown outcome (any other exception).
+
+    Only this class and :class:`TransientError` say "did not happen". Any other exception a
+    tool raises is taken as an unknown outcome: the probe decides; without one the effect is
+    compensated blind (reversible) or tagged ``unresolved`` (gated), never ``clean``."""
+
+    retry: bool
+
+    def __init__(self, message: str = "the call did not take effect", *, retry: bool = False) -> None:
+        super().__init__(message, kind="not_applied", retryable=retry)
+        self.retry = retry
+
+
 class TransientError(Exception):
     """Raise from a tool to say the call did NOT take effect and may be retried (a refused
-    connection, a 503 before processing). The engine retries it with backoff."""
+    connection, a 503 before processing). The engine retries it with backoff. The same as
+    ``NotApplied(message, retry=True)``."""
 
 
 class OutcomeUnknown(Exception):
-    """Raise from a tool to say the call MAY have taken effect (a timeout after sending). The
-    engine asks the tool's probe; without one the effect is tagged ``unresolved``."""
+    """Raise from a tool to say the call MAY have taken effect (a timeout after sending). Any
+    exception other than :class:`NotApplied` and :class:`TransientError` is taken the same way;
+    this one says so explicitly. The engine asks the tool's probe; without an answer the effect
+    is compensated blind (reversible) or tagged ``unresolved`` (gated)."""

@@ -13,12 +13,26 @@ use tidegate_core::{Core, CoreConfig, EffectDecl, Event, Scope, ScopeRegistry, T
 use tidegate_runtime::{CheckpointPolicy, EffectClass, Isolation, Level, Tidegate, Tool, TxOptions};
 use tidegate_storage::{LedgerStore, MemoryStore};
 
+/// The level of `bench micro --tx`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+#[value(rename_all = "UPPER")]
+pub enum MicroLevel {
+    L0,
+    L1,
+    L2,
+    L3,
+    L4,
+}
+
 /// Which benchmark to run.
 #[derive(Debug, clap::Subcommand)]
 pub enum Which {
     /// Review middleware on TPC-C: buffered rate vs SI/RI at field and table granularity,
     /// throughput and latency on SQLite (and PostgreSQL), double-execution cost.
     Review(crate::bench_review::Args),
+    /// Plans executor: compensations fired/s, memory per held registration, reopen time
+    /// with 1,000,000 held registrations and deadlines, deadline-wheel cost per timer.
+    Plans(crate::bench_plans::Args),
     /// Per-transaction cost, cost after a long history, speculation commit, disjoint waits.
     Micro {
         /// Print one JSON object instead of a table.
@@ -27,6 +41,15 @@ pub enum Which {
         /// Committed transactions to run before measuring `ns_per_tx_at_1m_history`.
         #[arg(long, default_value_t = 1_000_000)]
         history: u64,
+        /// Instead of the benchmarks, run exactly this many transactions of the per-level
+        /// workload at `--level` and print nothing: a fixed amount of work for instruction
+        /// counters (`valgrind --tool=callgrind`; run it at two counts and subtract, so that
+        /// the setup cancels out).
+        #[arg(long)]
+        tx: Option<u64>,
+        /// The level of `--tx` (serializable isolation).
+        #[arg(long, value_enum, default_value_t = MicroLevel::L1, requires = "tx")]
+        level: MicroLevel,
     },
     /// Durable transactions on the embedded ledger against the disk's own fsync rate.
     Durable {
@@ -87,12 +110,14 @@ pub enum Which {
 
 pub fn run(which: Which) -> anyhow::Result<()> {
     match which {
-        Which::Micro { json, history } => micro(json, history),
+        Which::Micro { tx: Some(n), level, .. } => fixed_tx(n, level),
+        Which::Micro { json, history, .. } => micro(json, history),
         Which::Durable { json, data_dir, seconds, reopen_tx, checkpoint_every } => {
             durable(json, data_dir, seconds, reopen_tx, checkpoint_every)
         }
         Which::Detect { json, sizes, seed } => crate::bench_detect::run(json, &sizes, seed),
         Which::Review(args) => crate::bench_review::run(args),
+        Which::Plans(args) => crate::bench_plans::run(args),
         Which::Serve { json, seconds, clients, data_dir, memory_only } => {
             serve(json, seconds, clients, data_dir, memory_only)
         }
@@ -459,6 +484,26 @@ async fn per_level(rev: &Tool, gated: &Tool) -> anyhow::Result<Vec<(String, f64)
         }
     }
     Ok(configs.iter().zip(samples).map(|((name, _, _), v)| ((*name).to_owned(), median(v))).collect())
+}
+
+/// `bench micro --tx N --level L`: N transactions of the per-level workload, nothing printed.
+fn fixed_tx(n: u64, level: MicroLevel) -> anyhow::Result<()> {
+    let level = match level {
+        MicroLevel::L0 => Level::L0,
+        MicroLevel::L1 => Level::L1,
+        MicroLevel::L2 => Level::L2,
+        MicroLevel::L3 => Level::L3,
+        MicroLevel::L4 => Level::L4,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (rev, gated) = tools()?;
+    rt.block_on(async {
+        let tg = engine_at(level, Isolation::Serializable)?;
+        for i in 0..n {
+            one_tx(&tg, &rev, &gated, i).await?;
+        }
+        anyhow::Ok(())
+    })
 }
 
 fn micro(as_json: bool, history: u64) -> anyhow::Result<()> {

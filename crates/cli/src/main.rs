@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_detect;
+mod bench_plans;
 mod bench_review;
 mod check;
 mod data_dir;

@@ -11,8 +11,9 @@ use std::process::Command;
 /// For each crate, the Tidegate crates its library may depend on (normal and build
 /// dependencies). Dev-dependencies (tests) are free, except for the detectors. Optional
 /// dependencies (behind a cargo feature) are listed in `OPTIONAL`.
-const ALLOWED: [(&str, &[&str]); 9] = [
+const ALLOWED: [(&str, &[&str]); 10] = [
     ("tidegate-core", &[]),
+    ("tidegate-plans", &[]),
     ("tidegate-review", &[]),
     ("tidegate-detect", &[]),
     ("tidegate-storage", &["tidegate-core"]),
@@ -34,6 +35,7 @@ const ALLOWED: [(&str, &[&str]); 9] = [
             "tidegate-eval",
             "tidegate-server",
             "tidegate-review",
+            "tidegate-plans",
         ],
     ),
 ];

@@ -1,0 +1,272 @@
+//! The executor's async driver over three traits: the durable log of plan facts, the
+//! dispatcher of capabilities, and the engine clock (docs/plans.md, "Key operations").
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use std::sync::Mutex as SyncMutex;
+use tokio::sync::{Mutex, Notify, mpsc};
+
+use crate::error::PlanError;
+use crate::executor::{Action, CallResult, DispatchRequest, Executor, PlanView};
+use crate::fact::{Choice, EffectId, Entry, Observation, PlanFact, PlanId, StuckReason, TxId, Verdict};
+use crate::predicate::Predicate;
+
+/// The durable log the executor is a fold of: plan records and engine facts in ledger order.
+pub trait PlanLog: Send + Sync + 'static {
+    /// Appends entries; resolves once they are durable. The ledger-backed log appends plan
+    /// records as extension records and ignores engine entries (the engine wrote them).
+    fn append(&self, entries: Vec<Entry>) -> impl Future<Output = Result<(), PlanError>> + Send;
+    /// Every entry from the start, in order.
+    fn read_all(&self) -> Result<Vec<Entry>, PlanError>;
+}
+
+/// Runs a dispatch by capability (webhook or pull worker in the server).
+pub trait Dispatch: Send + Sync + 'static {
+    /// One dispatch, with the dispatcher's own retries; see [`CallResult`].
+    fn dispatch(&self, request: DispatchRequest) -> impl Future<Output = CallResult> + Send;
+}
+
+/// The engine clock, in milliseconds.
+pub trait Clock: Send + Sync + 'static {
+    /// Now.
+    fn now_ms(&self) -> u64;
+    /// Resolves at `at_ms` (at once if passed).
+    fn sleep_until(&self, at_ms: u64) -> impl Future<Output = ()> + Send;
+}
+
+/// Tokio's clock (virtual under `tokio::time::pause`), counting from `base_ms` at creation.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    start: tokio::time::Instant,
+    base_ms: u64,
+}
+
+impl TokioClock {
+    /// A clock reading `base_ms` now.
+    pub fn new(base_ms: u64) -> TokioClock {
+        TokioClock { start: tokio::time::Instant::now(), base_ms }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now_ms(&self) -> u64 {
+        self.base_ms + self.start.elapsed().as_millis() as u64
+    }
+
+    fn sleep_until(&self, at_ms: u64) -> impl Future<Output = ()> + Send {
+        let wait = at_ms.saturating_sub(self.base_ms);
+        tokio::time::sleep_until(self.start + Duration::from_millis(wait))
+    }
+}
+
+/// An in-memory log (tests, benchmarks). Clones share the log; plan records round-trip
+/// through their JSON form on append.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLog {
+    entries: Arc<SyncMutex<Vec<Entry>>>,
+}
+
+impl MemoryLog {
+    /// An empty log.
+    pub fn new() -> MemoryLog {
+        MemoryLog::default()
+    }
+
+    /// Every entry.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.entries.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+}
+
+impl PlanLog for MemoryLog {
+    fn append(&self, entries: Vec<Entry>) -> impl Future<Output = Result<(), PlanError>> + Send {
+        let result = (|| {
+            let mut decoded = Vec::with_capacity(entries.len());
+            for e in entries {
+                decoded.push(match e {
+                    Entry::Plan(f) => Entry::Plan(PlanFact::decode(&f.encode())?),
+                    e => e,
+                });
+            }
+            self.entries.lock().map_err(|_| PlanError::Log("memory log poisoned".into()))?.extend(decoded);
+            Ok(())
+        })();
+        std::future::ready(result)
+    }
+
+    fn read_all(&self) -> Result<Vec<Entry>, PlanError> {
+        Ok(self.entries())
+    }
+}
+
+/// One tenant's plans: the API and the executor loop ([`Plans::run`]).
+#[derive(Debug)]
+pub struct Plans<L, D, C> {
+    exec: Mutex<Executor>,
+    log: L,
+    dispatch: D,
+    clock: C,
+    wake: Notify,
+    /// Set when an append failed after the executor applied what it appended: the executor
+    /// and the log may differ, so it refuses everything until rebuilt (`Plans::start`).
+    stopped: AtomicBool,
+}
+
+impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
+    /// Rebuilds the executor of `tenant` from `log` and records its start.
+    pub async fn start(tenant: &str, log: L, dispatch: D, clock: C) -> Result<Arc<Self>, PlanError> {
+        let mut exec = Executor::new(tenant);
+        for e in log.read_all()? {
+            exec.apply(&e)?;
+        }
+        let fact = exec.start()?;
+        log.append(vec![Entry::Plan(fact)]).await?;
+        Ok(Arc::new(Plans {
+            exec: Mutex::new(exec),
+            log,
+            dispatch,
+            clock,
+            wake: Notify::new(),
+            stopped: AtomicBool::new(false),
+        }))
+    }
+
+    async fn command(
+        &self,
+        f: impl FnOnce(&mut Executor, u64) -> Result<PlanFact, PlanError>,
+    ) -> Result<PlanFact, PlanError> {
+        let mut exec = self.exec.lock().await;
+        self.check()?;
+        let fact = f(&mut exec, self.clock.now_ms())?;
+        self.guard(self.log.append(vec![Entry::Plan(fact.clone())]).await)?;
+        drop(exec);
+        self.wake.notify_one();
+        Ok(fact)
+    }
+
+    /// Opens a plan; its id.
+    pub async fn open(
+        &self,
+        owner: &str,
+        deadline_ms: Option<u64>,
+        cascade_limit: Option<u32>,
+    ) -> Result<PlanId, PlanError> {
+        let tenant = self.exec.lock().await.tenant().to_owned();
+        match self.command(|e, now| e.open(&tenant, owner, deadline_ms, cascade_limit, now)).await? {
+            PlanFact::PlanOpened { plan, .. } => Ok(plan),
+            f => Err(PlanError::Log(format!("unexpected fact {f:?}"))),
+        }
+    }
+
+    /// Binds a transaction to a plan as its next step.
+    pub async fn begin_step(&self, plan: PlanId, tx: TxId) -> Result<(), PlanError> {
+        self.command(|e, _| e.begin_step(plan, tx)).await.map(drop)
+    }
+
+    /// Arms a predicate trigger.
+    pub async fn arm(&self, plan: PlanId, predicate: Predicate) -> Result<(), PlanError> {
+        self.command(|e, _| e.arm(plan, predicate)).await.map(drop)
+    }
+
+    /// Commits a plan.
+    pub async fn commit(&self, plan: PlanId) -> Result<(), PlanError> {
+        self.command(|e, now| e.commit(plan, now)).await.map(drop)
+    }
+
+    /// Signals a plan's failure.
+    pub async fn signal(&self, plan: PlanId, reason: &str) -> Result<(), PlanError> {
+        self.command(|e, now| e.signal(plan, reason, now)).await.map(drop)
+    }
+
+    /// Posts a compliance verdict.
+    pub async fn verdict(&self, plan: PlanId, tx: TxId, effect: EffectId, verdict: Verdict) -> Result<(), PlanError> {
+        self.command(|e, now| e.verdict(plan, tx, effect, verdict, now)).await.map(drop)
+    }
+
+    /// Resolves a stuck plan.
+    pub async fn resolve(&self, plan: PlanId, choice: Choice) -> Result<(), PlanError> {
+        self.command(|e, now| e.resolve(plan, choice, now)).await.map(drop)
+    }
+
+    /// Feeds an engine fact (the ledger-backed binding calls this from its append path).
+    pub async fn observe(&self, o: Observation) -> Result<(), PlanError> {
+        let mut exec = self.exec.lock().await;
+        self.check()?;
+        exec.observe(&o);
+        self.guard(self.log.append(vec![Entry::Engine(o)]).await)?;
+        drop(exec);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), PlanError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(PlanError::Log(
+                "the executor stopped after a failed append; restart it to rebuild from the log".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn guard<T>(&self, r: Result<T, PlanError>) -> Result<T, PlanError> {
+        if r.is_err() {
+            self.stopped.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// The owner-intervention queue.
+    pub async fn stuck(&self) -> Vec<(PlanId, StuckReason)> {
+        self.exec.lock().await.stuck()
+    }
+
+    /// Every plan.
+    pub async fn plans(&self) -> Vec<PlanView> {
+        self.exec.lock().await.plans()
+    }
+
+    /// The executor loop: decide, make the decision durable, dispatch, record results, sleep
+    /// until a command, a result or the next deadline. Returns only on a log failure.
+    pub async fn run(self: Arc<Self>) -> Result<(), PlanError> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Action, CallResult)>();
+        loop {
+            let (actions, next) = {
+                let mut exec = self.exec.lock().await;
+                self.check()?;
+                let d = exec.decide(self.clock.now_ms());
+                if !d.facts.is_empty() {
+                    self.guard(self.log.append(d.facts.into_iter().map(Entry::Plan).collect()).await)?;
+                }
+                (d.actions, exec.next_deadline())
+            };
+            for a in actions {
+                let this = Arc::clone(&self);
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let r = this.dispatch.dispatch(a.request().clone()).await;
+                    let _ = tx.send((a, r));
+                });
+            }
+            let sleep = async {
+                match next {
+                    Some(at) => self.clock.sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                Some((a, r)) = rx.recv() => {
+                    let fact = a.result_fact(r);
+                    let mut exec = self.exec.lock().await;
+                    self.check()?;
+                    self.guard(exec.apply_fact(&fact))?;
+                    self.guard(self.log.append(vec![Entry::Plan(fact)]).await)?;
+                }
+                _ = self.wake.notified() => {}
+                _ = sleep => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,508 @@
+//! One test per rule of docs/plans.md that the randomized test does not pin down by itself.
+
+#![allow(clippy::unwrap_used)] // tests unwrap by design
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tidegate_plans::{
+    Action, CallResult, Choice, Compensated, Descriptor, Dispatch, DispatchRequest, Entry, Executor, MemoryLog,
+    NoCommit, Observation, Operation, Outcome, PlanError, PlanFact, PlanId, PlanLog, Plans, Predicate, SkipReason,
+    Status, StuckReason, TokioClock, TxId, Verdict,
+};
+
+const T: &str = "acme";
+
+/// An executor, its log, and a world that runs every dispatch at once.
+struct H {
+    exec: Executor,
+    log: Vec<Entry>,
+    now: u64,
+    /// Keys of compensations that took effect, in order.
+    done: Vec<String>,
+    /// Every dispatch, in order.
+    calls: Vec<DispatchRequest>,
+    answer: Box<dyn FnMut(&DispatchRequest) -> CallResult>,
+}
+
+impl H {
+    fn new() -> H {
+        let mut exec = Executor::new(T);
+        let f = exec.start().unwrap();
+        H {
+            exec,
+            log: vec![Entry::Plan(f)],
+            now: 0,
+            done: vec![],
+            calls: vec![],
+            answer: Box::new(|_| CallResult::Done { output: Value::Null, residue: None }),
+        }
+    }
+    fn cmd(
+        &mut self,
+        f: impl FnOnce(&mut Executor, u64) -> Result<PlanFact, PlanError>,
+    ) -> Result<PlanFact, PlanError> {
+        let fact = f(&mut self.exec, self.now)?;
+        self.log.push(Entry::Plan(fact.clone()));
+        Ok(fact)
+    }
+    fn open(&mut self, deadline: Option<u64>, limit: Option<u32>) -> PlanId {
+        match self.cmd(|e, now| e.open(T, "ops", deadline, limit, now)).unwrap() {
+            PlanFact::PlanOpened { plan, .. } => plan,
+            _ => unreachable!(),
+        }
+    }
+    fn obs(&mut self, o: Observation) {
+        self.exec.observe(&o);
+        self.log.push(Entry::Engine(o));
+    }
+    /// A committed step of `plan` with one eager effect per descriptor (`None`: gated).
+    fn step(&mut self, plan: PlanId, tx: TxId, effects: &[Option<Descriptor>]) {
+        self.cmd(|e, _| e.begin_step(plan, tx)).unwrap();
+        for (i, d) in effects.iter().enumerate() {
+            let effect = i as u32;
+            let held = d.is_none();
+            self.obs(Observation::EffectRecorded {
+                tx,
+                effect,
+                tool: if held { "send".into() } else { "book".into() },
+                held,
+                key: format!("k{tx}.{effect}"),
+                args: json!({"n": effect}),
+                descriptor: d.clone(),
+            });
+            if held {
+                self.obs(Observation::Released { tx, effect, ok: true, unknown: false, output: None });
+            } else {
+                self.obs(Observation::EffectExecuted { tx, effect, output: json!({"id": format!("b{tx}.{effect}")}) });
+            }
+        }
+        self.obs(Observation::Settled { tx, committed: true, tags: vec![], scopes: vec![], at_ms: self.now });
+    }
+    fn pump(&mut self) {
+        loop {
+            let d = self.exec.decide(self.now);
+            if d.facts.is_empty() && d.actions.is_empty() {
+                return;
+            }
+            self.log.extend(d.facts.into_iter().map(Entry::Plan));
+            for a in d.actions {
+                let r = (self.answer)(a.request());
+                self.calls.push(a.request().clone());
+                if matches!(a, Action::Compensate { .. }) && matches!(r, CallResult::Done { .. }) {
+                    self.done.push(a.request().key.clone());
+                }
+                let f = a.result_fact(r);
+                self.exec.apply_fact(&f).unwrap();
+                self.log.push(Entry::Plan(f));
+            }
+        }
+    }
+    fn status(&self, plan: PlanId) -> Status {
+        self.exec.plan(plan).unwrap().status
+    }
+    fn rebuild(&mut self) {
+        let mut exec = Executor::new(T);
+        for e in &self.log {
+            exec.apply(e).unwrap();
+        }
+        let f = exec.start().unwrap();
+        self.log.push(Entry::Plan(f));
+        self.exec = exec;
+    }
+}
+
+fn desc() -> Option<Descriptor> {
+    Some(Descriptor {
+        capability: "cancel".into(),
+        args: json!({"booking": {"$output": "/id"}}),
+        key: None,
+        probe: Some("cancel.probe".into()),
+        forward_probe: Some("book.probe".into()),
+    })
+}
+
+#[test]
+fn failed_plan_unwinds_every_step_last_in_first_out() {
+    let mut h = H::new();
+    let p = h.open(None, None);
+    h.step(p, 1, &[desc(), desc()]);
+    h.step(p, 2, &[desc()]);
+    h.pump();
+    assert!(h.done.is_empty(), "held, not fired, while the plan is open");
+    h.cmd(|e, now| e.signal(p, "visa refused", now)).unwrap();
+    h.pump();
+    assert_eq!(h.done, ["k2.0#compensate", "k1.1#compensate", "k1.0#compensate"]);
+    assert_eq!(h.calls[0].args, json!({"booking": "b2.0"}), "the reference to the forward output resolved");
+    assert_eq!(h.status(p), Status::Ended(Outcome::Unwound));
+}
+
+#[test]
+fn commit_retires_every_registration_and_waits_for_running_steps() {
+    let mut h = H::new();
+    let p = h.open(Some(1_000), None);
+    h.step(p, 1, &[desc()]);
+    h.cmd(|e, _| e.begin_step(p, 2)).unwrap();
+    assert_eq!(h.cmd(|e, now| e.commit(p, now)).unwrap_err(), PlanError::StepUnsettled { plan: p, tx: 2 });
+    h.obs(Observation::Settled { tx: 2, committed: true, tags: vec![], scopes: vec![], at_ms: 0 });
+    h.cmd(|e, now| e.commit(p, now)).unwrap();
+    assert_eq!(h.exec.held(), 0);
+    h.now = 5_000;
+    h.pump();
+    assert!(h.done.is_empty(), "the deadline of a committed plan reads false");
+    assert_eq!(h.status(p), Status::Ended(Outcome::Committed));
+}
+
+#[test]
+fn deadline_fires_only_when_the_clock_reaches_it() {
+    let mut h = H::new();
+    let p = h.open(Some(1_000), None);
+    h.step(p, 1, &[desc()]);
+    h.now = 999;
+    h.pump();
+    assert_eq!(h.status(p), Status::Open);
+    h.now = 1_000;
+    h.pump();
+    assert_eq!(h.done, ["k1.0#compensate"]);
+}
+
+#[test]
+fn never_externalised_effects_are_not_compensated_and_in_doubt_ones_are_probed() {
+    let mut h = H::new();
+    // The forward probe says: b1.1 happened, b1.2 did not.
+    h.answer = Box::new(|r| match (r.operation, r.key.as_str()) {
+        (Operation::Probe, "k1.1") => CallResult::Done { output: json!({"id": "b1.1"}), residue: None },
+        (Operation::Probe, _) => CallResult::NotApplied("404".into()),
+        _ => CallResult::Done { output: Value::Null, residue: None },
+    });
+    let p = h.open(None, None);
+    h.cmd(|e, _| e.begin_step(p, 1)).unwrap();
+    for effect in 0..3 {
+        let o = Observation::EffectRecorded {
+            tx: 1,
+            effect,
+            tool: "hold".into(),
+            held: true,
+            key: format!("k1.{effect}"),
+            args: json!({}),
+            descriptor: desc(),
+        };
+        h.obs(o);
+    }
+    h.obs(Observation::Released { tx: 1, effect: 0, ok: false, unknown: false, output: None });
+    h.obs(Observation::Released { tx: 1, effect: 1, ok: false, unknown: true, output: None });
+    h.obs(Observation::Released { tx: 1, effect: 2, ok: false, unknown: true, output: None });
+    h.obs(Observation::Settled { tx: 1, committed: true, tags: vec![], scopes: vec![], at_ms: 0 });
+    h.cmd(|e, now| e.signal(p, "x", now)).unwrap();
+    h.pump();
+    assert_eq!(h.done, ["k1.1#compensate"], "only the effect the probe confirmed is undone");
+    let skipped: Vec<_> = h
+        .log
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Plan(PlanFact::CompSkipped { seq, reason, .. }) => Some((*seq, *reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(skipped, [(2, SkipReason::NeverExternalised), (0, SkipReason::NeverExternalised)]);
+}
+
+#[test]
+fn an_aborted_step_is_left_to_the_engine() {
+    let mut h = H::new();
+    let p = h.open(None, None);
+    h.step(p, 1, &[desc()]);
+    h.cmd(|e, _| e.begin_step(p, 2)).unwrap();
+    h.obs(Observation::EffectRecorded {
+        tx: 2,
+        effect: 0,
+        tool: "book".into(),
+        held: false,
+        key: "k2.0".into(),
+        args: json!({}),
+        descriptor: desc(),
+    });
+    h.obs(Observation::EffectExecuted { tx: 2, effect: 0, output: json!({"id": "b2.0"}) });
+    h.obs(Observation::Settled { tx: 2, committed: false, tags: vec![], scopes: vec![], at_ms: 0 });
+    h.cmd(|e, now| e.signal(p, "x", now)).unwrap();
+    h.pump();
+    assert_eq!(h.done, ["k1.0#compensate"]);
+}
+
+#[test]
+fn irreversible_step_makes_a_stuck_plan_and_each_owner_choice_works() {
+    for choice in [Choice::Unwind, Choice::Accept, Choice::Retry] {
+        let mut h = H::new();
+        let p = h.open(None, None);
+        h.step(p, 1, &[desc()]);
+        h.step(p, 2, &[None, desc()]);
+        h.cmd(|e, now| e.signal(p, "x", now)).unwrap();
+        h.pump();
+        assert!(h.done.is_empty(), "nothing is compensated before the owner decides");
+        assert_eq!(h.exec.stuck(), [(p, StuckReason::Irreversible { seqs: vec![1] })]);
+        h.cmd(|e, now| e.resolve(p, choice, now)).unwrap();
+        h.pump();
+        assert!(h.exec.stuck().is_empty());
+        match choice {
+            Choice::Unwind => {
+                assert_eq!(h.done, ["k2.1#compensate", "k1.0#compensate"]);
+                assert_eq!(h.status(p), Status::Ended(Outcome::Unwound));
+            }
+            Choice::Accept => {
+                assert!(h.done.is_empty());
+                assert_eq!(h.status(p), Status::Ended(Outcome::Accepted));
+            }
+            Choice::Retry => {
+                assert_eq!(h.status(p), Status::Open);
+                h.cmd(|e, now| e.commit(p, now)).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn cascade_past_the_limit_stops_and_is_routed_to_the_owner() {
+    let mut h = H::new();
+    // A fails; B waits on A's compensations, C on B's, ... E is the fifth link.
+    let plans: Vec<PlanId> = (0..5).map(|_| h.open(None, None)).collect();
+    for (i, &p) in plans.iter().enumerate() {
+        h.step(p, i as TxId + 1, &[desc()]);
+        if i > 0 {
+            let pred = Predicate::Compensated(Compensated { tenant: None, plan: plans[i - 1], seq: None });
+            h.cmd(|e, _| e.arm(p, pred)).unwrap();
+        }
+    }
+    h.cmd(|e, now| e.signal(plans[0], "x", now)).unwrap();
+    h.pump();
+    assert_eq!(h.done, ["k1.0#compensate", "k2.0#compensate", "k3.0#compensate", "k4.0#compensate"]);
+    assert_eq!(h.exec.stuck(), [(plans[4], StuckReason::CascadeLimit { depth: 4, limit: 3 })]);
+    h.cmd(|e, now| e.resolve(plans[4], Choice::Unwind, now)).unwrap();
+    h.pump();
+    assert_eq!(h.done.last().unwrap(), "k5.0#compensate");
+}
+
+#[test]
+fn a_trigger_naming_another_tenant_is_refused() {
+    let mut h = H::new();
+    let p = h.open(None, None);
+    let pred = Predicate::NoCommit(NoCommit { tenant: Some("globex".into()), scope: "a:b".into(), before_ms: 5 });
+    assert_eq!(
+        h.cmd(|e, _| e.arm(p, pred)).unwrap_err(),
+        PlanError::CrossTenant { field: "predicate.no_commit.tenant".into(), found: "globex".into(), tenant: T.into() }
+    );
+    assert!(matches!(h.cmd(|e, now| e.open("globex", "o", None, None, now)), Err(PlanError::CrossTenant { .. })));
+    // A log holding another tenant's plan is refused on rebuild.
+    let mut other = Executor::new("globex");
+    let f = PlanFact::PlanOpened {
+        plan: 1,
+        tenant: T.into(),
+        owner: "o".into(),
+        deadline_ms: None,
+        cascade_limit: 3,
+        at_ms: 0,
+    };
+    assert!(matches!(other.apply_fact(&f), Err(PlanError::CrossTenant { .. })));
+}
+
+#[test]
+fn no_commit_predicate_is_three_valued() {
+    let mut h = H::new();
+    let a = h.open(None, None);
+    let b = h.open(None, None);
+    for (p, tx) in [(a, 1), (b, 2)] {
+        h.step(p, tx, &[desc()]);
+        let pred = Predicate::Not(Box::new(Predicate::NoCommit(NoCommit {
+            tenant: None,
+            scope: format!("order:{p}"),
+            before_ms: 100,
+        })));
+        h.cmd(|e, _| e.arm(p, pred)).unwrap();
+    }
+    // A commit on order:<a> before 100: a's atom is false, so `not` is true: a fails.
+    h.now = 50;
+    h.obs(Observation::Settled { tx: 9, committed: true, tags: vec![], scopes: vec![format!("order:{a}")], at_ms: 50 });
+    h.pump();
+    assert_eq!(h.status(a), Status::Ended(Outcome::Unwound));
+    assert_eq!(h.status(b), Status::Open, "unknown waits");
+    // b's atom becomes true at 100, so `not` reads false: b never fires.
+    h.now = 10_000;
+    h.pump();
+    assert_eq!(h.status(b), Status::Open);
+}
+
+#[test]
+fn verdicts_block_one_effect_and_allow_none() {
+    let mut h = H::new();
+    let p = h.open(None, None);
+    h.step(p, 1, &[desc(), desc()]);
+    h.cmd(|e, now| e.verdict(p, 1, 0, Verdict::Allow, now)).unwrap();
+    h.pump();
+    assert!(h.done.is_empty());
+    h.cmd(|e, now| e.verdict(p, 1, 1, Verdict::Block, now)).unwrap();
+    h.pump();
+    assert_eq!(h.done, ["k1.1#compensate"]);
+    assert_eq!(h.status(p), Status::Open, "a verdict undoes one effect, it does not fail the plan");
+    h.cmd(|e, now| e.signal(p, "x", now)).unwrap();
+    h.pump();
+    assert_eq!(h.done, ["k1.1#compensate", "k1.0#compensate"]);
+}
+
+#[test]
+fn an_in_doubt_compensation_after_a_crash_is_probed_not_repeated() {
+    for happened in [true, false] {
+        let mut h = H::new();
+        let p = h.open(None, None);
+        h.step(p, 1, &[desc()]);
+        h.cmd(|e, now| e.signal(p, "x", now)).unwrap();
+        // Decide, make the decision durable, and crash before the result is recorded.
+        let d = h.exec.decide(0);
+        assert!(matches!(d.actions[..], [Action::Compensate { .. }]));
+        h.log.extend(d.facts.into_iter().map(Entry::Plan));
+        h.rebuild();
+        h.answer = Box::new(move |r| match r.operation {
+            Operation::Probe if happened => CallResult::Done { output: Value::Null, residue: None },
+            Operation::Probe => CallResult::NotApplied("404".into()),
+            Operation::Compensate => CallResult::Done { output: Value::Null, residue: None },
+        });
+        h.pump();
+        let ops: Vec<_> = h.calls.iter().map(|c| (c.operation, c.capability.as_str())).collect();
+        if happened {
+            assert_eq!(ops, [(Operation::Probe, "cancel.probe")], "never sent again");
+        } else {
+            assert_eq!(ops, [(Operation::Probe, "cancel.probe"), (Operation::Compensate, "cancel")]);
+        }
+        assert_eq!(h.status(p), Status::Ended(Outcome::Unwound));
+    }
+}
+
+#[test]
+fn records_carry_their_version_and_newer_ones_are_refused() {
+    let f = PlanFact::PlanSignalled { plan: 3, reason: "r".into(), at_ms: 9 };
+    let v = f.encode();
+    assert_eq!(v, json!({"v": 1, "fact": "plan_signalled", "plan": 3, "reason": "r", "at_ms": 9}));
+    assert_eq!(PlanFact::decode(&v).unwrap(), f);
+    let mut newer = v.clone();
+    newer["v"] = json!(2);
+    assert_eq!(PlanFact::decode(&newer).unwrap_err(), PlanError::NewerFormat { found: 2, supported: 1 });
+    let mut added = v;
+    added["later_field"] = json!(true);
+    assert_eq!(PlanFact::decode(&added).unwrap(), f, "fields added within v1 are ignored");
+}
+
+/// A dispatcher that records every compensation key.
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<String>>>);
+
+impl Dispatch for Sink {
+    fn dispatch(&self, r: DispatchRequest) -> impl std::future::Future<Output = CallResult> + Send {
+        if r.operation == Operation::Compensate {
+            self.0.lock().unwrap().push(r.key.clone());
+        }
+        std::future::ready(CallResult::Done { output: Value::Null, residue: None })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_driver_fires_a_deadline_on_virtual_time_and_a_restart_repeats_nothing() {
+    let log = MemoryLog::new();
+    let sink = Sink::default();
+    let plans = Plans::start(T, log.clone(), sink.clone(), TokioClock::new(0)).await.unwrap();
+    let runner = tokio::spawn(Arc::clone(&plans).run());
+    let p = plans.open("agent-7", Some(60_000), None).await.unwrap();
+    for tx in 1..=3u64 {
+        plans.begin_step(p, tx).await.unwrap();
+        let o = Observation::EffectRecorded {
+            tx,
+            effect: 0,
+            tool: "book".into(),
+            held: false,
+            key: format!("k{tx}"),
+            args: json!({}),
+            descriptor: desc(),
+        };
+        plans.observe(o).await.unwrap();
+        plans.observe(Observation::EffectExecuted { tx, effect: 0, output: json!({"id": tx}) }).await.unwrap();
+        plans
+            .observe(Observation::Settled { tx, committed: true, tags: vec![], scopes: vec![], at_ms: 0 })
+            .await
+            .unwrap();
+    }
+    // The agent is gone; the deadline passes on virtual time.
+    tokio::time::sleep(std::time::Duration::from_secs(59)).await;
+    assert!(sink.0.lock().unwrap().is_empty());
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(*sink.0.lock().unwrap(), ["k3#compensate", "k2#compensate", "k1#compensate"]);
+    runner.abort();
+    // A restarted executor rebuilds from the log and fires nothing again.
+    let again = Plans::start(T, log.clone(), sink.clone(), TokioClock::new(61_000)).await.unwrap();
+    let runner = tokio::spawn(Arc::clone(&again).run());
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert_eq!(sink.0.lock().unwrap().len(), 3);
+    assert_eq!(again.plans().await[0].status, Status::Ended(Outcome::Unwound));
+    assert!(log.read_all().unwrap().len() > 10);
+    runner.abort();
+}
+
+#[test]
+fn a_tagged_predicate_fails_the_plan_when_the_effect_is_tagged_so() {
+    let mut h = H::new();
+    let p = h.open(None, None);
+    h.step(p, 1, &[desc()]);
+    let leaked = |tx| Predicate::Tagged(tidegate_plans::Tagged { tenant: None, tx, effect: 0, tag: "leaked".into() });
+    h.cmd(|e, _| e.arm(p, Predicate::Any(vec![leaked(8), leaked(9)]))).unwrap();
+    h.obs(Observation::Settled { tx: 8, committed: false, tags: vec![(0, "clean".into())], scopes: vec![], at_ms: 0 });
+    h.pump();
+    assert_eq!(h.status(p), Status::Open, "one atom false, one unknown: `any` waits");
+    h.obs(Observation::Settled { tx: 9, committed: false, tags: vec![(0, "leaked".into())], scopes: vec![], at_ms: 0 });
+    h.pump();
+    assert_eq!(h.done, ["k1.0#compensate"]);
+    let cause = h.log.iter().find_map(|e| match e {
+        Entry::Plan(PlanFact::PlanFailed { cause, depth, .. }) => Some((cause.clone(), *depth)),
+        _ => None,
+    });
+    assert_eq!(cause, Some((tidegate_plans::Cause::Predicate { trigger: 0 }, 0)));
+}
+
+#[test]
+fn descriptors_are_checked_and_references_name_what_is_missing() {
+    let big = Descriptor::new("c", json!({"pad": "x".repeat(tidegate_plans::MAX_DESCRIPTOR_BYTES)}));
+    assert!(matches!(big.validate(), Err(PlanError::Invalid { field, .. }) if field == "descriptor.args"));
+    assert!(
+        matches!(Descriptor::new("", Value::Null).validate(), Err(PlanError::Invalid { field, .. }) if field == "descriptor.capability")
+    );
+    let t = json!({"id": {"$output": "/booking/id"}, "n": {"$args": "/n"}, "raw": {"$literal": {"$args": "/n"}}});
+    let out = tidegate_plans::resolve_args(&t, &json!({"n": 3}), Some(&json!({"booking": {"id": "b7"}}))).unwrap();
+    assert_eq!(out, json!({"id": "b7", "n": 3, "raw": {"$args": "/n"}}));
+    let err = tidegate_plans::resolve_args(&t, &json!({}), Some(&json!({}))).unwrap_err();
+    assert!(err.contains("/booking/id"), "{err}");
+}
+
+/// A log whose appends fail once `fail` is set.
+#[derive(Clone, Default)]
+struct BrokenLog(MemoryLog, Arc<std::sync::atomic::AtomicBool>);
+
+impl PlanLog for BrokenLog {
+    fn append(&self, entries: Vec<Entry>) -> impl std::future::Future<Output = Result<(), PlanError>> + Send {
+        let fail = self.1.load(std::sync::atomic::Ordering::SeqCst);
+        let inner = self.0.clone();
+        async move { if fail { Err(PlanError::Log("disk full".into())) } else { inner.append(entries).await } }
+    }
+    fn read_all(&self) -> Result<Vec<Entry>, PlanError> {
+        self.0.read_all()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failed_append_the_executor_refuses_until_rebuilt() {
+    let log = BrokenLog::default();
+    let plans = Plans::start(T, log.clone(), Sink::default(), TokioClock::new(0)).await.unwrap();
+    let p = plans.open("o", None, None).await.unwrap();
+    log.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(plans.signal(p, "x").await.unwrap_err(), PlanError::Log("disk full".into()));
+    log.1.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(matches!(plans.commit(p).await, Err(PlanError::Log(m)) if m.contains("restart")));
+    // Rebuilt from the log, the signal that was never durable never happened.
+    let again = Plans::start(T, log.clone(), Sink::default(), TokioClock::new(0)).await.unwrap();
+    assert_eq!(again.plans().await[0].status, Status::Open);
+    again.commit(p).await.unwrap();
+}
