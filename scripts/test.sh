@@ -13,3 +13,6 @@ fi
 # API fuzzing against a real `tidegate serve --memory` (about 50 s; the longer run is in the
 # script's header).
 TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/fuzz-api.sh
+# The reviewer web page in headless Chromium (Debian's chromium and chromium-driver, installed
+# by the script when missing and run as root; selenium in .venv/browser/; about 20 s).
+TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/review-browser-test.sh

@@ -21,7 +21,8 @@ tagged. This package binds the Rust engine (``tidegate._native``) and adds a Pyt
 Modules: :mod:`tidegate.engine` (``open``, ``Tidegate``), :mod:`tidegate.transaction`,
 :mod:`tidegate.tools` (``tool``), :mod:`tidegate.speculation`, :mod:`tidegate.outcome`,
 :mod:`tidegate.errors`; :mod:`tidegate.langgraph` for the LangGraph ``ToolNode`` drop-in;
-:mod:`tidegate.client` (``connect``) for the same API against ``tidegate serve``.
+:mod:`tidegate.client` (``connect``) for the same API against ``tidegate serve``;
+:mod:`tidegate.review` (``ReviewClient``) for its review middleware (``/v1/review``).
 Everything public is re-exported here.
 """
 
@@ -52,6 +53,7 @@ from .errors import (
     WrongState,
 )
 from .outcome import EffectOutcome, Happened, Held, Outcome, ReadResult, RunResult, SpeculationOutcome
+from .review import ReviewClient
 from .speculation import Speculation
 from .tools import EFFECTS, AsyncTool, Tool, tool
 from .transaction import Transaction, current_transaction
@@ -65,6 +67,7 @@ __all__ = [
     "AsyncTool",
     "Client",
     "RemoteTransaction",
+    "ReviewClient",
     "connect",
     "EffectOutcome",
     "Happened",

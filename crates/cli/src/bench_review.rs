@@ -25,6 +25,9 @@ pub struct Args {
     /// default: the environment variable TIDEGATE_PG_URL, if set.
     #[arg(long)]
     pg_url: Option<String>,
+    /// Also write SVG plots of the buffered rate (with 95% confidence intervals) into DIR.
+    #[arg(long, value_name = "DIR")]
+    svg: Option<std::path::PathBuf>,
 }
 
 /// Runs the benchmark and prints it.
@@ -41,6 +44,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ..Config::default()
     };
     let out = run_bench(&cfg, &mut |line| eprintln!("done: {line}"))?;
+    if let Some(dir) = &a.svg {
+        std::fs::create_dir_all(dir)?;
+        for (name, svg) in tidegate_review::plot::plots(&out) {
+            let path = dir.join(name);
+            std::fs::write(&path, svg)?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());

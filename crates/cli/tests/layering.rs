@@ -20,7 +20,10 @@ const ALLOWED: [(&str, &[&str]); 10] = [
     ("tidegate-sqlite", &["tidegate-core", "tidegate-storage"]),
     ("tidegate-runtime", &["tidegate-core", "tidegate-storage", "tidegate-detect"]),
     ("tidegate-eval", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-runtime"]),
-    ("tidegate-server", &["tidegate-core", "tidegate-storage", "tidegate-sqlite", "tidegate-runtime"]),
+    (
+        "tidegate-server",
+        &["tidegate-core", "tidegate-storage", "tidegate-sqlite", "tidegate-runtime", "tidegate-review"],
+    ),
     (
         "tidegate",
         &[

@@ -24,8 +24,9 @@ use crate::ids::{EffectId, Epoch, GroupId, Timestamp, TxId, Version};
 /// `tidegate_storage::wire::LEDGER_FORMAT_VERSION` is the same number (asserted at compile
 /// time there): a new event kind is a new format.
 ///
-/// History: 1, the first; 2 adds [`Event::ToolChanged`] (the versioned tool registry).
-pub const LEDGER_FORMAT_VERSION: u32 = 2;
+/// History: 1, the first; 2 adds [`Event::ToolChanged`] (the versioned tool registry); 3 adds
+/// [`Event::Extension`] (opaque records of other components kept in the ledger).
+pub const LEDGER_FORMAT_VERSION: u32 = 3;
 
 /// One ledger fact.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,11 +167,20 @@ pub enum Event {
         /// `false`: the tool was removed.
         present: bool,
     },
+    /// An opaque record of another component (e.g. the review manager's decision log) kept
+    /// in the ledger for its durability and order. Engine-wide; the state machine ignores it
+    /// both live and on replay.
+    Extension {
+        /// The component's stream name (records of one stream are read back together).
+        stream: Arc<str>,
+        /// The record (any JSON; the engine never looks inside).
+        body: Arc<Value>,
+    },
 }
 
 impl Event {
-    /// The transaction the event belongs to; engine-wide events ([`Event::ToolChanged`])
-    /// return `TxId(0)`, an id never allocated.
+    /// The transaction the event belongs to; engine-wide events ([`Event::ToolChanged`],
+    /// [`Event::Extension`]) return `TxId(0)`, an id never allocated.
     pub fn tx(&self) -> TxId {
         match self {
             Event::Begin { tx, .. }
@@ -184,7 +194,7 @@ impl Event {
             | Event::Released { tx, .. }
             | Event::Compensated { tx, .. }
             | Event::Settled { tx, .. } => *tx,
-            Event::ToolChanged { .. } => TxId(0),
+            Event::ToolChanged { .. } | Event::Extension { .. } => TxId(0),
         }
     }
 }

@@ -18,6 +18,7 @@ mod error;
 pub mod exec;
 pub mod log;
 pub mod manager;
+pub mod plot;
 pub mod template;
 pub mod tpcc;
 pub mod value;

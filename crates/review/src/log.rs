@@ -1,8 +1,14 @@
 //! The decision log: the append-only record from which a manager is rebuilt.
 //!
-//! Format (version 1): one [`Entry`] per record, `{"v":1,"record":{"type":...}}`. New optional
+//! Format (version 2): one [`Entry`] per record, `{"v":2,"record":{"type":...}}`. New optional
 //! fields may be added to records with `#[serde(default)]`; anything else bumps `v`, and a
-//! reader refuses a version it does not know.
+//! reader refuses a version newer than its own. History: 1, the first; 2 adds the `templates`
+//! record (templates registered while the manager runs, e.g. over HTTP). A version-1 log is
+//! read as is.
+//!
+//! Where the records are kept is the [`DecisionLog`]'s business: in memory, a JSON Lines file
+//! ([`FileLog`]), or any store of JSON values through [`encode_entry`] and [`decode_entry`]
+//! (the server keeps them in the tenant's Tidegate ledger as extension records).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -13,10 +19,10 @@ use serde::{Deserialize, Serialize};
 use crate::deps::{EdgeKind, Touch};
 use crate::error::{Error, Result};
 use crate::exec::Compensation;
-use crate::template::Strategy;
+use crate::template::{Strategy, TemplateSet};
 
-/// The log format version this crate writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The log format version this crate writes (and the newest it reads).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// A reviewer's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +77,15 @@ pub enum Record {
         #[serde(default)]
         compensation: Option<Compensation>,
     },
+    /// Templates (with their tables and invariants) were added to the manager's set, after
+    /// `schema` (SQL, if any) ran on the database. Added in format 2.
+    Templates {
+        /// What was added (merged into the set in log order).
+        set: TemplateSet,
+        /// The SQL batch run on the database before (not run again on rebuild).
+        #[serde(default)]
+        schema: Option<String>,
+    },
     /// A compensation finished.
     Compensated {
         /// Transaction id.
@@ -88,6 +103,30 @@ pub struct Entry {
     pub v: u32,
     /// The record.
     pub record: Record,
+}
+
+/// `record` as a versioned JSON value (`{"v":..,"record":..}`), for a log kept in another store.
+pub fn encode_entry(record: &Record) -> Result<serde_json::Value> {
+    serde_json::to_value(Entry { v: FORMAT_VERSION, record: record.clone() })
+        .map_err(|e| Error::Log { message: format!("encode: {e}"), retryable: false })
+}
+
+/// The record of a value written by [`encode_entry`]; refuses a newer format version.
+pub fn decode_entry(value: &serde_json::Value) -> Result<Record> {
+    let entry =
+        Entry::deserialize(value).map_err(|e| Error::Log { message: format!("decode: {e}"), retryable: false })?;
+    check_version(entry.v)?;
+    Ok(entry.record)
+}
+
+fn check_version(v: u32) -> Result<()> {
+    if v == 0 || v > FORMAT_VERSION {
+        return Err(Error::Log {
+            message: format!("format version {v} (this build reads 1 to {FORMAT_VERSION})"),
+            retryable: false,
+        });
+    }
+    Ok(())
 }
 
 /// Where decisions are kept. Contract: `append` MUST make the record visible to every later
@@ -149,7 +188,7 @@ impl FileLog {
 
 impl DecisionLog for FileLog {
     fn append(&mut self, record: &Record) -> Result<()> {
-        let mut line = serde_json::to_vec(&Entry { v: FORMAT_VERSION, record: record.clone() })
+        let mut line = serde_json::to_vec(&encode_entry(record)?)
             .map_err(|e| Error::Log { message: e.to_string(), retryable: false })?;
         line.push(b'\n');
         let io =
@@ -178,11 +217,8 @@ impl DecisionLog for FileLog {
                 Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => break,
                 Err(e) => return Err(Error::Log { message: format!("line {}: {e}", i + 1), retryable: false }),
             };
-            if entry.v != FORMAT_VERSION {
-                return Err(Error::Log {
-                    message: format!("line {}: format version {} (expected {FORMAT_VERSION})", i + 1, entry.v),
-                    retryable: false,
-                });
+            if let Err(Error::Log { message, .. }) = check_version(entry.v) {
+                return Err(Error::Log { message: format!("line {}: {message}", i + 1), retryable: false });
             }
             out.push(entry.record);
         }
@@ -209,5 +245,14 @@ mod tests {
         let line = serde_json::to_string(&Entry { v: 1, record: r.clone() }).unwrap();
         let back: Entry = serde_json::from_str(&line).unwrap();
         assert_eq!(back.record, r);
+        assert_eq!(decode_entry(&serde_json::from_str(&line).unwrap()).unwrap(), r, "a version-1 entry still reads");
+        assert_eq!(decode_entry(&encode_entry(&r).unwrap()).unwrap(), r);
+    }
+
+    #[test]
+    fn a_newer_format_version_is_refused_naming_both() {
+        let newer = serde_json::json!({"v": FORMAT_VERSION + 1, "record": {"type": "compensated", "id": 1}});
+        let err = decode_entry(&newer).unwrap_err().to_string();
+        assert!(err.contains(&format!("format version {}", FORMAT_VERSION + 1)) && err.contains("1 to 2"), "{err}");
     }
 }

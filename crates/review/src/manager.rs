@@ -292,6 +292,8 @@ impl State {
                     }
                 }
             }
+            // Templates are the manager's, not the state's.
+            Record::Templates { .. } => {}
             Record::Compensated { id, error } => {
                 self.stats.compensations += 1;
                 match error {
@@ -446,13 +448,23 @@ impl Manager {
         log: Box<dyn DecisionLog>,
         options: Options,
     ) -> Result<Manager> {
+        let mut set = set;
+        let mut state = State::default();
+        for rec in log.read_all()? {
+            match rec {
+                // Templates registered while running come back in log order (their schema
+                // already ran on the database).
+                Record::Templates { set: more, .. } => {
+                    set.merge(more)?;
+                }
+                rec => {
+                    let _replayed_actions = state.apply(&rec);
+                }
+            }
+        }
         set.validate()?;
         exec::install_marker_table(db.as_mut())?;
         let checker = Checker::new(&set, options.granularity);
-        let mut state = State::default();
-        for rec in log.read_all()? {
-            let _replayed_actions = state.apply(&rec);
-        }
         let mut m = Manager { set, options, checker, db, log, state };
         m.settle()?;
         Ok(m)
@@ -461,6 +473,69 @@ impl Manager {
     /// The templates.
     pub fn templates(&self) -> &TemplateSet {
         &self.set
+    }
+
+    /// Adds templates (with their tables and invariants) to the running manager, after running
+    /// `schema` (an SQL batch, e.g. `CREATE TABLE IF NOT EXISTS ...`) on the database, and
+    /// records both in the log so a rebuild has them. A template or table already registered
+    /// must be given unchanged. Returns whether anything was added (registering the same set
+    /// twice is a no-op, though its schema runs again).
+    pub fn register(&mut self, more: TemplateSet, schema: Option<String>) -> Result<bool> {
+        let mut merged = self.set.clone();
+        let changed = merged.merge(more.clone())?;
+        merged.validate()?;
+        if let Some(sql) = &schema {
+            self.db.batch(sql)?;
+        }
+        if changed || schema.is_some() {
+            self.log.append(&Record::Templates { set: more, schema })?;
+        }
+        if changed {
+            self.set = merged;
+            self.checker = Checker::new(&self.set, self.options.granularity);
+        }
+        Ok(changed)
+    }
+
+    /// The options the manager runs with.
+    pub fn options(&self) -> Options {
+        self.options
+    }
+
+    /// Every non-final transaction (the buffer), oldest first.
+    pub fn queue(&self) -> Vec<TxView> {
+        self.state.active.keys().filter_map(|id| self.state.view(*id)).collect()
+    }
+
+    /// The transactions a removal of `id` would take with it now (its cascade: everything
+    /// not yet executed that builds on it, transitively), in id order. Empty for an unknown
+    /// or final id.
+    pub fn cascade_preview(&self, id: u64) -> Vec<u64> {
+        let mut out = BTreeSet::new();
+        let mut todo = vec![id];
+        while let Some(x) = todo.pop() {
+            for t in self.state.active.values() {
+                if t.phase == Phase::Pending && t.waits_on.get(&x) == Some(&EdgeKind::BuildsOn) && out.insert(t.id) {
+                    todo.push(t.id);
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// The transactions removed because `id` was removed (or failed), transitively, in id
+    /// order.
+    pub fn cascaded(&self, id: u64) -> Vec<u64> {
+        let mut out = BTreeSet::new();
+        let mut todo = vec![id];
+        while let Some(x) = todo.pop() {
+            for (d, (_, _, from, _)) in &self.state.done {
+                if *from == Some(x) && out.insert(*d) {
+                    todo.push(*d);
+                }
+            }
+        }
+        out.into_iter().collect()
     }
 
     /// The database (for reading state in tests and checks; do not write through it).

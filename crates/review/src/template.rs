@@ -396,6 +396,55 @@ impl TemplateSet {
         Ok(set)
     }
 
+    /// Adds `more`'s tables, invariants and templates to this set. A table or template already
+    /// here must be declared exactly as before (a buffered transaction was checked against the
+    /// old definition; changing it under it is refused); an identical one is skipped, as is an
+    /// invariant already declared. Returns whether anything was added. The merged set is not
+    /// validated here: call [`TemplateSet::validate`].
+    pub fn merge(&mut self, more: TemplateSet) -> Result<bool> {
+        for (name, decl) in &more.tables {
+            if let Some(cur) = self.tables.get(name)
+                && cur != decl
+            {
+                return Err(Error::template(
+                    name,
+                    format!("tables.{name}"),
+                    format!("{decl:?}"),
+                    format!("the declaration already registered ({cur:?})"),
+                ));
+            }
+        }
+        for (i, t) in more.templates.iter().enumerate() {
+            if let Some(cur) = self.get(&t.name)
+                && cur != t
+            {
+                return Err(Error::template(
+                    &t.name,
+                    format!("templates[{i}]"),
+                    "a different definition",
+                    "a name no registered template has, or the registered definition unchanged",
+                ));
+            }
+        }
+        let mut changed = false;
+        for (name, decl) in more.tables {
+            changed |= self.tables.insert(name, decl).is_none();
+        }
+        for inv in more.invariants {
+            if !self.invariants.contains(&inv) {
+                self.invariants.push(inv);
+                changed = true;
+            }
+        }
+        for t in more.templates {
+            if self.get(&t.name).is_none() {
+                self.templates.push(t);
+                changed = true;
+            }
+        }
+        Ok(changed)
+    }
+
     /// The template called `name`.
     pub fn get(&self, name: &str) -> Option<&Template> {
         self.templates.iter().find(|t| t.name == name)

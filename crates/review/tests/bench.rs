@@ -37,3 +37,25 @@ fn confidence_intervals_use_student_t() {
     assert!((ci - 12.706 * (2.0f64 / 2.0).sqrt()).abs() < 1e-9);
     assert!(mean_ci(&[5.0]).1.is_nan());
 }
+
+#[test]
+fn the_plots_draw_one_line_per_granularity_with_an_interval_per_point() {
+    let row = |gran: &str, x: u32, y: f64, ci: f64| {
+        serde_json::json!({"granularity": gran, "si": x, "ri": x, "rate_end": y, "rate_end_ci95": ci,
+            "rate_arrival": y, "rate_arrival_ci95": ci})
+    };
+    let result = serde_json::json!({
+        "buffered_rate_vs_si": [row("field", 2, 0.7, 0.02), row("field", 5, 0.55, 0.02), row("table", 2, 0.95, 0.01)],
+        "buffered_rate_vs_ri": [row("field", 5, 0.3, f64::NAN), row("table", 25, 0.9, 0.01)],
+    });
+    let plots = tidegate_review::plot::plots(&result);
+    assert_eq!(plots.len(), 2);
+    let (name, svg) = &plots[0];
+    assert_eq!(name, "review-rate-vs-si.svg");
+    assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"), "{svg}");
+    assert_eq!(svg.matches("<polyline").count(), 2, "field and table");
+    assert_eq!(svg.matches("<circle").count(), 3, "one point per row");
+    assert!(svg.contains("field: x=5 y=0.550 ± 0.020"), "{svg}");
+    assert!(!svg.contains("NaN") && !plots[1].1.contains("NaN"), "a missing interval draws none");
+    assert!(!svg.contains("<script") && !svg.contains("href"), "self-contained");
+}

@@ -254,3 +254,35 @@ fn a_given_compensation_runs_on_removal_and_a_template_strategy_overrides_the_de
     assert_eq!(balance(&mut m, 1), 5);
     assert_eq!(m.status(w).unwrap().status, Status::Committed);
 }
+
+#[test]
+fn templates_registered_while_running_come_back_from_the_log_and_conflicts_are_refused() {
+    let log = MemoryLog::new();
+    let dir = tempfile::tempdir().unwrap();
+    let dbp = dir.path().join("bank.db");
+    let open = |log: &MemoryLog| {
+        let db = SqliteDatabase::open(&dbp).unwrap();
+        Manager::open(TemplateSet::default(), Box::new(db), Box::new(log.clone()), Options::default()).unwrap()
+    };
+    let mut m = open(&log);
+    assert!(m.request(req("deposit", json!({"id": 1, "amount": 1}), false)).is_err(), "nothing registered yet");
+    assert!(m.register(templates(), Some(format!("{SCHEMA}; INSERT INTO account VALUES (1, 50);"))).unwrap());
+    assert!(!m.register(templates(), None).unwrap(), "the same set again adds nothing");
+    let mut changed = templates();
+    changed.templates[0].steps[0].statements[0].sql =
+        "UPDATE account SET balance = balance + 2 * :amount WHERE id = :id".into();
+    let e = m.register(changed, None).unwrap_err().to_string();
+    assert!(e.contains("templates[0]") && e.contains("deposit"), "{e}");
+    let pay = m.request(req("pay", json!({"order_id": 9, "amount": 5}), true)).unwrap();
+    let ship = m.request(req("ship", json!({"order_id": 9}), false)).unwrap();
+    assert_eq!(m.cascade_preview(pay), vec![ship]);
+    assert_eq!(m.queue().iter().map(|v| v.id).collect::<Vec<_>>(), vec![pay, ship]);
+    drop(m);
+    let writes_before = log.read_all().unwrap().len();
+    let mut m = open(&log);
+    assert_eq!(log.read_all().unwrap().len(), writes_before, "a rebuild appends nothing");
+    assert_eq!(m.status(ship).unwrap().waits_for, vec![pay]);
+    assert_eq!(m.review(pay, Decision::Remove, "rita").unwrap(), Status::Removed);
+    assert_eq!(m.cascaded(pay), vec![ship]);
+    assert_eq!(balance(&mut m, 1), 50, "the schema's rows are there and nothing ran twice");
+}

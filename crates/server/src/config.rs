@@ -25,6 +25,96 @@ pub struct Config {
     pub dispatch: DispatchSection,
     /// Logging.
     pub log: LogSection,
+    /// The review middleware (`/v1/review`, docs/review.md).
+    pub review: ReviewSection,
+}
+
+/// `[review]`: each tenant's review manager (one per tenant, opened at its first review
+/// request).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReviewSection {
+    /// The database transactions run on, for tenants not listed in `tenants`: `sqlite:PATH`,
+    /// `postgres://...` (or `postgresql://...`), or empty for the default: the SQLite file
+    /// `<data_dir>/tenants/<name>/review.db` (a private in-memory SQLite database with
+    /// `server.memory`). Default empty.
+    pub database: String,
+    /// `buffer_suspicious` or `buffer_compensating` (a template may override it). Default
+    /// `buffer_suspicious`.
+    pub strategy: tidegate_review::Strategy,
+    /// The finest granularity of dependency checks: `field`, `row`, `column` or `table`.
+    /// Default `field`.
+    pub granularity: tidegate_review::Granularity,
+    /// Per tenant: `[review.tenants.<name>]` with `database`, and optionally `strategy` and
+    /// `granularity`. Default empty.
+    pub tenants: std::collections::BTreeMap<String, ReviewTenant>,
+}
+
+impl Default for ReviewSection {
+    fn default() -> Self {
+        ReviewSection {
+            database: String::new(),
+            strategy: tidegate_review::Strategy::BufferSuspicious,
+            granularity: tidegate_review::Granularity::Field,
+            tenants: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// `[review.tenants.<name>]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReviewTenant {
+    /// As `review.database`.
+    pub database: String,
+    /// As `review.strategy`; default: that.
+    pub strategy: Option<tidegate_review::Strategy>,
+    /// As `review.granularity`; default: that.
+    pub granularity: Option<tidegate_review::Granularity>,
+}
+
+/// Where a tenant's review database is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReviewDatabase {
+    /// The default: `review.db` in the tenant's directory, or in memory.
+    Default,
+    /// A SQLite file.
+    Sqlite(PathBuf),
+    /// A PostgreSQL URL.
+    Postgres(String),
+}
+
+impl ReviewSection {
+    /// Parses a `database` value.
+    pub fn parse_database(text: &str) -> Result<ReviewDatabase, String> {
+        if text.is_empty() {
+            Ok(ReviewDatabase::Default)
+        } else if let Some(p) = text.strip_prefix("sqlite:") {
+            if p.is_empty() {
+                return Err(format!("`{text}`: expected a path after `sqlite:`"));
+            }
+            Ok(ReviewDatabase::Sqlite(PathBuf::from(p)))
+        } else if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            Ok(ReviewDatabase::Postgres(text.to_owned()))
+        } else {
+            Err(format!("`{text}`: expected empty, `sqlite:PATH` or a `postgres://` URL"))
+        }
+    }
+
+    /// The database, strategy and granularity of `tenant`.
+    pub fn for_tenant(
+        &self,
+        tenant: &str,
+    ) -> Result<(ReviewDatabase, tidegate_review::Strategy, tidegate_review::Granularity), String> {
+        match self.tenants.get(tenant) {
+            Some(t) => Ok((
+                Self::parse_database(&t.database)?,
+                t.strategy.unwrap_or(self.strategy),
+                t.granularity.unwrap_or(self.granularity),
+            )),
+            None => Ok((Self::parse_database(&self.database)?, self.strategy, self.granularity)),
+        }
+    }
 }
 
 /// `[server]`.
@@ -190,7 +280,7 @@ impl Default for LogSection {
     }
 }
 
-const SECTIONS: [&str; 6] = ["server", "limits", "engine", "auth", "dispatch", "log"];
+const SECTIONS: [&str; 7] = ["server", "limits", "engine", "auth", "dispatch", "log", "review"];
 
 impl Config {
     /// Parses a TOML document, then applies environment overrides from `env`
@@ -263,6 +353,14 @@ impl Config {
             .map_err(|(name, detail)| ConfigError::Invalid { key: format!("engine.scope_types.{name}"), detail })?;
         if self.dispatch.webhook_attempts == 0 {
             return bad("dispatch.webhook_attempts", "0: expected at least 1".into());
+        }
+        if let Err(detail) = ReviewSection::parse_database(&self.review.database) {
+            return bad("review.database", detail);
+        }
+        for (name, t) in &self.review.tenants {
+            if let Err(detail) = ReviewSection::parse_database(&t.database) {
+                return bad(&format!("review.tenants.{name}.database"), detail);
+            }
         }
         if self.engine.lease_ms == 0 {
             return bad("engine.lease_ms", "0: expected a positive number of milliseconds".into());
@@ -350,5 +448,21 @@ mod tests {
         assert!(cfg.scopes().unwrap().parse("billing:inv:7").is_ok());
         let err = Config::from_toml_and_env(Some("[engine.scope_types]\nx = \"weird\"\n"), Vec::new()).unwrap_err();
         assert!(err.to_string().contains("engine.scope_types.x"), "{err}");
+    }
+
+    #[test]
+    fn review_databases_are_chosen_per_tenant_and_bad_values_are_named() {
+        let text = "[review]\nstrategy = \"buffer_compensating\"\n[review.tenants.acme]\ndatabase = \"sqlite:/tmp/a.db\"\ngranularity = \"table\"\n";
+        let cfg = Config::from_toml_and_env(Some(text), Vec::new()).unwrap();
+        let (db, strategy, granularity) = cfg.review.for_tenant("acme").unwrap();
+        assert_eq!(db, ReviewDatabase::Sqlite(PathBuf::from("/tmp/a.db")));
+        assert_eq!(strategy, tidegate_review::Strategy::BufferCompensating, "inherited from [review]");
+        assert_eq!(granularity, tidegate_review::Granularity::Table);
+        assert_eq!(cfg.review.for_tenant("other").unwrap().0, ReviewDatabase::Default);
+        let err =
+            Config::from_toml_and_env(Some("[review.tenants.x]\ndatabase = \"mysql://h\"\n"), Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("review.tenants.x.database") && err.to_string().contains("mysql"), "{err}");
+        let err = Config::from_toml_and_env(Some("[review]\nstrategy = \"yolo\"\n"), Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("review.strategy"), "{err}");
     }
 }

@@ -1,4 +1,4 @@
-//! Public ids: `tx_<tag>_<n>`, `grp_<tag>_<n>`, `task_<tag>_<n>`. The tag is the tenant's;
+//! Public ids: `tx_<tag>_<n>`, `grp_<tag>_<n>`, `task_<tag>_<n>`, `rv_<tag>_<n>` (review). The tag is the tenant's;
 //! an id with another tenant's tag is treated exactly as one never issued.
 
 use tidegate_runtime::TxId;
@@ -12,6 +12,8 @@ pub enum Kind {
     Group,
     /// A worker task.
     Task,
+    /// A transaction of the review middleware (`/v1/review`).
+    Review,
 }
 
 impl Kind {
@@ -20,6 +22,7 @@ impl Kind {
             Kind::Tx => "tx_",
             Kind::Group => "grp_",
             Kind::Task => "task_",
+            Kind::Review => "rv_",
         }
     }
 }

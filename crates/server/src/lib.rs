@@ -33,6 +33,7 @@ pub mod ids;
 pub mod index;
 pub mod metrics;
 pub mod registry;
+pub mod review;
 mod server;
 pub mod tap;
 pub mod tenant;

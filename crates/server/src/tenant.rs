@@ -54,6 +54,8 @@ pub struct TenantSettings {
     pub dispatch: DispatchSection,
     /// Scope types.
     pub scopes: tidegate_runtime::ScopeRegistry,
+    /// The review middleware (`[review]`).
+    pub review: crate::config::ReviewSection,
 }
 
 impl TenantSettings {
@@ -72,6 +74,7 @@ impl TenantSettings {
             idempotency_max: cfg.limits.idempotency_max_records,
             dispatch: cfg.dispatch.clone(),
             scopes: cfg.scopes().unwrap_or_default(),
+            review: cfg.review.clone(),
         }
     }
 }
@@ -155,6 +158,10 @@ pub struct Tenant {
     catalog: Arc<Catalog>,
     background: Mutex<Vec<JoinHandle<()>>>,
     settings: TenantSettings,
+    /// The review manager (opened at the first `/v1/review` request).
+    pub review: crate::review::TenantReview,
+    /// Where the review manager is opened from.
+    pub review_place: crate::review::ReviewPlace,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -175,6 +182,7 @@ impl Tenant {
     ) -> Result<Arc<Tenant>> {
         let name = record.name.clone();
         let tenant_err = |what, source| ServerError::Tenant { tenant: name.clone(), what, source: Box::new(source) };
+        let mut tenant_dir = None;
         let (store, sqlite): (Arc<dyn LedgerStore>, Option<Arc<SqliteStore>>) = if settings.memory {
             (Arc::new(MemoryStore::new()), None)
         } else {
@@ -190,6 +198,7 @@ impl Tenant {
                 .map_err(|source| ServerError::Io { op: format!("create {}", dir.display()), source })?;
             let s = SqliteStore::open(&dir).map_err(|e| tenant_err("open the ledger", e.into()))?;
             let s = Arc::new(s);
+            tenant_dir = Some(dir);
             (s.clone() as Arc<dyn LedgerStore>, Some(s))
         };
         let index = Arc::new(LedgerIndex::new(settings.retain.max(1), metrics.clone()));
@@ -249,6 +258,12 @@ impl Tenant {
             catalog,
             background: Mutex::new(Vec::new()),
             settings: settings.clone(),
+            review: crate::review::TenantReview::default(),
+            review_place: crate::review::ReviewPlace {
+                tenant: record.name.clone(),
+                dir: tenant_dir,
+                config: settings.review.clone(),
+            },
         }))
     }
 

@@ -25,10 +25,12 @@
 //! | `compensated` | `tx`, `effect`, `residue`?, `error`? |
 //! | `settled` | `tx`, `committed`, `effects`: list of `[effect, disposition, tag]` (dispositions `accepted`, `applied`, `fired`, `discarded`, `compensated`, `compensation_failed`, `not_compensable`, `release_failed`, `not_released`, `unknown`, `replayed`; tags `clean`, `leaked`, `unresolved`, `partial-commit`) |
 //! | `tool_changed` | `tool`, `version`, `present` (engine-wide: no transaction; its `tx` is 0) |
+//! | `extension` | `stream` (string), `body` (any JSON): another component's record, ignored by the engine (engine-wide; its `tx` is 0) |
 //!
 //! # Version and the rule for adding fields
 //!
-//! The format version is [`LEDGER_FORMAT_VERSION`] (1, the first; 2 added `tool_changed`).
+//! The format version is [`LEDGER_FORMAT_VERSION`] (1, the first; 2 added `tool_changed`; 3
+//! added `extension`).
 //! Within one version, fields may only be *added*, and must be optional (absent in older
 //! records reads as a default), so older ledgers still read; removing a field, changing its
 //! meaning or shape, or adding an event kind (or class, disposition, tag, abort reason) older
@@ -62,10 +64,11 @@ mod record;
 use record::Record;
 
 /// The ledger format version written by this build (the `format_version` a backend stores).
-/// History: 1, the first; 2 adds the `tool_changed` event (the versioned tool registry).
+/// History: 1, the first; 2 adds the `tool_changed` event (the versioned tool registry); 3 adds
+/// the `extension` event (opaque records of other components, e.g. the review manager).
 /// A new event kind is both an engine change and a format change, so this is the engine's
 /// number; the assertion below keeps the two from drifting apart.
-pub const LEDGER_FORMAT_VERSION: u32 = 2;
+pub const LEDGER_FORMAT_VERSION: u32 = 3;
 const _: () = assert!(LEDGER_FORMAT_VERSION == tidegate_core::ledger::LEDGER_FORMAT_VERSION);
 
 /// A link of the hash chain: BLAKE3 over the previous link, the LSN and the stored bytes.

@@ -1,5 +1,6 @@
 //! The record format (`tidegate_storage::wire`): golden bytes for every event kind, class,
-//! disposition, tag and abort reason (the exact text format version 2 stores), and round trips.
+//! disposition, tag and abort reason (the exact text format version 2 stores, unchanged in 3), and
+//! round trips.
 
 #![allow(clippy::unwrap_used)] // tests unwrap by design
 
@@ -173,4 +174,18 @@ fn tool_unavailable_is_a_tool_failed_record_with_an_optional_flag() {
         Event::Decided { reason: Some(AbortReason::ToolFailed { .. }), .. } => {}
         other => panic!("{other:?}"),
     }
+}
+
+/// Format 3 adds one event kind, `extension`, and moves none of format 2's bytes (the golden
+/// file above is format 2's): its record is the stream name and the body (the JSON value as it
+/// serialises), and it belongs to no transaction.
+#[test]
+fn an_extension_record_of_format_3_has_fixed_bytes_and_round_trips() {
+    let event = Event::Extension { stream: "review".into(), body: Arc::new(json!({"v": 1, "record": ["ü", 2.5]})) };
+    let text = wire::encode(0, &event).unwrap();
+    assert_eq!(text, r#"{"event":"extension","stream":"review","body":{"record":["ü",2.5],"v":1}}"#);
+    assert_eq!(wire::decode(&text).unwrap(), event);
+    assert_eq!(event.tx(), TxId(0));
+    let err = wire::decode(r#"{"event":"extension","body":1}"#).unwrap_err();
+    assert!(err.contains("missing field `stream`"), "{err}");
 }

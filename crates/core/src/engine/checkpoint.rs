@@ -316,6 +316,7 @@ fn event_kind(ev: &Event) -> &'static str {
         Event::Compensated { .. } => "compensated",
         Event::Settled { .. } => "settled",
         Event::ToolChanged { .. } => "tool_changed",
+        Event::Extension { .. } => "extension",
     }
 }
 

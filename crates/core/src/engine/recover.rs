@@ -407,6 +407,11 @@ impl Core {
                 t.reads.push((s, *version));
                 t.lv.read_at.push(now);
             }
+            Event::Extension { .. } => {
+                // Another component's record: invisible to the engine (it does not even end
+                // a group's run of begins).
+                self.guard.open_group = open_group;
+            }
             Event::ToolChanged { tool, version, present } => {
                 if *version == u64::MAX {
                     return refuse(R::Overflow, format!("registry version {version} of `{tool}` is u64::MAX"));

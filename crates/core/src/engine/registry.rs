@@ -63,6 +63,12 @@ impl Core {
         Ok(ToolVersion { signature: version })
     }
 
+    /// Records another component's opaque record ([`Event::Extension`]) in the ledger outbox,
+    /// in order with the engine's own events. The state machine keeps nothing of it.
+    pub fn record_extension(&mut self, stream: Arc<str>, body: Arc<serde_json::Value>) {
+        self.events.push(Event::Extension { stream, body });
+    }
+
     /// Removes `tool` from the registry. Returns whether it was present.
     pub fn remove_tool(&mut self, tool: &Arc<str>) -> Result<bool, EngineError> {
         if self.registry.current(tool).is_none() {

@@ -14,6 +14,7 @@ mod meta;
 mod middleware;
 pub mod problem;
 mod registry;
+pub mod review;
 mod tasks;
 mod transactions;
 mod wait;
@@ -43,6 +44,7 @@ use crate::AppState;
         (name = "tasks", description = "Pull-worker tasks"),
         (name = "ledger", description = "Ledger queries"),
         (name = "keys", description = "API keys of the caller's tenant"),
+        (name = "review", description = "Review of LLM-generated database transactions (docs/review.md)"),
         (name = "meta", description = "Identity, health, metrics, this document")
     )
 )]
@@ -94,6 +96,12 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(tasks::list))
         .routes(routes!(ledger::events))
         .routes(routes!(ledger::attention))
+        .routes(routes!(review::register_templates, review::list_templates))
+        .routes(routes!(review::request))
+        .routes(routes!(review::get_one))
+        .routes(routes!(review::accept))
+        .routes(routes!(review::remove))
+        .routes(routes!(review::queue))
         .routes(routes!(keys::create, keys::list))
         .routes(routes!(keys::revoke))
         .routes(routes!(meta::whoami))
@@ -119,5 +127,5 @@ pub fn openapi_json() -> String {
 /// get the same middleware and use the same `Caller` extractor), fallbacks and middleware.
 pub fn app(state: AppState, extra: Router<AppState>) -> Router {
     let (router, _) = api_router().split_for_parts();
-    middleware::wrap(router.merge(extra), state)
+    middleware::wrap(router.merge(review::page_routes()).merge(extra), state)
 }

@@ -15,6 +15,7 @@ struct Ids {
     tool: String,
     capability: String,
     key: String,
+    review: String,
 }
 
 fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
@@ -32,6 +33,10 @@ fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
         "heartbeat_task" => Some(json!({"worker": "w"})),
         "report_task" => Some(json!({"worker": "w", "result": {"status": "done"}})),
         "create_key" => Some(json!({"role": "reviewer"})),
+        "review_register_templates" => Some(json!({"set": {"templates": []}})),
+        "review_request" => Some(json!({"template": "acme-only-template", "params": {}, "suspicious": true})),
+        "review_accept" | "review_remove" => Some(json!({})),
+        "review_list_templates" | "review_get" | "review_queue" => None,
         "seal_transaction"
         | "get_transaction"
         | "list_transactions"
@@ -69,6 +74,7 @@ fn fill(path: &str, ids: &Ids, control: &Ids) -> (String, String) {
             .replace("{task}", &ids.task)
             .replace("{key}", &ids.key)
             .replace("{name}", name)
+            .replace("{id}", &ids.review)
     };
     (sub(ids), sub(control))
 }
@@ -82,7 +88,7 @@ fn normalise(r: &crate::common::Resp, ids: &Ids) -> String {
         o.remove("signature");
     }
     let mut s = format!("{} {}", r.status, b);
-    for id in [&ids.tx, &ids.branch, &ids.group, &ids.task, &ids.tool, &ids.capability, &ids.key] {
+    for id in [&ids.tx, &ids.branch, &ids.group, &ids.task, &ids.tool, &ids.capability, &ids.key, &ids.review] {
         s = s.replace(id.as_str(), "<ID>");
     }
     s
@@ -141,7 +147,31 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
     let r = h.req("POST", "/v1/keys", Some(&a.admin), Some(json!({"role": "agent", "label": "acme-only"}))).await;
     let key = r.body["id"].as_str().unwrap().to_owned();
     let a_secret = r.body["key"].as_str().unwrap().to_owned();
+    // A review transaction awaiting a reviewer, on a template of the first tenant.
+    let set = json!({"templates": [{"name": "acme-only-template", "params": ["v"],
+        "steps": [{"statements": [{"sql": "INSERT INTO acme_rows (v) VALUES (:v)"}]}],
+        "writes": [{"table": "acme_rows", "kind": "insert", "row": {"v": "v"}}]}]});
+    let r = h
+        .req(
+            "POST",
+            "/v1/review/templates",
+            Some(&a.operator),
+            Some(json!({"set": set, "schema": "CREATE TABLE acme_rows (v TEXT PRIMARY KEY)"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let r = h
+        .req(
+            "POST",
+            "/v1/review/transactions",
+            Some(&a.agent),
+            Some(json!({"template": "acme-only-template", "params": {"v": "acme-secret-row"}, "suspicious": true})),
+        )
+        .await;
+    assert_eq!(r.body["status"], "awaiting_review", "{r:?}");
+    let review = r.body["id"].as_str().unwrap().to_owned();
     let ids = Ids {
+        review: review.clone(),
         tx: tx.clone(),
         branch,
         group: group.clone(),
@@ -158,11 +188,21 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
         tool: "never-defined-tool".into(),
         capability: "never-defined-queue".into(),
         key: "key_0123456789abcdef".into(),
+        review: format!("rv_{b_tag}_99999"),
     };
     // Before the second tenant defines anything of its own, its listings show none of these names.
-    for path in ["/v1/tools", "/v1/capabilities", "/v1/tasks", "/v1/transactions", "/v1/keys", "/v1/ledger/events"] {
+    for path in [
+        "/v1/tools",
+        "/v1/capabilities",
+        "/v1/tasks",
+        "/v1/transactions",
+        "/v1/keys",
+        "/v1/ledger/events",
+        "/v1/review/queue",
+        "/v1/review/templates",
+    ] {
         let r = h.req("GET", path, Some(&b.admin), None).await;
-        for s in [&tool, &capability, &a_tag] {
+        for s in [&tool, &capability, &a_tag, &"acme-only-template".to_owned(), &"acme-secret-row".to_owned()] {
             assert!(!r.text.contains(s.as_str()), "{path} shows {s}: {}", r.text);
         }
     }
@@ -226,6 +266,8 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
     );
     let r = h.req("GET", &format!("/v1/transactions/{committing}"), Some(&a.agent), None).await;
     assert_eq!(r.body["state"], "committing");
+    let r = h.req("GET", &format!("/v1/review/transactions/{review}"), Some(&a.agent), None).await;
+    assert_eq!((r.status, r.body["status"].as_str()), (200, Some("awaiting_review")), "{r:?}");
     for t in h.state.tenants() {
         t.engine.check_integrity().unwrap();
     }

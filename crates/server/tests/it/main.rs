@@ -10,3 +10,4 @@ mod dispatch;
 mod isolation;
 mod openapi;
 mod restart;
+mod review;

@@ -109,6 +109,11 @@ pub(crate) enum Record<'a> {
         version: u64,
         present: bool,
     },
+    Extension {
+        #[serde(borrow)]
+        stream: Cow<'a, str>,
+        body: Cow<'a, Value>,
+    },
 }
 
 /// `EffectClass` as stored.
@@ -362,6 +367,7 @@ impl<'a> Record<'a> {
             Event::ToolChanged { tool, version, present } => {
                 Record::ToolChanged { tool: s(tool), version: *version, present: *present }
             }
+            Event::Extension { stream, body } => Record::Extension { stream: s(stream), body: Cow::Borrowed(&**body) },
             other => return Err(unknown("event", other)),
         })
     }
@@ -434,6 +440,7 @@ impl<'a> Record<'a> {
                     .collect(),
             },
             Record::ToolChanged { tool, version, present } => Event::ToolChanged { tool: arc(tool), version, present },
+            Record::Extension { stream, body } => Event::Extension { stream: arc(stream), body: value(body) },
         }
     }
 }

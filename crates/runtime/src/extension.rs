@@ -1,0 +1,73 @@
+//! Extension records: another component's opaque records kept in the engine's ledger
+//! ([`tidegate_core::Event::Extension`]), for the ledger's durability, order and hash chain.
+//! The state machine ignores them (live and on replay); a component reads its stream back by
+//! scanning the store. The review manager's decision log is one such stream.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tidegate_core::Event;
+use tidegate_storage::Lsn;
+
+use crate::engine::Tidegate;
+use crate::error::{Error, Result};
+
+/// The longest stream name accepted, in bytes.
+pub const MAX_STREAM_BYTES: usize = 200;
+
+fn stream_name(stream: &str) -> Result<Arc<str>> {
+    if stream.is_empty() || stream.len() > MAX_STREAM_BYTES || stream.chars().any(char::is_control) {
+        return Err(Error::InvalidArgument {
+            field: "stream",
+            value: format!("{stream:?}"),
+            expected: "a non-empty name of at most 200 bytes without control characters",
+        });
+    }
+    Ok(Arc::from(stream))
+}
+
+impl Tidegate {
+    fn record_extension(&self, stream: &str, body: Value) -> Result<Lsn> {
+        let stream = stream_name(stream)?;
+        let body = Arc::new(body);
+        let ((), lsn) = self.with_core(|c| {
+            c.record_extension(stream, body);
+            Ok(())
+        })?;
+        Ok(lsn)
+    }
+
+    /// Appends `body` to the extension stream `stream` and returns its LSN once it is durable.
+    /// Records of one engine are ordered with each other and with the engine's own events.
+    pub async fn append_extension(&self, stream: &str, body: Value) -> Result<Lsn> {
+        let lsn = self.record_extension(stream, body)?;
+        self.durable(lsn).await?;
+        Ok(lsn)
+    }
+
+    /// Blocking [`Tidegate::append_extension`] for plain threads (it waits on the store, not on
+    /// the engine's runtime, so it may also run on a `spawn_blocking` thread).
+    pub fn append_extension_blocking(&self, stream: &str, body: Value) -> Result<Lsn> {
+        let lsn = self.record_extension(stream, body)?;
+        if lsn != 0 && !self.store().is_durable(lsn) {
+            self.store().wait_durable(lsn)?;
+        }
+        Ok(lsn)
+    }
+
+    /// Every record of the extension stream `stream` in the store, in append order, with its
+    /// LSN (a scan of the whole ledger: meant for a component's start, not a hot path).
+    pub fn extension_records(&self, stream: &str) -> Result<Vec<(Lsn, Arc<Value>)>> {
+        let stream = stream_name(stream)?;
+        let mut out = Vec::new();
+        self.store().scan(1, &mut |lsn, event| {
+            if let Event::Extension { stream: s, body } = event
+                && **s == *stream
+            {
+                out.push((lsn, body.clone()));
+            }
+            true
+        })?;
+        Ok(out)
+    }
+}
