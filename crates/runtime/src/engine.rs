@@ -754,6 +754,13 @@ impl Tidegate {
         }
     }
 
+    /// Wakes L3 turnstile waiters after an eager call returned (only when one ever waited).
+    pub(crate) fn notify_turnstile(&self) {
+        if self.inner.turnstile_used.load(AtomicOrdering::SeqCst) {
+            self.inner.turnstile.notify_waiters();
+        }
+    }
+
     /// Keeps `ctx` for the handlers of its effect until its transaction settles.
     pub(crate) fn keep_ctx(&self, ctx: CallCtx) {
         self.inner.shared.lock().ctxs.entry(ctx.tx).or_default().push(ctx);
