@@ -99,6 +99,8 @@ pub struct LiveTx {
     seq: AtomicU64,
     /// The commit or abort running for it.
     pub settle: Mutex<Option<SettleOp>>,
+    /// Tickets of its client-executed effects, by effect number.
+    pub tickets: crate::api::effects::Tickets,
 }
 
 impl LiveTx {
@@ -338,7 +340,13 @@ impl Tenant {
 
     /// Registers a live transaction.
     pub fn add_live(&self, handle: Transaction, group: Option<u64>) -> Arc<LiveTx> {
-        let lt = Arc::new(LiveTx { handle, group, seq: AtomicU64::new(0), settle: Mutex::new(None) });
+        let lt = Arc::new(LiveTx {
+            handle,
+            group,
+            seq: AtomicU64::new(0),
+            settle: Mutex::new(None),
+            tickets: Default::default(),
+        });
         self.live.lock().insert(lt.handle.id(), lt.clone());
         lt
     }

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
 use serde_json::Value;
-use tidegate_runtime::{Ack, CallOptions, CommitOptions, TxId, TxOptions};
+use tidegate_runtime::{Ack, CallOptions, CommitOptions, Tool, TxId, TxOptions};
 use tokio::sync::watch;
 
 use super::extract::{ApiJson, ApiPath, ApiQuery, Caller};
@@ -98,7 +98,7 @@ fn respond(t: &Tenant, tx: TxId, settled: bool) -> ApiResult<(StatusCode, Json<T
 }
 
 /// Attaches the transaction to an abort error.
-fn with_tx(t: &Tenant, tx: TxId, mut e: ApiError) -> ApiError {
+pub(super) fn with_tx(t: &Tenant, tx: TxId, mut e: ApiError) -> ApiError {
     if e.code == "transaction_aborted"
         && let Some(v) = t.index.view(&*t.store, tx)
     {
@@ -239,7 +239,7 @@ pub async fn read(
 }
 
 /// What an effect call resolved to, before it runs.
-pub(super) struct Planned {
+pub(crate) struct Planned {
     tool: Arc<ServerTool>,
     scopes: Vec<String>,
     args: Value,
@@ -279,14 +279,21 @@ pub(super) fn plan_effect(
     Ok(Planned { tool, scopes, args, key })
 }
 
-/// Runs a planned effect on a server task. Returns the ack.
-pub(super) async fn run_effect(state: &AppState, t: &Tenant, lt: &Arc<LiveTx>, p: Planned) -> ApiResult<Ack> {
+/// The runtime tool, recorded arguments (the envelope with the effect key) and options of a
+/// planned effect.
+pub(super) fn call_parts(t: &Tenant, lt: &LiveTx, p: Planned) -> (Tool, Value, CallOptions) {
     let tx = lt.handle.id();
     let key = p.key.unwrap_or_else(|| format!("{}:{}:{}", ids::tx(&t.tag, tx), p.tool.name, lt.next_seq()));
     let env = envelope(p.args, &key);
-    let handle = lt.handle.clone();
-    let tool = p.tool.tool.clone();
     let opts = CallOptions { key: Some(key), scopes: Some(p.scopes), ..CallOptions::default() };
+    (p.tool.tool.clone(), env, opts)
+}
+
+/// Runs a planned effect on a server task. Returns the ack.
+pub(super) async fn run_effect(state: &AppState, t: &Tenant, lt: &Arc<LiveTx>, p: Planned) -> ApiResult<Ack> {
+    let tx = lt.handle.id();
+    let (tool, env, opts) = call_parts(t, lt, p);
+    let handle = lt.handle.clone();
     let r = state
         .spawn(async move { handle.call_with(&tool, env, opts).await })
         .await
@@ -305,14 +312,16 @@ fn ack_parts(ack: &Ack) -> (AckKind, Option<Value>) {
 }
 
 /// Call a server tool in the transaction: an eager class is executed now through its
-/// `call` capability; a held one is staged or queued and released through it at commit.
+/// `call` capability, or, with `execute: client`, answered with a ticket the client runs and
+/// reports to `result_url`; a held one is staged or queued and released through the `call`
+/// capability at commit.
 #[utoipa::path(
     post, path = "/v1/transactions/{tx}/effects", tag = "transactions", operation_id = "call_effect",
     params(("tx" = String, Path, description = "Transaction id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request return the first response")),
     request_body = EffectIn,
     responses(
-        (status = 200, description = "The acknowledgement", body = EffectAckOut),
+        (status = 200, description = "The acknowledgement, or a client-executed effect's ticket (`ack: execute`)", body = EffectAckOut),
         (status = 409, description = "The call failed and the transaction aborted (`transaction_aborted`, with the transaction), or a protocol violation", body = Problem, content_type = "application/problem+json"),
         (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
         (status = "5XX", description = "Server fault", body = Problem, content_type = "application/problem+json"),
@@ -328,6 +337,9 @@ pub async fn effect(
     let t = &caller.tenant;
     let (lt, _) = live_of(t, &id)?;
     let planned = plan_effect(t, &body.tool, body.args, body.key, body.scopes)?;
+    if body.execute == Some(ExecuteMode::Client) {
+        return super::effects::record(&state, t, &lt, &id, planned).await.map(Json);
+    }
     let ack = run_effect(&state, t, &lt, planned).await?;
     let (kind, output) = ack_parts(&ack);
     let v = t.index.view(&*t.store, lt.handle.id()).ok_or_else(|| ApiError::internal("transaction vanished"))?;
@@ -336,7 +348,7 @@ pub async fn effect(
         .iter()
         .find(|e| e.id == ack.effect())
         .ok_or_else(|| ApiError::internal("the effect is not in the ledger"))?;
-    Ok(Json(EffectAckOut { transaction: id, ack: kind, output, effect: effect_out(rec) }))
+    Ok(Json(EffectAckOut { transaction: id, ack: kind, output, effect: effect_out(rec), result_url: None }))
 }
 
 /// Seal: freeze the footprint.
