@@ -523,6 +523,17 @@ impl Tidegate {
         Ok(Transaction::new(self.clone(), begun.tx, begun.epoch))
     }
 
+    /// A handle on the unfinished transaction `id` of this engine, e.g. one that
+    /// `recover_keeping_open` kept open across a restart, so that its agent (or a server
+    /// acting for it) can go on with it. A transaction that has finished is an error saying
+    /// how it ended ([`Error::Finished`]); an id never issued is `EngineError::UnknownTx`.
+    pub fn transaction(&self, id: TxId) -> Result<Transaction> {
+        let g = self.inner.shared.lock();
+        let epoch = g.core.epoch(id).map_err(|e| g.endings.explain(e))?;
+        drop(g);
+        Ok(Transaction::new(self.clone(), id, epoch))
+    }
+
     /// Registers a tool so that the engine can release and compensate its effects (tools
     /// are also registered on first use). A tool is identified by its name and declaration
     /// (class, which handlers it has, [`crate::ToolBuilder::version`]): registering another

@@ -264,3 +264,33 @@ async fn a_replayed_key_has_nothing_to_run() {
     assert!(matches!(again.action(), TicketAction::Replayed { output, .. } if **output == json!("out")));
     assert!(!again.pending());
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_open_transaction_is_resumed_by_id_after_a_restart() {
+    let store: Arc<dyn tidegate_runtime::LedgerStore> = Arc::new(tidegate_runtime::MemoryStore::new());
+    let seen = Arc::new(Seen::default());
+    let (open, done) = {
+        let tg = Tidegate::builder().store(store.clone()).build().unwrap();
+        let hotel = tool("hotel", EffectClass::Reversible, &seen, None);
+        let tx = tg.begin_with(tidegate_runtime::TxOptions::agent("a").may_touch(["retail:order:*"])).unwrap();
+        let mut ticket = tx.record(&hotel, json!({"id": "W1"}), CallOptions::default()).await.unwrap();
+        ticket.report(CallOutcome::done(json!({"hold": "H1"}))).await.unwrap();
+        let done = tg.begin("b").unwrap();
+        done.seal().unwrap();
+        done.commit().await.unwrap();
+        (tx.id(), done.id())
+    };
+    let tg = Tidegate::builder().store(store).build().unwrap();
+    tg.register(&tool("hotel", EffectClass::Reversible, &seen, None)).unwrap();
+    tg.recover_keeping_open().await.unwrap();
+    let tx = tg.transaction(open).unwrap();
+    assert_eq!((tx.id(), tx.state().unwrap()), (open, TxState::Open));
+    tx.seal().unwrap();
+    let out = tx.commit().await.unwrap();
+    assert!(out.committed && out.is_clean(), "{out:?}");
+    assert!(seen.compensated.lock().is_empty());
+    assert!(tg.transaction(done).is_err(), "a settled transaction cannot be resumed");
+    assert!(matches!(tg.transaction(open), Err(Error::Finished { committed: true, .. })));
+    let never = tidegate_runtime::TxId(open.0 + 1000);
+    assert!(matches!(tg.transaction(never), Err(Error::Engine(tidegate_runtime::EngineError::UnknownTx { .. }))));
+}

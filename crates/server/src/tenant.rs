@@ -351,6 +351,23 @@ impl Tenant {
         lt
     }
 
+    /// Registers a transaction resumed by id (begun before a restart), or returns the live
+    /// handle a concurrent request registered first.
+    pub fn resume_live(&self, handle: Transaction, group: Option<u64>) -> Arc<LiveTx> {
+        let mut live = self.live.lock();
+        live.entry(handle.id())
+            .or_insert_with(|| {
+                Arc::new(LiveTx {
+                    handle,
+                    group,
+                    seq: AtomicU64::new(0),
+                    settle: Mutex::new(None),
+                    tickets: Default::default(),
+                })
+            })
+            .clone()
+    }
+
     /// A live transaction.
     pub fn live(&self, tx: TxId) -> Option<Arc<LiveTx>> {
         self.live.lock().get(&tx).cloned()

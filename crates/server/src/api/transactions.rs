@@ -50,12 +50,11 @@ pub(super) fn live_of(t: &Tenant, id: &str) -> ApiResult<(Arc<LiveTx>, TxView)> 
     if let Some(lt) = t.live(tx) {
         return Ok((lt, v));
     }
-    Err(ApiError::conflict(
-        "not_resumable",
-        format!(
-            "transaction {id} was begun before the server restarted; this version cannot act on it (its lease decides)"
-        ),
-    ))
+    // Kept open across a restart (`recover_keeping_open`): resume it through the engine.
+    match t.engine.transaction(tx) {
+        Ok(handle) => Ok((t.resume_live(handle, v.group.map(|g| g.0)), v)),
+        Err(e) => Err(with_tx(t, tx, from_runtime(e))),
+    }
 }
 
 pub(super) fn check_agent(agent: &Option<String>) -> ApiResult<()> {

@@ -141,7 +141,8 @@ pub struct TransactionOut {
     /// The lease deadline set at begin, Unix milliseconds (reads and effects renew it; the
     /// renewal is not in the ledger).
     pub lease_expires_at_ms: u64,
-    /// Whether this server can act on it (false for a transaction begun before a restart).
+    /// Whether this server can act on it (a transaction kept open across a restart is
+    /// resumed by id; false once settled).
     pub resumable: bool,
     /// Reads.
     pub reads: Vec<ReadOut>,
@@ -215,7 +216,7 @@ pub fn tx_out(tenant: &Tenant, v: &TxView) -> TransactionOut {
         group: v.group.map(|g| ids::format(ids::Kind::Group, &tenant.tag, g.0)),
         may_touch: v.may_touch.clone(),
         lease_expires_at_ms: v.lease_until.0 / 1_000_000,
-        resumable: !settled && tenant.live(v.tx).is_some(),
+        resumable: !settled && (tenant.live(v.tx).is_some() || tenant.engine.transaction(v.tx).is_ok()),
         reads: v.reads.iter().map(|(s, ver)| ReadOut { scope: s.to_string(), version: *ver }).collect(),
         effects: v.effects.iter().map(effect_out).collect(),
         outcome: settled.then(|| OutcomeOut {
