@@ -371,81 +371,45 @@ pub async fn seal(caller: Caller<TxWrite>, ApiPath(id): ApiPath<String>) -> ApiR
 
 /// Starts (or joins) the commit of a live transaction on a server task.
 pub(super) fn start_commit(state: &AppState, t: &Arc<Tenant>, lt: &Arc<LiveTx>, timeout: Option<Duration>) -> SettleOp {
-    let mut cur = lt.settle.lock();
-    if let Some(op) = cur.as_ref()
-        && !matches!(&*op.done.borrow(), Some(Err(_)))
-    {
-        return op.clone();
-    }
-    let (done_tx, done_rx) = watch::channel(None);
-    let op = SettleOp { kind: "commit", done: done_rx };
-    *cur = Some(op.clone());
-    drop(cur);
     let tx = lt.handle.id();
-    t.index.mark_waiting(tx, true);
-    let (handle, tenant, lt2, metrics) = (lt.handle.clone(), t.clone(), lt.clone(), state.metrics().clone());
-    state.spawn(async move {
+    let (handle, tenant, metrics) = (lt.handle.clone(), t.clone(), state.metrics().clone());
+    let work = async move {
         let started = Instant::now();
-        let r = handle.commit_with(CommitOptions { wait_timeout: timeout }).await;
-        let result = match r {
+        let observe = |result: &str| {
+            metrics
+                .commit_latency
+                .get_or_create(&ResultLabel { result: result.into() })
+                .observe(started.elapsed().as_secs_f64());
+        };
+        match handle.commit_with(CommitOptions { wait_timeout: timeout }).await {
             Ok(_) => {
-                metrics
-                    .commit_latency
-                    .get_or_create(&ResultLabel { result: "committed".into() })
-                    .observe(started.elapsed().as_secs_f64());
+                observe("committed");
                 Ok(())
             }
             Err(tidegate_runtime::Error::Aborted(_)) => {
-                metrics
-                    .commit_latency
-                    .get_or_create(&ResultLabel { result: "aborted".into() })
-                    .observe(started.elapsed().as_secs_f64());
+                observe("aborted");
                 Ok(())
             }
             Err(e) => {
                 tenant.index.mark_waiting(tx, false);
                 Err(from_runtime(e))
             }
-        };
-        if result.is_err() {
-            let mut cur = lt2.settle.lock();
-            if cur.as_ref().is_some_and(|o| o.kind == "commit") {
-                *cur = None;
-            }
         }
-        let _ = done_tx.send(Some(result));
-    });
-    op
+    };
+    let on_start = || t.index.mark_waiting(tx, true);
+    super::wait::start_settle(state, lt, |lt: &LiveTx| &lt.settle, ("commit", true), on_start, work)
 }
 
 /// Starts (or joins) the abort of a live transaction on a server task.
 pub(super) fn start_abort(state: &AppState, lt: &Arc<LiveTx>, reason: String) -> SettleOp {
-    let mut cur = lt.settle.lock();
-    if let Some(op) = cur.as_ref()
-        && op.kind == "abort"
-        && !matches!(&*op.done.borrow(), Some(Err(_)))
-    {
-        return op.clone();
-    }
-    let (done_tx, done_rx) = watch::channel(None);
-    let op = SettleOp { kind: "abort", done: done_rx };
-    *cur = Some(op.clone());
-    drop(cur);
-    let (handle, lt2) = (lt.handle.clone(), lt.clone());
-    state.spawn(async move {
-        let result = match handle.abort(reason).await {
+    let handle = lt.handle.clone();
+    let work = async move {
+        match handle.abort(reason).await {
             Ok(_) | Err(tidegate_runtime::Error::Aborted(_)) => Ok(()),
             Err(e) => Err(from_runtime(e)),
-        };
-        if result.is_err() {
-            let mut cur = lt2.settle.lock();
-            if cur.as_ref().is_some_and(|o| o.kind == "abort") {
-                *cur = None;
-            }
         }
-        let _ = done_tx.send(Some(result));
-    });
-    op
+    };
+    super::wait::start_settle(state, lt, |lt: &LiveTx| &lt.settle, ("abort", false), || {}, work)
 }
 
 /// Commit: runs on a server task (a disconnect does not cancel it); answers when it settled
