@@ -17,6 +17,7 @@
 //!                                                       Aborting ──compensated…──finish_abort──► (aborted)
 //! ```
 
+mod apply;
 mod checkpoint;
 mod group;
 mod integrity;
@@ -273,8 +274,10 @@ enum EffStatus {
     Held(HeldAck),
     /// Held and released at commit.
     Released,
-    /// Held; its release failed (`unknown`: it may nevertheless have taken effect).
-    ReleaseFailed { error: String, unknown: bool },
+    /// Held; its release failed (`unknown`: it may nevertheless have taken effect), or was
+    /// started and its outcome is not recorded yet (`apply::RELEASE_IN_DOUBT`, borrowed, so
+    /// that starting a release allocates nothing).
+    ReleaseFailed { error: std::borrow::Cow<'static, str>, unknown: bool },
     /// The key had executed before; its outcome was returned.
     Replayed,
     /// Compensated on abort (`residue` for reversible-with-cost).
@@ -283,6 +286,18 @@ enum EffStatus {
     CompensationFailed(String),
     /// Returned after its transaction aborted; its late compensation is running.
     Compensating,
+}
+
+impl EffStatus {
+    /// A held effect that has not reached the world yet: still held, or its release started
+    /// and not yet reported.
+    fn unreleased(&self) -> bool {
+        match self {
+            EffStatus::Held(_) => true,
+            EffStatus::ReleaseFailed { error, unknown: true } => error == apply::RELEASE_IN_DOUBT,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -572,14 +587,6 @@ impl Core {
 
     fn tx(&self, tx: TxId) -> Result<&Tx, EngineError> {
         self.txs.get(&tx).ok_or_else(|| self.missing(tx))
-    }
-
-    fn tx_mut(&mut self, tx: TxId) -> Result<&mut Tx, EngineError> {
-        if self.txs.contains_key(&tx) {
-            Ok(self.txs.get_mut(&tx).expect("checked above"))
-        } else {
-            Err(self.missing(tx))
-        }
     }
 }
 
