@@ -6,7 +6,8 @@
 //! abort that a lease expiry decided) is put in an outbox the runtime drains with
 //! [`Core::take_actions`]; every fact is also put in the ledger outbox, drained with
 //! [`Core::take_events`]. No method blocks, sleeps, reads a clock or performs I/O, so the
-//! engine is deterministic and can be replayed.
+//! engine is deterministic and can be replayed. A method decides; the events it emits change
+//! the state through one function, `Core::apply` (apply.rs), which replay runs too.
 //!
 //! The lifecycle of one transaction:
 //!

@@ -1,9 +1,10 @@
 //! Rebuilding the engine's projections from the ledger after a restart.
 //!
 //! Every projection (unfinished transactions, claims, scope versions, idempotency keys,
-//! groups, id allocators) is a function of the event sequence. Replaying applies each event's
-//! effect on the state directly (it does not re-run decisions), then classifies the work the
-//! crash interrupted:
+//! groups, id allocators) is a function of the event sequence. Replaying checks each event
+//! against the state before it ([`ReplayRule`]) and applies it with the live engine's own
+//! `Core::apply` (apply.rs; it does not re-run decisions), then classifies the work the crash
+//! interrupted:
 //!
 //! | what the ledger shows for an effect                    | recovery                              |
 //! |--------------------------------------------------------|---------------------------------------|
