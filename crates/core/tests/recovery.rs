@@ -428,3 +428,36 @@ fn a_checkpoint_does_not_grow_with_finished_history() {
     let (small, large) = (size_after(100), size_after(5_000));
     assert!(large < small + 64, "checkpoint grew with history: {small} bytes after 100 commits, {large} after 5000");
 }
+
+/// Regression: an eager call whose outcome came back unknown while its transaction aborted is
+/// compensated blind; when the abort settled before that compensation was reported, replay
+/// refused the late `compensated` record as "an event for a finished transaction", so the
+/// engine could not reopen a ledger it had written itself.
+#[test]
+fn a_blind_late_compensation_after_settlement_replays() {
+    let reg = ScopeRegistry::default();
+    let mut c = Core::new(CoreConfig::default());
+    let tx = c.begin(BeginRequest::default(), Timestamp(0)).unwrap().tx;
+    let decl = EffectDecl {
+        tool: "t".into(),
+        class: EffectClass::Reversible,
+        scopes: vec![reg.parse("kv:n:1").unwrap()],
+        key: None,
+        call_id: None,
+        args: Arc::new(json!(1)),
+        compensable: true,
+    };
+    let Recorded::Execute(e) = c.record_effect(tx, decl, Timestamp(0)).unwrap() else { panic!("not eager") };
+    let plan = c.abort(tx, AbortReason::Explicit { reason: "x".into() }).unwrap();
+    assert!(plan.compensations.is_empty(), "the call is still in flight");
+    let ExecResult::Late(task) = c.executed(tx, e, CallOutcome::unknown("lost")).unwrap() else {
+        panic!("an unknown outcome during the abort is compensated blind")
+    };
+    assert!(task.blind);
+    c.finish_abort(tx).unwrap();
+    c.late_compensated(tx, e, Ok(None), true);
+    let ledger: Vec<Event> = c.take_events().collect();
+    assert!(matches!(ledger.last(), Some(Event::Compensated { .. })), "{ledger:?}");
+    let (core, _) = Core::recover(CoreConfig::default(), reg, ledger, Timestamp(0)).unwrap();
+    core.check_integrity().unwrap();
+}

@@ -18,8 +18,8 @@
 //! What the ledger does not carry, and so differs between a live engine and its replay: the
 //! lease length and begin time (`Given::Begin`), lease renewals, the waiting set, running late
 //! compensations (`Compensating`, the `late` table), and a group's winner between
-//! [`Core::choose_winner`] and its commit. `crates/core/tests/recovery.rs`
-//! (`live_state_equals_the_replay_of_its_ledger`) checks that nothing else differs.
+//! [`Core::choose_winner`] and its commit. `crates/core/tests/live_replay.rs` and
+//! `live_state_equals_the_replay_of_its_ledger` (recovery.rs) check that nothing else differs.
 
 use std::time::Duration;
 

@@ -169,8 +169,9 @@ pub(super) struct ReplayGuard {
     /// Calls in flight when their transaction settled: a late executed/failed record may
     /// still come.
     late_calls: BTreeSet<(TxId, EffectId)>,
-    /// Executed effects of aborted transactions whose compensation was not recorded before
-    /// settlement (or that executed late): a late compensated record may still come.
+    /// Effects of aborted transactions that executed (or whose outcome is unknown) and whose
+    /// compensation was not recorded before settlement, or that executed late: a late
+    /// compensated record may still come.
     late_comps: BTreeSet<(TxId, EffectId)>,
     /// Loaded from a checkpoint written before these checks: the late sets above are unknown
     /// for transactions settled before it, so late records for settled transactions are
@@ -602,18 +603,17 @@ impl Core {
                 }
                 if !*committed {
                     // What may still come after the settlement: a late call's result, and the
-                    // compensation of an effect that executed (or did so late).
+                    // compensation of an effect that executed or whose outcome is unknown (the
+                    // live engine may be compensating it, blind, when the abort settles).
+                    // Regression: a blind one was refused, so the engine could not reopen a
+                    // ledger it had written (`live_replay.rs`, seed 107).
                     let t = &self.txs[tx];
                     for (i, e) in t.effects.iter().enumerate() {
                         let id = (*tx, EffectId(i as u32));
-                        match e.status {
-                            EffStatus::InFlight => {
-                                self.guard.late_calls.insert(id);
-                            }
-                            EffStatus::Executed if e.compensable => {
-                                self.guard.late_comps.insert(id);
-                            }
-                            _ => {}
+                        if e.status == EffStatus::InFlight {
+                            self.guard.late_calls.insert(id);
+                        } else if super::settle::needs_compensation(e) {
+                            self.guard.late_comps.insert(id);
                         }
                     }
                 }
