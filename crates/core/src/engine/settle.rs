@@ -103,7 +103,7 @@ impl Core {
     /// tool has a compensation (blind: the effect is then tagged `unresolved`, never `clean`)
     /// and otherwise tags it `unresolved`. The call is never re-executed.
     pub fn executed(&mut self, tx: TxId, effect: EffectId, result: CallOutcome) -> Result<ExecResult, EngineError> {
-        let Some(t) = self.txs.get_mut(&tx) else {
+        let Some(t) = self.txs.get(&tx) else {
             if let Some(task) = self.late.remove(&(tx, effect)) {
                 return Ok(match result {
                     CallOutcome::Done { output } => {
@@ -123,14 +123,13 @@ impl Core {
             }
             return Err(self.missing(tx));
         };
-        let Some(e) = t.effects.get(effect.0 as usize).filter(|e| e.status == EffStatus::InFlight) else {
+        if !t.effects.get(effect.0 as usize).is_some_and(|e| e.status == EffStatus::InFlight) {
             return Err(EngineError::InvalidArgument {
                 field: "effect",
                 value: format!("{tx}{effect}"),
                 expected: "an effect whose call is in flight",
             });
-        };
-        let tool = e.tool.clone();
+        }
         let (message, unknown, retry) = match result {
             CallOutcome::Done { output } => {
                 self.emit(Event::EffectExecuted { tx, effect, output }, Given::Nothing);
@@ -154,7 +153,11 @@ impl Core {
                 None => ExecResult::Done,
             });
         }
-        let tool = tool.to_string();
+        let tool = self
+            .txs
+            .get(&tx)
+            .and_then(|t| t.effects.get(effect.0 as usize))
+            .map_or(String::new(), |e| e.tool.to_string());
         let reason = if retry {
             AbortReason::ToolUnavailable { tool, message }
         } else {
