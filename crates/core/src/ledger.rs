@@ -7,6 +7,8 @@
 //! `tidegate_storage::wire`, which converts events to and from its record types. Adding an
 //! event kind here is also a format change there: until `wire` knows the kind, appending it
 //! fails with an encode error instead of writing something older readers misread.
+//! Inside the engine, an event's effect on the state is written once, in its arm of
+//! `Core::apply` (engine/apply.rs), which live operations and replay both run.
 //!
 //! A compensation registration is not a separate event: [`Event::EffectExecuted`] carries
 //! everything its compensation needs (the tool named in [`Event::EffectRecorded`], the

@@ -242,7 +242,7 @@ impl Replay {
 
     /// Applies the event at LSN [`Replay::lsn`]` + 1`.
     pub fn apply(&mut self, ev: &Event) -> Result<(), RecoverError> {
-        self.core.apply(ev).map_err(|(rule, detail)| RecoverError {
+        self.core.replay_event(ev).map_err(|(rule, detail)| RecoverError {
             index: self.lsn,
             lsn: self.lsn + 1,
             event: event_kind(ev).to_owned(),

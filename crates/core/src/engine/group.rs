@@ -2,9 +2,7 @@
 
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
-use super::{Core, Group};
+use super::Core;
 use crate::effect::AbortReason;
 use crate::error::{EngineError, TxState};
 use crate::ids::{Epoch, GroupId, Timestamp, TxId};
@@ -50,13 +48,12 @@ impl Core {
         self.next_epoch += 1;
         let group = GroupId(self.next_group);
         self.next_group += 1;
-        let mut txs = SmallVec::new();
+        // Each branch's `begin` adds it to the group (apply.rs).
+        let mut list = Vec::with_capacity(branches);
         for _ in 0..branches {
             let req = BeginRequest { agent: agent.clone(), may_touch: may_touch.clone(), lease: None };
-            txs.push(self.begin_at(req, epoch, Some(group), now).tx);
+            list.push(self.begin_at(req, epoch, Some(group), now).tx);
         }
-        let list = txs.to_vec();
-        self.groups.insert(group, Group { branches: txs, winner: None });
         Ok(GroupStart { group, epoch, branches: list })
     }
 

@@ -174,9 +174,7 @@ impl Core {
                 && o.epoch != epoch
                 && (!ordered || o.epoch < epoch)
                 && o.state != TxState::Aborting
-                && o.effects
-                    .iter()
-                    .any(|e| matches!(e.status, EffStatus::Held(_)) && e.scopes.iter().any(|s| s.overlaps(scope)))
+                && o.effects.iter().any(|e| e.status.unreleased() && e.scopes.iter().any(|s| s.overlaps(scope)))
         })
     }
 
@@ -260,7 +258,7 @@ impl Core {
                 if e.scopes.iter().any(|s| s.overlaps(scope)) {
                     wrote = true;
                     if hide
-                        && matches!(e.status, EffStatus::Held(_))
+                        && e.status.unreleased()
                         && let Some(st) = w.lv.stamp
                     {
                         unreleased = Some(unreleased.map_or(st, |u| u.min(st)));
@@ -297,20 +295,6 @@ impl Core {
                     || self.index.blocked_before(scope, t.epoch)
             }
             _ => true,
-        }
-    }
-
-    /// Records what a new read observed beyond its version: its logical time, its causal
-    /// predecessors ([`Core::sight`]) and the registry pin.
-    pub(super) fn observe(&mut self, tx: TxId, writers: &[TxId]) {
-        let (stamp, reg) = (self.stamp, self.registry.version);
-        let Some(t) = self.txs.get_mut(&tx) else { return };
-        t.lv.read_at.push(stamp);
-        t.lv.reg_seen.get_or_insert(reg);
-        for &c in writers {
-            if !t.lv.preds.contains(&c) {
-                t.lv.preds.push(c);
-            }
         }
     }
 

@@ -6,7 +6,8 @@
 //! abort that a lease expiry decided) is put in an outbox the runtime drains with
 //! [`Core::take_actions`]; every fact is also put in the ledger outbox, drained with
 //! [`Core::take_events`]. No method blocks, sleeps, reads a clock or performs I/O, so the
-//! engine is deterministic and can be replayed.
+//! engine is deterministic and can be replayed. A method decides; the events it emits change
+//! the state through one function, `Core::apply` (apply.rs), which replay runs too.
 //!
 //! The lifecycle of one transaction:
 //!
@@ -17,6 +18,7 @@
 //!                                                       Aborting ──compensated…──finish_abort──► (aborted)
 //! ```
 
+mod apply;
 mod checkpoint;
 mod group;
 mod integrity;
@@ -273,8 +275,10 @@ enum EffStatus {
     Held(HeldAck),
     /// Held and released at commit.
     Released,
-    /// Held; its release failed (`unknown`: it may nevertheless have taken effect).
-    ReleaseFailed { error: String, unknown: bool },
+    /// Held; its release failed (`unknown`: it may nevertheless have taken effect), or was
+    /// started and its outcome is not recorded yet (`apply::RELEASE_IN_DOUBT`, borrowed, so
+    /// that starting a release allocates nothing).
+    ReleaseFailed { error: std::borrow::Cow<'static, str>, unknown: bool },
     /// The key had executed before; its outcome was returned.
     Replayed,
     /// Compensated on abort (`residue` for reversible-with-cost).
@@ -283,6 +287,18 @@ enum EffStatus {
     CompensationFailed(String),
     /// Returned after its transaction aborted; its late compensation is running.
     Compensating,
+}
+
+impl EffStatus {
+    /// A held effect that has not reached the world yet: still held, or its release started
+    /// and not yet reported.
+    fn unreleased(&self) -> bool {
+        match self {
+            EffStatus::Held(_) => true,
+            EffStatus::ReleaseFailed { error, unknown: true } => error == apply::RELEASE_IN_DOUBT,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -572,14 +588,6 @@ impl Core {
 
     fn tx(&self, tx: TxId) -> Result<&Tx, EngineError> {
         self.txs.get(&tx).ok_or_else(|| self.missing(tx))
-    }
-
-    fn tx_mut(&mut self, tx: TxId) -> Result<&mut Tx, EngineError> {
-        if self.txs.contains_key(&tx) {
-            Ok(self.txs.get_mut(&tx).expect("checked above"))
-        } else {
-            Err(self.missing(tx))
-        }
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 use serde_json::Value;
 use smallvec::SmallVec;
 
-use super::{Core, Eff, EffStatus, KeyEntry, KeyState, Tx};
+use super::apply::Given;
+use super::{Core, EffStatus, KeyEntry, KeyState};
 use crate::effect::{AbortReason, EffectDecl, HeldAck};
 use crate::error::{EngineError, TxState};
 use crate::ids::{EffectId, Epoch, GroupId, Timestamp, TxId, Version};
@@ -148,50 +149,18 @@ impl Core {
         now: Timestamp,
     ) -> Begun {
         let tx = TxId(self.next_tx);
-        self.next_tx += 1;
         let lease = req.lease.unwrap_or(self.cfg.lease);
         let lease_until = now.after(lease);
-        let mut claims = SmallVec::new();
-        let blocks_all = req.may_touch.is_none();
-        if let Some(scopes) = &req.may_touch {
-            for s in scopes {
-                if !claims.contains(s) {
-                    self.index.claim(s, epoch);
-                    claims.push(s.clone());
-                }
-            }
-        } else {
-            *self.undeclared.entry(epoch).or_insert(0) += 1;
-        }
-        self.leases.insert((lease_until, tx));
-        self.events.push(Event::Begin {
+        let ev = Event::Begin {
             tx,
             epoch,
-            agent: req.agent.clone(),
+            agent: req.agent,
             group,
             may_touch: req.may_touch.as_ref().map(|v| v.iter().map(|s| s.as_str().to_owned()).collect()),
             lease_until,
-        });
-        self.txs.insert(
-            tx,
-            Tx {
-                epoch,
-                agent: req.agent,
-                group,
-                state: TxState::Open,
-                may_touch: req.may_touch.map(SmallVec::from_vec),
-                reads: SmallVec::new(),
-                effects: Vec::new(),
-                claims,
-                blocks_all,
-                lease_until,
-                lease,
-                in_flight: 0,
-                reason: None,
-                began: now,
-                lv: super::LevelState { snapshot: self.stamp, ..Default::default() },
-            },
-        );
+        };
+        let may_touch = req.may_touch.map(SmallVec::from_vec);
+        self.emit(ev, Given::Begin { may_touch, lease, began: now });
         Begun { tx, epoch }
     }
 
@@ -245,9 +214,8 @@ impl Core {
             .find(|e| e.status == EffStatus::Held(HeldAck::Staged) && e.scopes.iter().any(|s| s.overlaps(scope)))
             .map(|e| e.args.clone());
         if !t.reads.iter().any(|(s, v)| s == scope && *v == version) {
-            t.reads.push((scope.clone(), version));
-            self.events.push(Event::Read { tx, scope: scope.as_arc(), version });
-            self.observe(tx, &sight.writers);
+            let ev = Event::Read { tx, scope: scope.as_arc(), version };
+            self.emit(ev, Given::Read { scope: scope.clone(), writers: Some(sight.writers) });
         }
         Ok(ReadResult { version, staged })
     }
@@ -274,9 +242,6 @@ impl Core {
             self.check_touch(tx, s, "effect on", now)?;
             self.lock_check(tx, s)?;
         }
-        let reg = self.registry.version;
-        let t = self.txs.get_mut(&tx).expect("checked by check_touch");
-        t.lv.reg_seen.get_or_insert(reg);
         let t = self.txs.get(&tx).expect("checked by check_touch");
         let id = EffectId(u32::try_from(t.effects.len()).unwrap_or(u32::MAX));
 
@@ -292,66 +257,32 @@ impl Core {
                 self.eager_check(tx, s, touch)?;
             }
         }
-        let status = if decl.class.executes_eagerly() {
-            EffStatus::InFlight
-        } else if decl.class == crate::effect::EffectClass::Bufferable {
-            EffStatus::Held(HeldAck::Staged)
-        } else {
-            EffStatus::Held(HeldAck::Queued)
-        };
-        let mut replay_output = None;
-        let status = if global_key {
-            match self.keys.get(&key) {
-                Some(KeyEntry { state: KeyState::Done(out), .. }) => {
-                    replay_output = Some(out.clone());
-                    EffStatus::Replayed
-                }
-                _ => {
-                    self.keys.insert(key.clone(), KeyEntry::pending(tx, id, &decl.tool, &decl.args));
-                    status
-                }
-            }
-        } else {
-            status
-        };
-        self.events.push(Event::EffectRecorded {
+        let ev = Event::EffectRecorded {
             tx,
             effect: id,
-            tool: decl.tool.clone(),
+            tool: decl.tool,
             class: decl.class,
             scopes: decl.scopes.iter().map(Scope::as_arc).collect(),
-            key: key.clone(),
-            args: decl.args.clone(),
+            key,
+            args: decl.args,
             compensable: decl.compensable,
             adapter_key: global_key,
-        });
-        let t = self.txs.get_mut(&tx).expect("checked by check_touch");
-        let recorded = match &status {
-            EffStatus::InFlight => {
-                t.in_flight += 1;
-                Recorded::Execute(id)
-            }
+        };
+        self.emit(ev, Given::Effect(SmallVec::from_vec(decl.scopes)));
+        let e = self.txs.get(&tx).and_then(|t| t.effects.last()).expect("recorded above");
+        let recorded = match &e.status {
+            EffStatus::InFlight => Recorded::Execute(id),
             EffStatus::Held(ack) => Recorded::Held(id, *ack),
             _ => {
-                let out = replay_output.clone().unwrap_or_default();
-                self.events.push(Event::EffectExecuted { tx, effect: id, output: out.clone() });
+                // The key executed and settled before: its output is this effect's.
+                let out = match self.keys.get(&e.key) {
+                    Some(KeyEntry { state: KeyState::Done(out), .. }) => out.clone(),
+                    _ => Arc::default(),
+                };
+                self.emit(Event::EffectExecuted { tx, effect: id, output: out.clone() }, Given::Nothing);
                 Recorded::Replay(id, out)
             }
         };
-        let epoch = t.epoch;
-        let eff = Eff {
-            tool: decl.tool,
-            class: decl.class,
-            scopes: SmallVec::from_vec(decl.scopes),
-            key,
-            global_key,
-            args: decl.args,
-            compensable: decl.compensable,
-            status,
-            output: replay_output,
-        };
-        self.mark_dirty(epoch, &eff);
-        self.txs.get_mut(&tx).expect("checked by check_touch").effects.push(eff);
         Ok(recorded)
     }
 
@@ -373,9 +304,7 @@ impl Core {
                 .collect();
             return Err(EngineError::InFlight { tx, effects });
         }
-        let epoch = self.freeze_footprint(tx);
-        self.events.push(Event::Sealed { tx });
-        self.wake_after(epoch);
+        self.emit(Event::Sealed { tx }, Given::Nothing);
         Ok(())
     }
 

@@ -1,9 +1,10 @@
 //! Rebuilding the engine's projections from the ledger after a restart.
 //!
 //! Every projection (unfinished transactions, claims, scope versions, idempotency keys,
-//! groups, id allocators) is a function of the event sequence. Replaying applies each event's
-//! effect on the state directly (it does not re-run decisions), then classifies the work the
-//! crash interrupted:
+//! groups, id allocators) is a function of the event sequence. Replaying checks each event
+//! against the state before it ([`ReplayRule`]) and applies it with the live engine's own
+//! `Core::apply` (apply.rs; it does not re-run decisions), then classifies the work the crash
+//! interrupted:
 //!
 //! | what the ledger shows for an effect                    | recovery                              |
 //! |--------------------------------------------------------|---------------------------------------|
@@ -18,8 +19,9 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::{Core, CoreConfig, Eff, EffStatus, Group, KeyEntry, KeyState, Tx};
-use crate::effect::{AbortReason, EffectClass, HeldAck};
+use super::apply::Given;
+use super::{Core, CoreConfig, EffStatus, KeyState, Tx};
+use crate::effect::AbortReason;
 use crate::error::TxState;
 use crate::ids::{EffectId, Epoch, GroupId, Timestamp, TxId};
 use crate::ledger::Event;
@@ -167,8 +169,9 @@ pub(super) struct ReplayGuard {
     /// Calls in flight when their transaction settled: a late executed/failed record may
     /// still come.
     late_calls: BTreeSet<(TxId, EffectId)>,
-    /// Executed effects of aborted transactions whose compensation was not recorded before
-    /// settlement (or that executed late): a late compensated record may still come.
+    /// Effects of aborted transactions that executed (or whose outcome is unknown) and whose
+    /// compensation was not recorded before settlement, or that executed late: a late
+    /// compensated record may still come.
     late_comps: BTreeSet<(TxId, EffectId)>,
     /// Loaded from a checkpoint written before these checks: the late sets above are unknown
     /// for transactions settled before it, so late records for settled transactions are
@@ -272,14 +275,15 @@ impl Core {
         Ok(self.txs.get_mut(&tx).expect("checked above"))
     }
 
-    /// Applies one ledger event to the projections, refusing any event the engine could not
-    /// have written at this point of the ledger (see [`ReplayRule`]).
-    pub(super) fn apply(&mut self, ev: &Event) -> Result<(), Refusal> {
+    /// Replays one ledger event: refuses any event the engine could not have written at this
+    /// point of the ledger (see [`ReplayRule`]), then applies it with the live engine's own
+    /// [`Core::apply`] (apply.rs). Only the checks and the guard's bookkeeping are here.
+    pub(super) fn replay_event(&mut self, ev: &Event) -> Result<(), Refusal> {
         use ReplayRule as R;
         let open_group = self.guard.open_group.take();
         let no_effect = |tx: TxId, effect: EffectId| (R::EffectOrder, format!("{tx} has no effect {effect}"));
         match ev {
-            Event::Begin { tx, epoch, agent, group, may_touch, lease_until } => {
+            Event::Begin { tx, epoch, group, may_touch, .. } => {
                 if self.txs.contains_key(tx) {
                     return refuse(R::DuplicateBegin, format!("{tx} is already unfinished"));
                 }
@@ -325,60 +329,21 @@ impl Core {
                     }
                     _ => {}
                 }
-                let mut claims: SmallVec<[Scope; 4]> = SmallVec::new();
                 let mt = match may_touch {
                     Some(list) => {
                         let mut v = SmallVec::new();
                         for s in list {
-                            let s = self.parse_logged(s)?;
-                            if !claims.contains(&s) {
-                                claims.push(s.clone());
-                            }
-                            v.push(s);
+                            v.push(self.parse_logged(s)?);
                         }
                         Some(v)
                     }
                     None => None,
                 };
                 // Every check passed: change the state.
-                self.next_tx = tx.0 + 1;
-                self.next_epoch = self.next_epoch.max(epoch.0 + 1);
-                for s in &claims {
-                    self.index.claim(s, *epoch);
-                }
-                if mt.is_none() {
-                    *self.undeclared.entry(*epoch).or_insert(0) += 1;
-                }
+                self.apply(ev, Given::Begin { may_touch: mt, lease: self.cfg.lease, began: Timestamp(0) });
                 if let Some(g) = group {
-                    self.next_group = self.next_group.max(g.0 + 1);
-                    self.groups
-                        .entry(*g)
-                        .or_insert_with(|| Group { branches: SmallVec::new(), winner: None })
-                        .branches
-                        .push(*tx);
                     self.guard.open_group = Some((*g, *epoch));
                 }
-                self.leases.insert((*lease_until, *tx));
-                self.txs.insert(
-                    *tx,
-                    Tx {
-                        epoch: *epoch,
-                        agent: agent.clone(),
-                        group: *group,
-                        state: TxState::Open,
-                        blocks_all: mt.is_none(),
-                        may_touch: mt,
-                        reads: SmallVec::new(),
-                        effects: Vec::new(),
-                        claims,
-                        lease_until: *lease_until,
-                        lease: self.cfg.lease,
-                        in_flight: 0,
-                        reason: None,
-                        began: Timestamp(0),
-                        lv: super::LevelState { snapshot: self.stamp, ..Default::default() },
-                    },
-                );
             }
             Event::Read { tx, scope, version } => {
                 let s = self.parse_logged(scope)?;
@@ -404,8 +369,7 @@ impl Core {
                 if t.reads.iter().any(|(r, v)| *r == s && v == version) {
                     return refuse(R::IllegalTransition, format!("{tx} read `{s}` at {version} twice"));
                 }
-                t.reads.push((s, *version));
-                t.lv.read_at.push(now);
+                self.apply(ev, Given::Read { scope: s, writers: None });
             }
             Event::Extension { .. } => {
                 // Another component's record: invisible to the engine (it does not even end
@@ -425,9 +389,9 @@ impl Core {
                 if !*present && self.registry.current(tool).is_none() {
                     return refuse(R::IllegalTransition, format!("removal of `{tool}`, which is not registered"));
                 }
-                self.registry.apply(tool, *version, *present);
+                self.apply(ev, Given::Nothing);
             }
-            Event::EffectRecorded { tx, effect, tool, class, scopes, key, args, compensable, adapter_key } => {
+            Event::EffectRecorded { tx, effect, tool, scopes, key, adapter_key, .. } => {
                 let mut parsed = SmallVec::new();
                 for s in scopes {
                     parsed.push(self.parse_logged(s)?);
@@ -456,9 +420,10 @@ impl Core {
                         format!("effect {effect} of {tx} on `{s}` outside its declared may-touch set"),
                     );
                 }
+                // A key that executed and settled replays (apply makes the effect `Replayed`).
                 let key_state = if *adapter_key { self.keys.get(key).map(|k| (&k.state, k.tx)) } else { None };
-                let replay = match key_state {
-                    Some((KeyState::Done(_), _)) => true,
+                match key_state {
+                    Some((KeyState::Done(_), _)) | None => {}
                     Some((KeyState::Pending, holder)) => {
                         return refuse(
                             R::KeyConflict,
@@ -468,57 +433,24 @@ impl Core {
                     Some((KeyState::Unresolved, _)) => {
                         return refuse(R::KeyConflict, format!("key `{key}` of {tx}{effect} is unresolved"));
                     }
-                    None => false,
-                };
-                let status = if replay {
-                    EffStatus::Replayed
-                } else if class.executes_eagerly() {
-                    EffStatus::InFlight
-                } else if *class == EffectClass::Bufferable {
-                    EffStatus::Held(HeldAck::Staged)
-                } else {
-                    EffStatus::Held(HeldAck::Queued)
-                };
-                if *adapter_key && !replay {
-                    self.keys.insert(key.clone(), KeyEntry::pending(*tx, *effect, tool, args));
                 }
-                let t = self.txs.get_mut(tx).expect("checked above");
-                if status == EffStatus::InFlight {
-                    t.in_flight += 1;
-                }
-                let epoch = t.epoch;
-                let eff = Eff {
-                    tool: tool.clone(),
-                    class: *class,
-                    scopes: parsed,
-                    key: key.clone(),
-                    global_key: *adapter_key,
-                    args: args.clone(),
-                    compensable: *compensable,
-                    status,
-                    output: None,
-                };
-                self.mark_dirty(epoch, &eff);
-                self.txs.get_mut(tx).expect("checked above").effects.push(eff);
+                self.apply(ev, Given::Effect(parsed));
             }
             Event::EffectExecuted { tx, .. } | Event::EffectFailed { tx, .. } | Event::Compensated { tx, .. }
                 if self.guard.lenient_late && !self.txs.contains_key(tx) && tx.0 != 0 && tx.0 < self.next_tx =>
             {
                 // Late records for a transaction settled before an old checkpoint.
             }
-            Event::EffectExecuted { tx, effect, output } => {
+            Event::EffectExecuted { tx, effect, .. } => {
                 if !self.txs.contains_key(tx) && self.guard.late_calls.remove(&(*tx, *effect)) {
                     // The late result of a call in flight at settlement: its compensation follows.
                     self.guard.late_comps.insert((*tx, *effect));
                     return Ok(());
                 }
                 let t = self.replay_tx(*tx)?;
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                let e = t.effects.get(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
                 match e.status {
-                    EffStatus::InFlight => {
-                        e.status = EffStatus::Executed;
-                        t.in_flight -= 1;
-                    }
+                    EffStatus::InFlight => {}
                     // A key replayed: its output is recorded right after it.
                     EffStatus::Replayed if e.output.is_none() => {}
                     ref other => {
@@ -528,7 +460,7 @@ impl Core {
                         );
                     }
                 }
-                e.output = Some(output.clone());
+                self.apply(ev, Given::Nothing);
             }
             Event::EffectFailed { tx, effect, unknown, .. }
                 if !self.txs.contains_key(tx) && self.guard.late_calls.remove(&(*tx, *effect)) =>
@@ -538,17 +470,16 @@ impl Core {
                     self.guard.late_comps.insert((*tx, *effect));
                 }
             }
-            Event::EffectFailed { tx, effect, unknown, .. } => {
+            Event::EffectFailed { tx, effect, .. } => {
                 let t = self.replay_tx(*tx)?;
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                let e = t.effects.get(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
                 if e.status != EffStatus::InFlight {
                     return refuse(
                         R::IllegalTransition,
                         format!("{tx}{effect} failed, but it is {:?}, not in flight", e.status),
                     );
                 }
-                t.in_flight -= 1;
-                e.status = EffStatus::Failed { unknown: *unknown };
+                self.apply(ev, Given::Nothing);
             }
             Event::Sealed { tx } => {
                 let t = self.replay_tx(*tx)?;
@@ -558,7 +489,7 @@ impl Core {
                 if t.in_flight > 0 {
                     return refuse(R::IllegalTransition, format!("seal of {tx} with {} calls in flight", t.in_flight));
                 }
-                self.freeze_footprint(*tx);
+                self.apply(ev, Given::Nothing);
             }
             Event::Decided { tx, commit: true, stamp, .. } => {
                 let Some(stamp) = *stamp else {
@@ -588,26 +519,11 @@ impl Core {
                             format!("commit of {tx}, a second branch of {g} to commit"),
                         );
                     }
-                    if let Some(gr) = self.groups.get_mut(&g) {
-                        gr.winner = Some(*tx);
-                    }
                 }
                 self.guard.last_commit_stamp = stamp;
-                self.stamp = self.stamp.max(stamp);
-                let t = self.txs.get_mut(tx).expect("checked above");
-                t.state = TxState::Committing;
-                t.lv.stamp = Some(stamp);
-                self.committing.push(*tx);
-                let t = self.txs.get(tx).expect("checked above");
-                for e in &t.effects {
-                    if e.status != EffStatus::Replayed {
-                        for s in &e.scopes {
-                            self.index.record_write(s, stamp);
-                        }
-                    }
-                }
+                self.apply(ev, Given::Nothing);
             }
-            Event::Decided { tx, commit: false, reason, .. } => {
+            Event::Decided { tx, commit: false, .. } => {
                 let t = self.replay_tx(*tx)?;
                 match t.state {
                     TxState::Open | TxState::Sealed | TxState::Waiting => {}
@@ -615,19 +531,12 @@ impl Core {
                     TxState::Committing if !t.effects.iter().any(|e| e.status == EffStatus::Released) => {}
                     state => return refuse(R::IllegalTransition, format!("abort of {tx}, which is {state}")),
                 }
-                if t.state == TxState::Committing {
-                    self.retract(*tx);
-                }
-                let t = self.txs.get_mut(tx).expect("checked above");
-                t.state = TxState::Aborting;
-                t.reason = reason.clone();
-                let lease = (t.lease_until, *tx);
-                self.leases.remove(&lease);
+                self.apply(ev, Given::Nothing);
             }
             Event::ReleaseStarted { tx, effect } => {
                 let t = self.replay_tx(*tx)?;
                 let state = t.state;
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                let e = t.effects.get(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
                 if state != TxState::Committing || !matches!(e.status, EffStatus::Held(_)) {
                     return refuse(
                         R::IllegalTransition,
@@ -637,16 +546,12 @@ impl Core {
                         ),
                     );
                 }
-                // Until a Released record says otherwise, the outcome is unknown.
-                e.status = EffStatus::ReleaseFailed {
-                    error: "outcome unknown: the process stopped during the release".into(),
-                    unknown: true,
-                };
+                self.apply(ev, Given::Nothing);
             }
-            Event::Released { tx, effect, output, error, unknown } => {
+            Event::Released { tx, effect, .. } => {
                 let t = self.replay_tx(*tx)?;
                 let state = t.state;
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                let e = t.effects.get(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
                 // Held (a ledger without release_started), started, or probed after a restart.
                 let ok = state == TxState::Committing
                     && matches!(e.status, EffStatus::Held(_) | EffStatus::ReleaseFailed { unknown: true, .. });
@@ -656,35 +561,18 @@ impl Core {
                         format!("{tx}{effect} released, but the transaction is {state} and the effect {:?}", e.status),
                     );
                 }
-                match error {
-                    None => {
-                        e.status = EffStatus::Released;
-                        e.output = output.clone();
-                    }
-                    Some(m) => e.status = EffStatus::ReleaseFailed { error: m.clone(), unknown: *unknown },
-                }
+                self.apply(ev, Given::Nothing);
             }
-            Event::Compensated { tx, effect, residue, error } => {
+            Event::Compensated { tx, effect, .. } => {
                 if !self.txs.contains_key(tx) && self.guard.late_comps.remove(&(*tx, *effect)) {
                     // A late compensation of a settled transaction: a clean one frees the key
-                    // its settlement left unresolved (as `Core::late_compensated` does).
-                    if residue.is_none() && error.is_none() {
-                        let key = self
-                            .keys
-                            .iter()
-                            .find(|(_, k)| {
-                                k.tx == *tx && k.effect == *effect && matches!(k.state, KeyState::Unresolved)
-                            })
-                            .map(|(key, _)| key.clone());
-                        if let Some(key) = key {
-                            self.keys.remove(&key);
-                        }
-                    }
+                    // its settlement left unresolved.
+                    self.apply(ev, Given::Nothing);
                     return Ok(());
                 }
                 let t = self.replay_tx(*tx)?;
                 let state = t.state;
-                let e = t.effects.get_mut(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
+                let e = t.effects.get(effect.0 as usize).ok_or_else(|| no_effect(*tx, *effect))?;
                 // Executed, or failed with an unknown outcome (compensated blind).
                 let compensable = matches!(e.status, EffStatus::Executed | EffStatus::Failed { unknown: true });
                 if state != TxState::Aborting || !compensable {
@@ -696,10 +584,7 @@ impl Core {
                         ),
                     );
                 }
-                e.status = match error {
-                    None => EffStatus::Compensated { residue: residue.clone() },
-                    Some(m) => EffStatus::CompensationFailed(m.clone()),
-                };
+                self.apply(ev, Given::Nothing);
             }
             Event::Settled { tx, committed, effects } => {
                 let t = self.replay_tx(*tx)?;
@@ -721,53 +606,23 @@ impl Core {
                 if let Some((i, (id, ..))) = effects.iter().enumerate().find(|(i, (id, ..))| id.0 as usize != *i) {
                     return refuse(R::SettlementMismatch, format!("settlement of {tx} lists {id} in position {i}"));
                 }
-                let t = self.txs.remove(tx).expect("checked above");
-                // The live engine dropped the lease when the commit was requested (no event);
-                // drop it here, or replayed lease entries would grow with history.
-                self.leases.remove(&(t.lease_until, *tx));
                 if !*committed {
+                    // What may still come after the settlement: a late call's result, and the
+                    // compensation of an effect that executed or whose outcome is unknown (the
+                    // live engine may be compensating it, blind, when the abort settles).
+                    // Regression: a blind one was refused, so the engine could not reopen a
+                    // ledger it had written (`live_replay.rs`, seed 107).
+                    let t = &self.txs[tx];
                     for (i, e) in t.effects.iter().enumerate() {
                         let id = (*tx, EffectId(i as u32));
-                        match e.status {
-                            EffStatus::InFlight => {
-                                self.guard.late_calls.insert(id);
-                            }
-                            EffStatus::Executed if e.compensable => {
-                                self.guard.late_comps.insert(id);
-                            }
-                            _ => {}
+                        if e.status == EffStatus::InFlight {
+                            self.guard.late_calls.insert(id);
+                        } else if super::settle::needs_compensation(e) {
+                            self.guard.late_comps.insert(id);
                         }
                     }
                 }
-                let outcome = crate::effect::Outcome {
-                    tx: *tx,
-                    epoch: t.epoch,
-                    agent: t.agent.clone(),
-                    committed: *committed,
-                    reason: t.reason.clone(),
-                    effects: effects
-                        .iter()
-                        .zip(&t.effects)
-                        .map(|((id, disposition, tag), e)| crate::effect::EffectOutcome {
-                            id: *id,
-                            tool: e.tool.clone(),
-                            class: e.class,
-                            key: e.key.clone(),
-                            disposition: disposition.clone(),
-                            tag: *tag,
-                            detail: None,
-                        })
-                        .collect(),
-                    partial: None,
-                };
-                if *committed {
-                    self.committed += 1;
-                } else {
-                    self.aborted += 1;
-                }
-                self.finish(*tx, t, &outcome);
-                self.events.clear();
-                self.actions.clear();
+                self.apply(ev, Given::Nothing);
             }
         }
         Ok(())
@@ -826,7 +681,7 @@ impl Core {
         effect: EffectId,
         result: crate::CallOutcome,
     ) -> Result<(), crate::EngineError> {
-        let t = self.tx_mut(tx)?;
+        let t = self.tx(tx)?;
         let ok = t.state == TxState::Committing
             && t.effects
                 .get(effect.0 as usize)
@@ -838,19 +693,7 @@ impl Core {
                 expected: "a release of a committing transaction whose outcome is unknown",
             });
         }
-        let e = &mut t.effects[effect.0 as usize];
-        let (error, unknown) = match result {
-            crate::CallOutcome::Done { output } => {
-                e.status = EffStatus::Released;
-                e.output = Some(output.clone());
-                self.events.push(Event::Released { tx, effect, output: Some(output), error: None, unknown: false });
-                return Ok(());
-            }
-            crate::CallOutcome::NotApplied { message, .. } => (message, false),
-            crate::CallOutcome::Unknown { message } => (message, true),
-        };
-        e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
-        self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
+        self.emit(super::settle::released(tx, effect, result), Given::Nothing);
         Ok(())
     }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::Core;
+use super::apply::Given;
 use crate::error::EngineError;
 use crate::ledger::Event;
 
@@ -58,8 +59,7 @@ impl Core {
     /// range).
     pub fn define_tool(&mut self, tool: &Arc<str>) -> Result<ToolVersion, EngineError> {
         let version = self.next_registry_version()?;
-        self.registry.apply(tool, version, true);
-        self.events.push(Event::ToolChanged { tool: tool.clone(), version, present: true });
+        self.emit(Event::ToolChanged { tool: tool.clone(), version, present: true }, Given::Nothing);
         Ok(ToolVersion { signature: version })
     }
 
@@ -75,8 +75,7 @@ impl Core {
             return Ok(false);
         }
         let version = self.next_registry_version()?;
-        self.registry.apply(tool, version, false);
-        self.events.push(Event::ToolChanged { tool: tool.clone(), version, present: false });
+        self.emit(Event::ToolChanged { tool: tool.clone(), version, present: false }, Given::Nothing);
         Ok(true)
     }
 

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Action, Core, EffStatus, KeyState, Level, Ordering, Tx, disposition_for_discard};
+use super::apply::{Given, RELEASE_IN_DOUBT};
+use super::{Action, Core, EffStatus, Level, Ordering, Tx, disposition_for_discard};
 use crate::effect::{AbortReason, CallOutcome, Disposition, EffectClass, EffectOutcome, Outcome, PartialCommit, Tag};
 use crate::error::{EngineError, TxState};
 use crate::ids::{EffectId, Epoch, Timestamp, TxId};
@@ -102,86 +103,84 @@ impl Core {
     /// tool has a compensation (blind: the effect is then tagged `unresolved`, never `clean`)
     /// and otherwise tags it `unresolved`. The call is never re-executed.
     pub fn executed(&mut self, tx: TxId, effect: EffectId, result: CallOutcome) -> Result<ExecResult, EngineError> {
-        let Some(t) = self.txs.get_mut(&tx) else {
+        let Some(t) = self.txs.get(&tx) else {
             if let Some(task) = self.late.remove(&(tx, effect)) {
                 return Ok(match result {
                     CallOutcome::Done { output } => {
-                        self.events.push(Event::EffectExecuted { tx, effect, output: output.clone() });
+                        self.emit(Event::EffectExecuted { tx, effect, output: output.clone() }, Given::Nothing);
                         ExecResult::Late(CompensationTask { output, ..task })
                     }
                     CallOutcome::NotApplied { message, .. } => {
-                        self.events.push(Event::EffectFailed { tx, effect, error: message, unknown: false });
+                        self.emit(Event::EffectFailed { tx, effect, error: message, unknown: false }, Given::Nothing);
                         ExecResult::Done
                     }
                     CallOutcome::Unknown { message } => {
                         // It may have taken effect after its transaction settled: undo it blind.
-                        self.events.push(Event::EffectFailed { tx, effect, error: message, unknown: true });
+                        self.emit(Event::EffectFailed { tx, effect, error: message, unknown: true }, Given::Nothing);
                         ExecResult::Late(CompensationTask { output: Arc::default(), blind: true, ..task })
                     }
                 });
             }
             return Err(self.missing(tx));
         };
-        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| e.status == EffStatus::InFlight) else {
+        if !t.effects.get(effect.0 as usize).is_some_and(|e| e.status == EffStatus::InFlight) {
             return Err(EngineError::InvalidArgument {
                 field: "effect",
                 value: format!("{tx}{effect}"),
                 expected: "an effect whose call is in flight",
             });
-        };
-        t.in_flight -= 1;
+        }
         let (message, unknown, retry) = match result {
             CallOutcome::Done { output } => {
-                e.status = EffStatus::Executed;
-                e.output = Some(output.clone());
-                t.lv.ext_order.push(effect.0);
-                self.events.push(Event::EffectExecuted { tx, effect, output });
-                if t.state == TxState::Aborting && e.compensable {
-                    // Aborted while the call ran: compensate it now. Until that compensation
-                    // is reported the effect's fate is open, so a settlement meanwhile tags
-                    // it unresolved and keeps its key from being replayed.
-                    e.status = EffStatus::Compensating;
-                    let task = CompensationTask {
-                        tx,
-                        effect,
-                        tool: e.tool.clone(),
-                        args: e.args.clone(),
-                        output: e.output.clone().unwrap_or_default(),
-                        blind: false,
-                    };
-                    return Ok(ExecResult::Late(task));
-                }
-                return Ok(ExecResult::Done);
+                self.emit(Event::EffectExecuted { tx, effect, output }, Given::Nothing);
+                // Aborted while the call ran: compensate it now. Until that compensation is
+                // reported the effect's fate is open, so a settlement meanwhile tags it
+                // unresolved and keeps its key from being replayed.
+                return Ok(match self.start_late_compensation(tx, effect, false) {
+                    Some(task) => ExecResult::Late(task),
+                    None => ExecResult::Done,
+                });
             }
             CallOutcome::NotApplied { message, retry } => (message, false, retry),
             CallOutcome::Unknown { message } => (message, true, false),
         };
-        e.status = EffStatus::Failed { unknown };
-        let tool = e.tool.to_string();
-        self.events.push(Event::EffectFailed { tx, effect, error: message.clone(), unknown });
-        if t.state == TxState::Aborting {
-            if !needs_compensation(e) {
-                return Ok(ExecResult::Done);
-            }
+        self.emit(Event::EffectFailed { tx, effect, error: message.clone(), unknown }, Given::Nothing);
+        if self.txs.get(&tx).is_some_and(|t| t.state == TxState::Aborting) {
             // Aborted while the call ran, and its outcome came back unknown: compensate it
-            // blind now, as the abort would have (see the `Done` arm for `Compensating`).
-            e.status = EffStatus::Compensating;
-            let task = CompensationTask {
-                tx,
-                effect,
-                tool: e.tool.clone(),
-                args: e.args.clone(),
-                output: Arc::default(),
-                blind: true,
-            };
-            return Ok(ExecResult::Late(task));
+            // blind now, as the abort would have.
+            return Ok(match self.start_late_compensation(tx, effect, true) {
+                Some(task) => ExecResult::Late(task),
+                None => ExecResult::Done,
+            });
         }
+        let tool = self
+            .txs
+            .get(&tx)
+            .and_then(|t| t.effects.get(effect.0 as usize))
+            .map_or(String::new(), |e| e.tool.to_string());
         let reason = if retry {
             AbortReason::ToolUnavailable { tool, message }
         } else {
             AbortReason::ToolFailed { tool, message }
         };
         Ok(ExecResult::Aborted(self.abort(tx, reason)?))
+    }
+
+    /// An effect of an aborting transaction returned from its call (`blind`: with an unknown
+    /// outcome): if the abort would compensate it, mark its compensation running (a live
+    /// executor's state, not a ledger fact) and return the task.
+    fn start_late_compensation(&mut self, tx: TxId, effect: EffectId, blind: bool) -> Option<CompensationTask> {
+        let t = self.txs.get_mut(&tx).filter(|t| t.state == TxState::Aborting)?;
+        let e = t.effects.get_mut(effect.0 as usize).filter(|e| needs_compensation(e))?;
+        e.status = EffStatus::Compensating;
+        Some(CompensationTask {
+            tx,
+            effect,
+            tool: e.tool.clone(),
+            args: e.args.clone(),
+            output: if blind { Arc::default() } else { e.output.clone().unwrap_or_default() },
+            blind,
+        })
     }
 
     /// Renews the lease of an open or sealed transaction from `now` (a no-op in other states).
@@ -250,32 +249,20 @@ impl Core {
             }
         }
         let stamp = self.next_stamp()?;
-        self.waiting.remove(&(epoch, tx));
-        self.committing.push(tx);
-        let reg = self.registry.version;
-        let t = self.txs.get_mut(&tx).expect("present");
-        t.state = TxState::Committing;
-        t.lv.stamp = Some(stamp);
-        t.lv.reg_decided = Some(reg);
-        let mut releases = Vec::new();
-        for (i, e) in t.effects.iter().enumerate() {
-            if e.status != EffStatus::Replayed {
-                for s in &e.scopes {
-                    self.index.record_write(s, stamp);
-                }
-            }
-            if matches!(e.status, EffStatus::Held(_)) {
-                releases.push(ReleaseTask {
-                    effect: EffectId(i as u32),
-                    tool: e.tool.clone(),
-                    class: e.class,
-                    args: e.args.clone(),
-                });
-            }
-        }
-        self.events.push(Event::Decided { tx, commit: true, stamp: Some(stamp), reason: None });
-        // Readers waiting behind this commit are now stale: let them abort early.
-        self.wake_after(epoch);
+        self.emit(Event::Decided { tx, commit: true, stamp: Some(stamp), reason: None }, Given::Nothing);
+        let t = self.tx(tx)?;
+        let releases = t
+            .effects
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e.status, EffStatus::Held(_)))
+            .map(|(i, e)| ReleaseTask {
+                effect: EffectId(i as u32),
+                tool: e.tool.clone(),
+                class: e.class,
+                args: e.args.clone(),
+            })
+            .collect();
         Ok(Decision::Commit(ReleasePlan { tx, releases }))
     }
 
@@ -320,37 +307,30 @@ impl Core {
                 expected: "a held effect of a committing transaction",
             });
         }
-        self.events.push(Event::ReleaseStarted { tx, effect });
+        self.emit(Event::ReleaseStarted { tx, effect }, Given::Nothing);
         Ok(())
     }
 
-    /// Reports the release of one held effect at commit.
+    /// Reports the release of one held effect at commit (started with
+    /// [`Core::release_started`], or not).
     pub fn release_done(&mut self, tx: TxId, effect: EffectId, result: CallOutcome) -> Result<(), EngineError> {
-        let t = self.tx_mut(tx)?;
+        let t = self.tx(tx)?;
         if t.state != TxState::Committing {
             let state = t.state;
             return Err(EngineError::WrongState { tx, op: "release an effect of", state, hint: "" });
         }
-        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| matches!(e.status, EffStatus::Held(_))) else {
+        if !t.effects.get(effect.0 as usize).is_some_and(|e| match &e.status {
+            EffStatus::Held(_) => true,
+            EffStatus::ReleaseFailed { error, unknown: true } => error == RELEASE_IN_DOUBT,
+            _ => false,
+        }) {
             return Err(EngineError::InvalidArgument {
                 field: "effect",
                 value: format!("{tx}{effect}"),
                 expected: "a held effect not yet released",
             });
-        };
-        let (error, unknown) = match result {
-            CallOutcome::Done { output } => {
-                e.status = EffStatus::Released;
-                e.output = Some(output.clone());
-                t.lv.ext_order.push(effect.0);
-                self.events.push(Event::Released { tx, effect, output: Some(output), error: None, unknown: false });
-                return Ok(());
-            }
-            CallOutcome::NotApplied { message, .. } => (message, false),
-            CallOutcome::Unknown { message } => (message, true),
-        };
-        e.status = EffStatus::ReleaseFailed { error: error.clone(), unknown };
-        self.events.push(Event::Released { tx, effect, output: None, error: Some(error), unknown });
+        }
+        self.emit(released(tx, effect, result), Given::Nothing);
         Ok(())
     }
 
@@ -375,17 +355,14 @@ impl Core {
             && released.is_empty()
             && let EffStatus::ReleaseFailed { error, unknown: false } = &t.effects[f].status
         {
-            let (tool, message) = (t.effects[f].tool.to_string(), error.clone());
-            self.retract(tx);
-            let t = self.txs.get_mut(&tx).expect("present");
-            t.state = TxState::Waiting; // so that abort() accepts it
-            return Ok(Settlement::Abort(self.abort(tx, AbortReason::ReleaseFailed { tool, message })?));
+            let (tool, message) = (t.effects[f].tool.to_string(), error.to_string());
+            // Retracted: the abort's apply takes back the commit's writes.
+            return Ok(Settlement::Abort(self.decide_abort(tx, AbortReason::ReleaseFailed { tool, message })));
         }
-        let t = self.txs.remove(&tx).expect("present");
         let mut partial = None;
         if let Some(f) = failed {
             let error = match &t.effects[f].status {
-                EffStatus::ReleaseFailed { error, .. } => error.clone(),
+                EffStatus::ReleaseFailed { error, .. } => error.to_string(),
                 _ => String::new(),
             };
             let not_attempted = t
@@ -408,10 +385,10 @@ impl Core {
                     }
                     EffStatus::Released => (Disposition::Fired, Tag::Clean, None),
                     EffStatus::ReleaseFailed { error, unknown: false } => {
-                        (Disposition::ReleaseFailed, Tag::PartialCommit, Some(error.clone()))
+                        (Disposition::ReleaseFailed, Tag::PartialCommit, Some(error.to_string()))
                     }
                     EffStatus::ReleaseFailed { error, unknown: true } => {
-                        (Disposition::Unknown, Tag::Unresolved, Some(error.clone()))
+                        (Disposition::Unknown, Tag::Unresolved, Some(error.to_string()))
                     }
                     EffStatus::Held(_) => (Disposition::NotReleased, Tag::PartialCommit, None),
                     EffStatus::Replayed => (Disposition::Replayed, Tag::Clean, None),
@@ -430,16 +407,14 @@ impl Core {
             .collect();
         let outcome =
             Outcome { tx, epoch: t.epoch, agent: t.agent.clone(), committed: true, reason: None, effects, partial };
-        self.committed += 1;
-        self.finish(tx, t, &outcome);
+        self.emit(settled(&outcome), Given::Nothing);
         Ok(Settlement::Committed(outcome))
     }
 
     /// Decides to abort `tx`. Held effects are dropped (never released); the plan lists the
     /// executed effects to compensate, last-issued first.
     pub fn abort(&mut self, tx: TxId, reason: AbortReason) -> Result<AbortPlan, EngineError> {
-        let t = self.tx_mut(tx)?;
-        match t.state {
+        match self.tx(tx)?.state {
             TxState::Open | TxState::Sealed | TxState::Waiting => {}
             state => {
                 return Err(EngineError::WrongState {
@@ -450,30 +425,32 @@ impl Core {
                 });
             }
         }
-        if matches!(t.state, TxState::Open | TxState::Sealed) {
-            let lease = (t.lease_until, tx);
-            self.leases.remove(&lease);
-        }
-        let t = self.txs.get_mut(&tx).expect("present");
-        t.state = TxState::Aborting;
-        t.reason = Some(reason.clone());
-        let epoch = t.epoch;
-        let mut compensations = Vec::new();
-        for (i, e) in t.effects.iter().enumerate().rev() {
-            if needs_compensation(e) {
-                compensations.push(CompensationTask {
+        Ok(self.decide_abort(tx, reason))
+    }
+
+    /// Records the abort of `tx` (unfinished, not aborting, and not committing unless its
+    /// first release failed before anything left) and returns its plan.
+    fn decide_abort(&mut self, tx: TxId, reason: AbortReason) -> AbortPlan {
+        self.emit(Event::Decided { tx, commit: false, stamp: None, reason: Some(reason.clone()) }, Given::Nothing);
+        let compensations = match self.txs.get(&tx) {
+            Some(t) => t
+                .effects
+                .iter()
+                .enumerate()
+                .rev()
+                .filter(|(_, e)| needs_compensation(e))
+                .map(|(i, e)| CompensationTask {
                     tx,
                     effect: EffectId(i as u32),
                     tool: e.tool.clone(),
                     args: e.args.clone(),
                     output: e.output.clone().unwrap_or_default(),
                     blind: e.status != EffStatus::Executed,
-                });
-            }
-        }
-        self.waiting.remove(&(epoch, tx));
-        self.events.push(Event::Decided { tx, commit: false, stamp: None, reason: Some(reason.clone()) });
-        Ok(AbortPlan { tx, reason, compensations })
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        AbortPlan { tx, reason, compensations }
     }
 
     /// Reports a compensation's result (`Ok(residue)` or the error after retries).
@@ -483,8 +460,8 @@ impl Core {
         effect: EffectId,
         result: Result<Option<String>, String>,
     ) -> Result<(), EngineError> {
-        let t = self.tx_mut(tx)?;
-        let Some(e) = t.effects.get_mut(effect.0 as usize).filter(|e| needs_compensation(e)) else {
+        let t = self.tx(tx)?;
+        let Some(e) = t.effects.get(effect.0 as usize).filter(|e| needs_compensation(e)) else {
             return Err(EngineError::InvalidArgument {
                 field: "effect",
                 value: format!("{tx}{effect}"),
@@ -502,16 +479,10 @@ impl Core {
             (r, _) => r,
         };
         let (residue, error) = match result {
-            Ok(residue) => {
-                e.status = EffStatus::Compensated { residue: residue.clone() };
-                (residue, None)
-            }
-            Err(error) => {
-                e.status = EffStatus::CompensationFailed(error.clone());
-                (None, Some(error))
-            }
+            Ok(residue) => (residue, None),
+            Err(error) => (None, Some(error)),
         };
-        self.events.push(Event::Compensated { tx, effect, residue, error });
+        self.emit(Event::Compensated { tx, effect, residue, error }, Given::Nothing);
         Ok(())
     }
 
@@ -534,35 +505,24 @@ impl Core {
             }
             return;
         }
-        let clean = !blind && matches!(result, Ok(None));
         let (residue, error) = match result {
             Ok(Some(r)) if blind => (Some(format!("{BLIND_COMPENSATION}; residue: {r}")), None),
             Ok(None) if blind => (Some(BLIND_COMPENSATION.to_owned()), None),
             Ok(r) => (r, None),
             Err(e) => (None, Some(e)),
         };
-        // Settled meanwhile (tagged unresolved, key held): a clean undo frees the key.
-        if clean {
-            let key = self
-                .keys
-                .iter()
-                .find(|(_, k)| k.tx == tx && k.effect == effect && matches!(k.state, KeyState::Unresolved))
-                .map(|(key, _)| key.clone());
-            if let Some(key) = key {
-                self.keys.remove(&key);
-            }
-        }
-        self.events.push(Event::Compensated { tx, effect, residue, error });
+        // Settled meanwhile (tagged unresolved, key held): a clean undo (no residue, no error)
+        // frees the key.
+        self.emit(Event::Compensated { tx, effect, residue, error }, Given::Nothing);
     }
 
     /// Finishes an abort after its compensations were reported.
     pub fn finish_abort(&mut self, tx: TxId) -> Result<Outcome, EngineError> {
-        let t = self.tx(tx)?;
+        let Some(t) = self.txs.get(&tx) else { return Err(self.missing(tx)) };
         if t.state != TxState::Aborting {
             let state = t.state;
             return Err(EngineError::WrongState { tx, op: "finish the abort of", state, hint: "; abort it first" });
         }
-        let t = self.txs.remove(&tx).expect("present");
         let effects = t
             .effects
             .iter()
@@ -618,8 +578,7 @@ impl Core {
             effects,
             partial: None,
         };
-        self.aborted += 1;
-        self.finish(tx, t, &outcome);
+        self.emit(settled(&outcome), Given::Nothing);
         Ok(outcome)
     }
 
@@ -659,59 +618,6 @@ impl Core {
         n
     }
 
-    /// Releases everything a finished transaction held and wakes those it blocked.
-    pub(super) fn finish(&mut self, tx: TxId, t: Tx, outcome: &Outcome) {
-        self.settle_marks(&t, outcome.committed);
-        if t.lv.stamp.is_some() {
-            self.committing.retain(|c| *c != tx);
-        }
-        if self.cfg.trace {
-            let record = self.trace_record(tx, &t, outcome.committed);
-            self.traces.push(record);
-        }
-        for s in &t.claims {
-            self.index.unclaim(s, t.epoch);
-        }
-        if t.blocks_all {
-            self.remove_undeclared(t.epoch);
-        }
-        self.waiting.remove(&(t.epoch, tx));
-        for (i, e) in t.effects.iter().enumerate() {
-            if !e.global_key {
-                continue;
-            }
-            let Some(entry) = self.keys.get_mut(&e.key) else { continue };
-            if entry.tx != tx || entry.effect.0 as usize != i {
-                continue;
-            }
-            let eo = &outcome.effects[i];
-            match (eo.disposition.clone(), eo.tag) {
-                (Disposition::Discarded | Disposition::Compensated, Tag::Clean) => {
-                    self.keys.remove(&e.key);
-                }
-                (
-                    Disposition::Accepted | Disposition::Applied | Disposition::Fired | Disposition::NotCompensable,
-                    _,
-                ) => {
-                    entry.state = KeyState::Done(e.output.clone().unwrap_or_default());
-                }
-                (Disposition::NotReleased | Disposition::ReleaseFailed, _) => {
-                    self.keys.remove(&e.key);
-                }
-                _ => entry.state = KeyState::Unresolved,
-            }
-        }
-        if let Some(g) = t.group {
-            self.group_member_finished(g, tx);
-        }
-        self.events.push(Event::Settled {
-            tx,
-            committed: outcome.committed,
-            effects: outcome.effects.iter().map(|e| (e.id, e.disposition.clone(), e.tag)).collect(),
-        });
-        self.wake_after(t.epoch);
-    }
-
     /// Wakes the waiting transactions later than `epoch` that can now decide (admissible, or
     /// stale and therefore bound to abort).
     pub(super) fn wake_after(&mut self, epoch: Epoch) {
@@ -747,4 +653,28 @@ pub(super) const BLIND_COMPENSATION: &str =
 /// may have executed), and the tool has a compensation handler.
 pub(super) fn needs_compensation(e: &super::Eff) -> bool {
     e.compensable && matches!(e.status, EffStatus::Executed | EffStatus::Failed { unknown: true })
+}
+
+/// The `released` record of a release's outcome.
+pub(super) fn released(tx: TxId, effect: EffectId, result: CallOutcome) -> Event {
+    match result {
+        CallOutcome::Done { output } => {
+            Event::Released { tx, effect, output: Some(output), error: None, unknown: false }
+        }
+        CallOutcome::NotApplied { message, .. } => {
+            Event::Released { tx, effect, output: None, error: Some(message), unknown: false }
+        }
+        CallOutcome::Unknown { message } => {
+            Event::Released { tx, effect, output: None, error: Some(message), unknown: true }
+        }
+    }
+}
+
+/// The `settled` record of an outcome.
+fn settled(outcome: &Outcome) -> Event {
+    Event::Settled {
+        tx: outcome.tx,
+        committed: outcome.committed,
+        effects: outcome.effects.iter().map(|e| (e.id, e.disposition.clone(), e.tag)).collect(),
+    }
 }
