@@ -294,6 +294,9 @@ impl Core {
                 self.finish(*tx, t, *committed, effects);
             }
             Event::ToolChanged { tool, version, present } => self.registry.apply(tool, *version, *present),
+            // Another component's record: the engine keeps nothing of it (replay also leaves a
+            // group's run of begins open across it).
+            Event::Extension { .. } => {}
         }
     }
 

@@ -375,6 +375,7 @@ impl Core {
                 // Another component's record: invisible to the engine (it does not even end
                 // a group's run of begins).
                 self.guard.open_group = open_group;
+                self.apply(ev, Given::Nothing);
             }
             Event::ToolChanged { tool, version, present } => {
                 if *version == u64::MAX {

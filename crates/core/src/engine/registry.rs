@@ -66,7 +66,7 @@ impl Core {
     /// Records another component's opaque record ([`Event::Extension`]) in the ledger outbox,
     /// in order with the engine's own events. The state machine keeps nothing of it.
     pub fn record_extension(&mut self, stream: Arc<str>, body: Arc<serde_json::Value>) {
-        self.events.push(Event::Extension { stream, body });
+        self.emit(Event::Extension { stream, body }, Given::Nothing);
     }
 
     /// Removes `tool` from the registry. Returns whether it was present.
