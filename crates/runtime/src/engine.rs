@@ -523,6 +523,17 @@ impl Tidegate {
         Ok(Transaction::new(self.clone(), begun.tx, begun.epoch))
     }
 
+    /// A handle on the unfinished transaction `id` of this engine, e.g. one that
+    /// `recover_keeping_open` kept open across a restart, so that its agent (or a server
+    /// acting for it) can go on with it. A transaction that has finished is an error saying
+    /// how it ended ([`Error::Finished`]); an id never issued is `EngineError::UnknownTx`.
+    pub fn transaction(&self, id: TxId) -> Result<Transaction> {
+        let g = self.inner.shared.lock();
+        let epoch = g.core.epoch(id).map_err(|e| g.endings.explain(e))?;
+        drop(g);
+        Ok(Transaction::new(self.clone(), id, epoch))
+    }
+
     /// Registers a tool so that the engine can release and compensate its effects (tools
     /// are also registered on first use). A tool is identified by its name and declaration
     /// (class, which handlers it has, [`crate::ToolBuilder::version`]): registering another
@@ -751,6 +762,13 @@ impl Tidegate {
         match r {
             Ok(r) => Ok((r, lsn)),
             Err(e) => Err(self.inner.shared.lock().endings.explain(e)),
+        }
+    }
+
+    /// Wakes L3 turnstile waiters after an eager call returned (only when one ever waited).
+    pub(crate) fn notify_turnstile(&self) {
+        if self.inner.turnstile_used.load(AtomicOrdering::SeqCst) {
+            self.inner.turnstile.notify_waiters();
         }
     }
 

@@ -1,6 +1,6 @@
 //! The runtime's error type.
 
-use tidegate_core::{AbortReason, CallOutcome, EngineError, Outcome, TxId};
+use tidegate_core::{AbortReason, CallOutcome, EffectId, EngineError, Outcome, TxId};
 use tidegate_storage::StoreError;
 
 /// Result with [`Error`] as the default error.
@@ -63,6 +63,18 @@ pub enum Error {
         /// What became of the call (the tool's own message when it failed).
         detail: String,
     },
+    /// A ticket of the two-step effect protocol was used against it: reported when it has
+    /// nothing to run or was already finally reported, or reported to a transaction it does
+    /// not belong to. Nothing was recorded.
+    #[error("ticket of effect {effect} of {tx} refused: {detail}")]
+    TicketMisuse {
+        /// The transaction the report was made to.
+        tx: TxId,
+        /// The ticket's effect.
+        effect: EffectId,
+        /// What was wrong.
+        detail: String,
+    },
     /// The trace file could not be created or written.
     #[error("trace file `{}`: {source}", path.display())]
     Trace {
@@ -86,6 +98,7 @@ impl Error {
             Error::InvalidArgument { .. }
             | Error::UnknownTool { .. }
             | Error::CallInterrupted { .. }
+            | Error::TicketMisuse { .. }
             | Error::Trace { .. } => false,
         }
     }

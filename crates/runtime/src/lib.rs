@@ -41,6 +41,7 @@ mod read;
 mod recover;
 mod run;
 mod settle;
+mod ticket;
 mod tool;
 pub mod trace;
 mod tx;
@@ -54,6 +55,7 @@ pub use hooks::{FnHook, PreCommitHook, Verdict};
 pub use read::Read;
 pub use recover::RecoveryReport;
 pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};
+pub use ticket::{Step, Ticket, TicketAction};
 pub use tidegate_core::engine::{EffectView, ReadResult, SealedView};
 pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};
 pub use tidegate_core::{

@@ -49,41 +49,72 @@ where
     AssertUnwindSafe(fut).catch_unwind().await.map_err(|p| panic_message(&*p))
 }
 
+/// What the policy makes of one attempt's outcome.
+pub(crate) enum Judged {
+    /// How the call finally ended.
+    Final(CallOutcome),
+    /// Not applied (or the probe says it did not happen) and attempts are left: call again
+    /// after the backoff.
+    Again,
+}
+
 impl Tidegate {
     /// Runs a forward call (an eager call, or a held effect's release) under the engine's
     /// [`crate::RetryPolicy`] and returns how it finally ended. Never re-executes a call whose
     /// outcome is unknown unless the tool's probe says it did not happen.
     pub(crate) async fn call_under_policy(&self, tool: &Tool, ctx: &CallCtx, args: &Arc<Value>) -> CallOutcome {
-        let attempts = self.inner.retry.attempts.max(1);
         let mut attempt = 1;
         loop {
-            let outcome = match caught(|| tool.invoke(ctx.clone(), args.clone())).await {
-                Ok(Ok(output)) => return CallOutcome::done(output),
-                Ok(Err(e)) => e.into_outcome(),
-                Err(panic) => CallOutcome::unknown(format!("the handler panicked: {panic}")),
-            };
-            match outcome {
-                CallOutcome::NotApplied { retry: true, .. } if attempt < attempts => {}
-                CallOutcome::NotApplied { message, retry } => {
-                    let message = if attempt > 1 { format!("{message} (after {attempt} attempts)") } else { message };
-                    return CallOutcome::NotApplied { message, retry };
-                }
-                CallOutcome::Unknown { message } => match self.probe(tool, ctx, args).await {
-                    Ok(Probe::Happened(output)) => return CallOutcome::done(output),
-                    Ok(Probe::DidNotHappen) if attempt < attempts => {}
-                    Ok(Probe::DidNotHappen) => {
-                        let message = format!("{message} (the probe says it did not happen; after {attempt} attempts)");
-                        return CallOutcome::NotApplied { message, retry: true };
-                    }
-                    Ok(Probe::Unknown) => {
-                        return CallOutcome::unknown(format!("{message} (outcome unknown; the probe did not know)"));
-                    }
-                    Err(why) => return CallOutcome::unknown(format!("{message} (outcome unknown; {why})")),
-                },
-                done @ CallOutcome::Done { .. } => return done,
+            let outcome = self.attempt(tool, ctx, args).await;
+            if let Judged::Final(outcome) = self.judge(tool, ctx, args, attempt, outcome).await {
+                return outcome;
             }
             self.backoff(attempt).await;
             attempt += 1;
+        }
+    }
+
+    /// One attempt of a forward call: the tool's handler, a panic caught as an unknown outcome.
+    pub(crate) async fn attempt(&self, tool: &Tool, ctx: &CallCtx, args: &Arc<Value>) -> CallOutcome {
+        match caught(|| tool.invoke(ctx.clone(), args.clone())).await {
+            Ok(Ok(output)) => CallOutcome::done(output),
+            Ok(Err(e)) => e.into_outcome(),
+            Err(panic) => CallOutcome::unknown(format!("the handler panicked: {panic}")),
+        }
+    }
+
+    /// The policy's verdict on attempt `attempt` (1-based) of a forward call that ended in
+    /// `outcome`, wherever the call ran (in this process, or by a caller of the two-step
+    /// protocol that reports it): an unknown outcome goes to the tool's probe; a failure
+    /// without effect is tried again while attempts are left.
+    pub(crate) async fn judge(
+        &self,
+        tool: &Tool,
+        ctx: &CallCtx,
+        args: &Arc<Value>,
+        attempt: u32,
+        outcome: CallOutcome,
+    ) -> Judged {
+        let attempts = self.inner.retry.attempts.max(1);
+        match outcome {
+            done @ CallOutcome::Done { .. } => Judged::Final(done),
+            CallOutcome::NotApplied { retry: true, .. } if attempt < attempts => Judged::Again,
+            CallOutcome::NotApplied { message, retry } => {
+                let message = if attempt > 1 { format!("{message} (after {attempt} attempts)") } else { message };
+                Judged::Final(CallOutcome::NotApplied { message, retry })
+            }
+            CallOutcome::Unknown { message } => match self.probe(tool, ctx, args).await {
+                Ok(Probe::Happened(output)) => Judged::Final(CallOutcome::done(output)),
+                Ok(Probe::DidNotHappen) if attempt < attempts => Judged::Again,
+                Ok(Probe::DidNotHappen) => {
+                    let message = format!("{message} (the probe says it did not happen; after {attempt} attempts)");
+                    Judged::Final(CallOutcome::NotApplied { message, retry: true })
+                }
+                Ok(Probe::Unknown) => {
+                    Judged::Final(CallOutcome::unknown(format!("{message} (outcome unknown; the probe did not know)")))
+                }
+                Err(why) => Judged::Final(CallOutcome::unknown(format!("{message} (outcome unknown; {why})"))),
+            },
         }
     }
 

@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 
 use crate::engine::Tidegate;
 use crate::hooks::{PreCommitHook, Verdict};
+use crate::ticket::{Step, Ticket, TicketAction};
 use crate::tool::{CallCtx, CallHandle, Tool};
 use crate::{Error, Result};
 
@@ -175,7 +176,34 @@ impl Transaction {
     }
 
     /// [`Transaction::call`] with per-call overrides.
+    ///
+    /// The two-step protocol with the tool's own handler as the caller: [`Transaction::record`],
+    /// then the handler for an eager effect, reported with [`Ticket::report`] (again after
+    /// each [`Step::Retry`]'s backoff).
     pub async fn call_with(&self, tool: &Tool, args: Value, opts: CallOptions) -> Result<Ack> {
+        let mut ticket = self.record(tool, args, opts).await?;
+        if let Some(ack) = ticket.ack() {
+            return Ok(ack);
+        }
+        let engine = &self.engine;
+        loop {
+            let outcome = engine.attempt(ticket.tool(), ticket.ctx(), ticket.args()).await;
+            match ticket.report(outcome).await? {
+                Step::Acked(ack) => return Ok(ack),
+                // The backoff on the engine's clock, as for every call under the policy.
+                Step::Retry { attempt, .. } => engine.backoff(attempt - 1).await,
+            }
+        }
+    }
+
+    /// Records a call of `tool` with `args` and returns the [`Ticket`] that says what to do,
+    /// once the record is durable (the two-step effect protocol; docs/engine.md). The same
+    /// keys, footprint, lease, level and protocol rules apply as for [`Transaction::call`]:
+    /// an eager effect answers [`TicketAction::ExecuteNow`] (the caller runs the call under
+    /// the ticket's key and reports it), a bufferable one `Staged`, a gated one `Queued`
+    /// (both released at commit through the tool's call handler), a key that already
+    /// executed `Replayed`.
+    pub async fn record(&self, tool: &Tool, args: Value, opts: CallOptions) -> Result<Ticket> {
         self.engine.register(tool)?;
         let texts = match opts.scopes {
             Some(s) => s,
@@ -189,6 +217,8 @@ impl Transaction {
         let call_id: Option<Arc<str>> = opts.call_id.map(Arc::from);
         // The handlers' context is kept only for tools that take one or calls with a handle.
         let keep = tool.wants_ctx() || opts.handle.is_some();
+        let given_key = key.clone();
+        let ticket_call_id = call_id.clone();
         let ctx_parts = keep.then(|| (key.clone(), call_id.clone(), opts.handle));
         let args = Arc::new(args);
         let decl = EffectDecl {
@@ -202,11 +232,18 @@ impl Transaction {
         };
         let now = self.engine.inner.clock.now();
         // Under L3 a call waits for the calls this transaction issued before it (asked under
-        // the same lock, so the usual one-call-at-a-time path costs no second lock).
-        let ((recorded, must_wait), lsn) = self.engine.with_core(|c| {
+        // the same lock, so the usual one-call-at-a-time path costs no second lock). The key
+        // an eager call runs under is read under it too (derived keys live in the engine).
+        let ((recorded, must_wait, exec_key), lsn) = self.engine.with_core(|c| {
             let r = c.record_effect(self.id, decl, now)?;
-            let wait = matches!(r, Recorded::Execute(id) if c.earlier_in_flight(self.id, id));
-            Ok((r, wait))
+            let (wait, key) = match r {
+                Recorded::Execute(id) => {
+                    let key = given_key.or_else(|| c.effect_key(self.id, id)).unwrap_or_default();
+                    (c.earlier_in_flight(self.id, id), Some(key))
+                }
+                _ => (false, None),
+            };
+            Ok((r, wait, key))
         })?;
         let ctx = |effect| match ctx_parts {
             Some((key, call_id, handle)) => {
@@ -216,37 +253,39 @@ impl Transaction {
             }
             None => CallCtx::bare(self.id, effect),
         };
+        let ticket = |ctx, action| Ticket::new(self.clone(), tool.clone(), args.clone(), ctx, action);
         let id = match recorded {
             // A held effect needs no sync before its acknowledgement: until the commit decision
             // is durable, a crash only means the transaction never commits.
             Recorded::Held(effect, HeldAck::Staged) => {
-                ctx(effect);
-                return Ok(Ack::Staged { effect });
+                return Ok(ticket(ctx(effect), TicketAction::Staged { effect }));
             }
-            Recorded::Held(effect, _) => {
-                ctx(effect);
-                return Ok(Ack::Queued { effect });
-            }
+            Recorded::Held(effect, _) => return Ok(ticket(ctx(effect), TicketAction::Queued { effect })),
             Recorded::Replay(effect, output) => {
                 self.engine.durable(lsn).await?;
-                return Ok(Ack::Replayed { effect, output });
+                return Ok(ticket(CallCtx::bare(self.id, effect), TicketAction::Replayed { effect, output }));
             }
             Recorded::Execute(id) => id,
         };
-        // From here the call is in flight: if the caller drops this future, the guard reports
-        // it (not started: did not happen; started: outcome unknown), so it never stays in
-        // flight with nobody to finish it (the lease runs on while a call is in flight).
-        let call_ctx = ctx(id);
-        let mut guard = InFlight { tx: self, effect: id, tool: tool.name(), started: false };
+        // From here the call is in flight: if the caller drops this future or the ticket,
+        // the ticket reports it (not started: did not happen; started: outcome unknown), so it
+        // never stays in flight with nobody to finish it (the lease runs on while it is).
+        let key = exec_key.unwrap_or_default();
+        let mut ticket =
+            ticket(ctx(id), TicketAction::ExecuteNow { effect: id, key, call_id: ticket_call_id, attempt: 1 });
         // The pending record is durable before the call, so that after a crash the ledger
         // knows the call may have happened (and never repeats it blindly).
         self.engine.durable(lsn).await?;
         if must_wait {
             self.turnstile(id).await;
         }
-        guard.started = true;
-        let result = self.engine.call_under_policy(tool, &call_ctx, &args).await;
-        std::mem::forget(guard);
+        ticket.start();
+        Ok(ticket)
+    }
+
+    /// Records how an eager call finally ended (the policy is done with it) and answers
+    /// the caller: the last half of [`Ticket::report`].
+    pub(crate) async fn finish_call(&self, tool: &Tool, id: EffectId, result: CallOutcome) -> Result<Ack> {
         let now = self.engine.inner.clock.now();
         let exec = self.engine.with_core(|c| {
             let r = c.executed(self.id, id, result.clone());
@@ -254,9 +293,7 @@ impl Transaction {
             c.renew_lease(self.id, now);
             r
         });
-        if self.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
-            self.engine.inner.turnstile.notify_waiters();
-        }
+        self.engine.notify_turnstile();
         let (exec, lsn) = exec?;
         // The compensation registration (EffectExecuted) is durable before the agent hears.
         self.engine.durable(lsn).await?;
@@ -468,31 +505,5 @@ impl Transaction {
             w.notify_one();
         }
         self.engine.run_abort_detached(plan).await
-    }
-}
-
-/// An eager call in flight; see [`Transaction::call_with`]. Forgotten once the call returned.
-struct InFlight<'a> {
-    tx: &'a Transaction,
-    effect: EffectId,
-    tool: &'a str,
-    started: bool,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let outcome = if self.started {
-            CallOutcome::unknown(format!("the caller dropped the call of `{}` while it ran", self.tool))
-        } else {
-            CallOutcome::not_applied(format!("the caller dropped the call of `{}` before it started", self.tool), false)
-        };
-        let (tx, effect) = (self.tx.id, self.effect);
-        if let Ok((ExecResult::Aborted(plan), _)) = self.tx.engine.with_core(|c| c.executed(tx, effect, outcome)) {
-            let tg = self.tx.engine.clone();
-            self.tx.engine.spawn_owned(async move { tg.run_abort(plan).await });
-        }
-        if self.tx.engine.inner.turnstile_used.load(std::sync::atomic::Ordering::SeqCst) {
-            self.tx.engine.inner.turnstile.notify_waiters();
-        }
     }
 }

@@ -3,11 +3,11 @@
 //!
 //! One transaction is: begin (may-touch two scopes of the client's own), one reversible
 //! effect, one gated effect released at commit by a webhook, seal and commit. Over HTTP the
-//! reversible effect is a server tool whose `call` capability is a webhook too (a
-//! client-executed effect needs the runtime's two-step protocol, not public yet), so a
-//! server transaction is four API requests and two webhook requests. In-process, the
-//! reversible effect runs in the caller (a closure) and the gated release POSTs to the same
-//! webhook: one webhook request. Both sides share the machine with the webhook receiver and,
+//! reversible effect is client-executed (the two-step protocol: a ticket, the client's own
+//! call, its result), so a server transaction is five API requests (begin, ticket, result,
+//! gated effect, commit) and one webhook request (the release). In-process, the reversible
+//! effect runs in the caller (a closure) and the gated release POSTs to the same webhook: one
+//! webhook request. Both sides share the machine with the webhook receiver and,
 //! over HTTP, with the clients: the figures are of the whole loop on one host.
 
 use std::path::{Path, PathBuf};
@@ -254,15 +254,30 @@ async fn server_run(
                     let r = http.post(format!("{base}/v1/transactions")).bearer_auth(&key).json(&begin).send().await;
                     let tx = ok_json("begin", r, &[201]).await?;
                     let id = tx["id"].as_str().unwrap_or_default();
-                    for tool in ["reserve", "notify"] {
-                        let r = http
-                            .post(format!("{base}/v1/transactions/{id}/effects"))
-                            .bearer_auth(&key)
-                            .json(&json!({"tool": tool, "args": args}))
-                            .send()
-                            .await;
-                        ok_json("effect", r, &[200]).await?;
-                    }
+                    // The reversible effect: a ticket, the client's own call (nothing to do
+                    // here), its result.
+                    let r = http
+                        .post(format!("{base}/v1/transactions/{id}/effects"))
+                        .bearer_auth(&key)
+                        .json(&json!({"tool": "reserve", "args": args, "execute": "client"}))
+                        .send()
+                        .await;
+                    let ticket = ok_json("ticket", r, &[200]).await?;
+                    let result_url = ticket["result_url"].as_str().unwrap_or_default();
+                    let r = http
+                        .post(format!("{base}{result_url}"))
+                        .bearer_auth(&key)
+                        .json(&json!({"status": "done", "output": {"reserved": c}}))
+                        .send()
+                        .await;
+                    ok_json("result", r, &[200]).await?;
+                    let r = http
+                        .post(format!("{base}/v1/transactions/{id}/effects"))
+                        .bearer_auth(&key)
+                        .json(&json!({"tool": "notify", "args": args}))
+                        .send()
+                        .await;
+                    ok_json("effect", r, &[200]).await?;
                     let r = http
                         .post(format!("{base}/v1/transactions/{id}/commit"))
                         .bearer_auth(&key)
@@ -414,7 +429,7 @@ pub async fn run(opts: &BenchOptions) -> Result<Value, BenchError> {
     }
     Ok(json!({
         "bench": "serve",
-        "workload": "begin + reversible effect + gated effect released by a webhook + seal + commit; per-client scopes",
+        "workload": "begin + client-executed reversible effect (ticket + result over HTTP) + gated effect released by a webhook + seal + commit; per-client scopes",
         "seconds_per_measurement": opts.seconds,
         "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
         "measurements": out,

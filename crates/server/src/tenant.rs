@@ -99,6 +99,8 @@ pub struct LiveTx {
     seq: AtomicU64,
     /// The commit or abort running for it.
     pub settle: Mutex<Option<SettleOp>>,
+    /// Tickets of its client-executed effects, by effect number.
+    pub tickets: crate::api::effects::Tickets,
 }
 
 impl LiveTx {
@@ -338,9 +340,32 @@ impl Tenant {
 
     /// Registers a live transaction.
     pub fn add_live(&self, handle: Transaction, group: Option<u64>) -> Arc<LiveTx> {
-        let lt = Arc::new(LiveTx { handle, group, seq: AtomicU64::new(0), settle: Mutex::new(None) });
+        let lt = Arc::new(LiveTx {
+            handle,
+            group,
+            seq: AtomicU64::new(0),
+            settle: Mutex::new(None),
+            tickets: Default::default(),
+        });
         self.live.lock().insert(lt.handle.id(), lt.clone());
         lt
+    }
+
+    /// Registers a transaction resumed by id (begun before a restart), or returns the live
+    /// handle a concurrent request registered first.
+    pub fn resume_live(&self, handle: Transaction, group: Option<u64>) -> Arc<LiveTx> {
+        let mut live = self.live.lock();
+        live.entry(handle.id())
+            .or_insert_with(|| {
+                Arc::new(LiveTx {
+                    handle,
+                    group,
+                    seq: AtomicU64::new(0),
+                    settle: Mutex::new(None),
+                    tickets: Default::default(),
+                })
+            })
+            .clone()
     }
 
     /// A live transaction.

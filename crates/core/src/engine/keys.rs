@@ -135,6 +135,13 @@ fn describe(tool: &str, args: &Value) -> String {
 }
 
 impl Core {
+    /// The idempotency key recorded for effect `effect` of the unfinished transaction `tx`
+    /// (the adapter's, or the one derived for it), for the runtime's two-step protocol,
+    /// which tells the caller the key to execute under.
+    pub fn effect_key(&self, tx: TxId, effect: EffectId) -> Option<Arc<str>> {
+        self.txs.get(&tx)?.effects.get(effect.0 as usize).map(|e| e.key.clone())
+    }
+
     /// The key of the call `decl` at issuance position `id` of `tx`, and whether it is an
     /// adapter's (engine-wide) key.
     pub(super) fn derive_key(tx: TxId, id: EffectId, decl: &EffectDecl) -> (Arc<str>, bool) {

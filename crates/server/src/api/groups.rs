@@ -7,7 +7,6 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use tidegate_runtime::{TxId, TxOptions};
-use tokio::sync::watch;
 
 use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
@@ -112,33 +111,18 @@ fn live_group(t: &Tenant, id: &str) -> ApiResult<(u64, Arc<LiveGroup>)> {
 }
 
 fn start(state: &AppState, lg: &Arc<LiveGroup>, kind: &'static str, run: GroupRun) -> SettleOp {
-    let mut cur = lg.settle.lock();
-    if let Some(op) = cur.as_ref()
-        && op.kind == kind
-        && !matches!(&*op.done.borrow(), Some(Err(_)))
-    {
-        return op.clone();
-    }
-    let (done_tx, done_rx) = watch::channel(None);
-    let op = SettleOp { kind, done: done_rx };
-    *cur = Some(op.clone());
-    drop(cur);
     let lg2 = lg.clone();
-    state.spawn(async move {
+    let work = async move {
         let r = match run {
             GroupRun::Commit(winner) => lg2.spec.commit_winner(winner).await.map(|_| ()),
             GroupRun::Abort(reason) => lg2.spec.abort(reason).await.map(|_| ()),
         };
-        let result = match r {
+        match r {
             Ok(()) | Err(tidegate_runtime::Error::Aborted(_)) => Ok(()),
             Err(e) => Err(from_runtime(e)),
-        };
-        if result.is_err() {
-            *lg2.settle.lock() = None;
         }
-        let _ = done_tx.send(Some(result));
-    });
-    op
+    };
+    super::wait::start_settle(state, lg, |lg: &LiveGroup| &lg.settle, (kind, false), || {}, work)
 }
 
 enum GroupRun {

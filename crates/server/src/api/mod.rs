@@ -6,6 +6,7 @@
 //!          ─► idempotency (POST + Idempotency-Key) ─► handler (Caller<P> extractor: 401/403)
 //! ```
 
+pub mod effects;
 pub mod extract;
 mod groups;
 mod keys;
@@ -73,6 +74,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(transactions::get))
         .routes(routes!(transactions::read))
         .routes(routes!(transactions::effect))
+        .routes(routes!(effects::result))
         .routes(routes!(transactions::seal))
         .routes(routes!(transactions::commit))
         .routes(routes!(transactions::abort))

@@ -241,6 +241,8 @@ pub fn from_runtime(e: tidegate_runtime::Error) -> ApiError {
         }
         E::InvalidArgument { field, value, expected } => ApiError::invalid(field, value, expected),
         E::UnknownTool { name, .. } => ApiError::invalid("tool", name, "a tool registered with this tenant"),
+        interrupted @ E::CallInterrupted { .. } => ApiError::conflict("call_interrupted", interrupted.to_string()),
+        misuse @ E::TicketMisuse { .. } => ApiError::conflict("ticket_misuse", misuse.to_string()),
         other => ApiError::internal(other.to_string()),
     }
 }

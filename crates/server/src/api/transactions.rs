@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
 use serde_json::Value;
-use tidegate_runtime::{Ack, CallOptions, CommitOptions, TxId, TxOptions};
+use tidegate_runtime::{Ack, CallOptions, CommitOptions, Tool, TxId, TxOptions};
 use tokio::sync::watch;
 
 use super::extract::{ApiJson, ApiPath, ApiQuery, Caller};
@@ -50,12 +50,11 @@ pub(super) fn live_of(t: &Tenant, id: &str) -> ApiResult<(Arc<LiveTx>, TxView)> 
     if let Some(lt) = t.live(tx) {
         return Ok((lt, v));
     }
-    Err(ApiError::conflict(
-        "not_resumable",
-        format!(
-            "transaction {id} was begun before the server restarted; this version cannot act on it (its lease decides)"
-        ),
-    ))
+    // Kept open across a restart (`recover_keeping_open`): resume it through the engine.
+    match t.engine.transaction(tx) {
+        Ok(handle) => Ok((t.resume_live(handle, v.group.map(|g| g.0)), v)),
+        Err(e) => Err(with_tx(t, tx, from_runtime(e))),
+    }
 }
 
 pub(super) fn check_agent(agent: &Option<String>) -> ApiResult<()> {
@@ -98,7 +97,7 @@ fn respond(t: &Tenant, tx: TxId, settled: bool) -> ApiResult<(StatusCode, Json<T
 }
 
 /// Attaches the transaction to an abort error.
-fn with_tx(t: &Tenant, tx: TxId, mut e: ApiError) -> ApiError {
+pub(super) fn with_tx(t: &Tenant, tx: TxId, mut e: ApiError) -> ApiError {
     if e.code == "transaction_aborted"
         && let Some(v) = t.index.view(&*t.store, tx)
     {
@@ -239,7 +238,7 @@ pub async fn read(
 }
 
 /// What an effect call resolved to, before it runs.
-pub(super) struct Planned {
+pub(crate) struct Planned {
     tool: Arc<ServerTool>,
     scopes: Vec<String>,
     args: Value,
@@ -279,14 +278,21 @@ pub(super) fn plan_effect(
     Ok(Planned { tool, scopes, args, key })
 }
 
-/// Runs a planned effect on a server task. Returns the ack.
-pub(super) async fn run_effect(state: &AppState, t: &Tenant, lt: &Arc<LiveTx>, p: Planned) -> ApiResult<Ack> {
+/// The runtime tool, recorded arguments (the envelope with the effect key) and options of a
+/// planned effect.
+pub(super) fn call_parts(t: &Tenant, lt: &LiveTx, p: Planned) -> (Tool, Value, CallOptions) {
     let tx = lt.handle.id();
     let key = p.key.unwrap_or_else(|| format!("{}:{}:{}", ids::tx(&t.tag, tx), p.tool.name, lt.next_seq()));
     let env = envelope(p.args, &key);
-    let handle = lt.handle.clone();
-    let tool = p.tool.tool.clone();
     let opts = CallOptions { key: Some(key), scopes: Some(p.scopes), ..CallOptions::default() };
+    (p.tool.tool.clone(), env, opts)
+}
+
+/// Runs a planned effect on a server task. Returns the ack.
+pub(super) async fn run_effect(state: &AppState, t: &Tenant, lt: &Arc<LiveTx>, p: Planned) -> ApiResult<Ack> {
+    let tx = lt.handle.id();
+    let (tool, env, opts) = call_parts(t, lt, p);
+    let handle = lt.handle.clone();
     let r = state
         .spawn(async move { handle.call_with(&tool, env, opts).await })
         .await
@@ -305,14 +311,16 @@ fn ack_parts(ack: &Ack) -> (AckKind, Option<Value>) {
 }
 
 /// Call a server tool in the transaction: an eager class is executed now through its
-/// `call` capability; a held one is staged or queued and released through it at commit.
+/// `call` capability, or, with `execute: client`, answered with a ticket the client runs and
+/// reports to `result_url`; a held one is staged or queued and released through the `call`
+/// capability at commit.
 #[utoipa::path(
     post, path = "/v1/transactions/{tx}/effects", tag = "transactions", operation_id = "call_effect",
     params(("tx" = String, Path, description = "Transaction id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request return the first response")),
     request_body = EffectIn,
     responses(
-        (status = 200, description = "The acknowledgement", body = EffectAckOut),
+        (status = 200, description = "The acknowledgement, or a client-executed effect's ticket (`ack: execute`)", body = EffectAckOut),
         (status = 409, description = "The call failed and the transaction aborted (`transaction_aborted`, with the transaction), or a protocol violation", body = Problem, content_type = "application/problem+json"),
         (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
         (status = "5XX", description = "Server fault", body = Problem, content_type = "application/problem+json"),
@@ -328,6 +336,9 @@ pub async fn effect(
     let t = &caller.tenant;
     let (lt, _) = live_of(t, &id)?;
     let planned = plan_effect(t, &body.tool, body.args, body.key, body.scopes)?;
+    if body.execute == Some(ExecuteMode::Client) {
+        return super::effects::record(&state, t, &lt, &id, planned).await.map(Json);
+    }
     let ack = run_effect(&state, t, &lt, planned).await?;
     let (kind, output) = ack_parts(&ack);
     let v = t.index.view(&*t.store, lt.handle.id()).ok_or_else(|| ApiError::internal("transaction vanished"))?;
@@ -336,7 +347,7 @@ pub async fn effect(
         .iter()
         .find(|e| e.id == ack.effect())
         .ok_or_else(|| ApiError::internal("the effect is not in the ledger"))?;
-    Ok(Json(EffectAckOut { transaction: id, ack: kind, output, effect: effect_out(rec) }))
+    Ok(Json(EffectAckOut { transaction: id, ack: kind, output, effect: effect_out(rec), result_url: None }))
 }
 
 /// Seal: freeze the footprint.
@@ -360,81 +371,45 @@ pub async fn seal(caller: Caller<TxWrite>, ApiPath(id): ApiPath<String>) -> ApiR
 
 /// Starts (or joins) the commit of a live transaction on a server task.
 pub(super) fn start_commit(state: &AppState, t: &Arc<Tenant>, lt: &Arc<LiveTx>, timeout: Option<Duration>) -> SettleOp {
-    let mut cur = lt.settle.lock();
-    if let Some(op) = cur.as_ref()
-        && !matches!(&*op.done.borrow(), Some(Err(_)))
-    {
-        return op.clone();
-    }
-    let (done_tx, done_rx) = watch::channel(None);
-    let op = SettleOp { kind: "commit", done: done_rx };
-    *cur = Some(op.clone());
-    drop(cur);
     let tx = lt.handle.id();
-    t.index.mark_waiting(tx, true);
-    let (handle, tenant, lt2, metrics) = (lt.handle.clone(), t.clone(), lt.clone(), state.metrics().clone());
-    state.spawn(async move {
+    let (handle, tenant, metrics) = (lt.handle.clone(), t.clone(), state.metrics().clone());
+    let work = async move {
         let started = Instant::now();
-        let r = handle.commit_with(CommitOptions { wait_timeout: timeout }).await;
-        let result = match r {
+        let observe = |result: &str| {
+            metrics
+                .commit_latency
+                .get_or_create(&ResultLabel { result: result.into() })
+                .observe(started.elapsed().as_secs_f64());
+        };
+        match handle.commit_with(CommitOptions { wait_timeout: timeout }).await {
             Ok(_) => {
-                metrics
-                    .commit_latency
-                    .get_or_create(&ResultLabel { result: "committed".into() })
-                    .observe(started.elapsed().as_secs_f64());
+                observe("committed");
                 Ok(())
             }
             Err(tidegate_runtime::Error::Aborted(_)) => {
-                metrics
-                    .commit_latency
-                    .get_or_create(&ResultLabel { result: "aborted".into() })
-                    .observe(started.elapsed().as_secs_f64());
+                observe("aborted");
                 Ok(())
             }
             Err(e) => {
                 tenant.index.mark_waiting(tx, false);
                 Err(from_runtime(e))
             }
-        };
-        if result.is_err() {
-            let mut cur = lt2.settle.lock();
-            if cur.as_ref().is_some_and(|o| o.kind == "commit") {
-                *cur = None;
-            }
         }
-        let _ = done_tx.send(Some(result));
-    });
-    op
+    };
+    let on_start = || t.index.mark_waiting(tx, true);
+    super::wait::start_settle(state, lt, |lt: &LiveTx| &lt.settle, ("commit", true), on_start, work)
 }
 
 /// Starts (or joins) the abort of a live transaction on a server task.
 pub(super) fn start_abort(state: &AppState, lt: &Arc<LiveTx>, reason: String) -> SettleOp {
-    let mut cur = lt.settle.lock();
-    if let Some(op) = cur.as_ref()
-        && op.kind == "abort"
-        && !matches!(&*op.done.borrow(), Some(Err(_)))
-    {
-        return op.clone();
-    }
-    let (done_tx, done_rx) = watch::channel(None);
-    let op = SettleOp { kind: "abort", done: done_rx };
-    *cur = Some(op.clone());
-    drop(cur);
-    let (handle, lt2) = (lt.handle.clone(), lt.clone());
-    state.spawn(async move {
-        let result = match handle.abort(reason).await {
+    let handle = lt.handle.clone();
+    let work = async move {
+        match handle.abort(reason).await {
             Ok(_) | Err(tidegate_runtime::Error::Aborted(_)) => Ok(()),
             Err(e) => Err(from_runtime(e)),
-        };
-        if result.is_err() {
-            let mut cur = lt2.settle.lock();
-            if cur.as_ref().is_some_and(|o| o.kind == "abort") {
-                *cur = None;
-            }
         }
-        let _ = done_tx.send(Some(result));
-    });
-    op
+    };
+    super::wait::start_settle(state, lt, |lt: &LiveTx| &lt.settle, ("abort", false), || {}, work)
 }
 
 /// Commit: runs on a server task (a disconnect does not cancel it); answers when it settled

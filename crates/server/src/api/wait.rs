@@ -10,9 +10,49 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 
 use super::extract::RequestSlot;
-use super::problem::ApiError;
+use super::problem::{ApiError, ApiResult};
 use crate::AppState;
-use crate::tenant::{OpResult, Tenant};
+use crate::tenant::{OpResult, SettleOp, Tenant};
+
+/// Starts a settlement (`kind`: `commit` or `abort`) of a transaction or group on a server
+/// task and records it in its owner's `slot`, or joins the operation already there: any that
+/// has not failed when `join_any` (a commit asked while an abort runs gets the abort's
+/// answer), else one of the same kind. `on_start` runs (synchronously) only when this call
+/// starts the operation. A failed operation is cleared from the slot so that a retry starts
+/// again. The one helper behind transaction and group commits and aborts.
+pub(super) fn start_settle<O: Send + Sync + 'static>(
+    state: &AppState,
+    owner: &Arc<O>,
+    slot: fn(&O) -> &parking_lot::Mutex<Option<SettleOp>>,
+    (kind, join_any): (&'static str, bool),
+    on_start: impl FnOnce(),
+    work: impl std::future::Future<Output = ApiResult<()>> + Send + 'static,
+) -> SettleOp {
+    let mut cur = slot(owner).lock();
+    if let Some(op) = cur.as_ref()
+        && (join_any || op.kind == kind)
+        && !matches!(&*op.done.borrow(), Some(Err(_)))
+    {
+        return op.clone();
+    }
+    let (done_tx, done_rx) = watch::channel(None);
+    let op = SettleOp { kind, done: done_rx };
+    *cur = Some(op.clone());
+    drop(cur);
+    on_start();
+    let owner = owner.clone();
+    state.spawn(async move {
+        let result = work.await;
+        if result.is_err() {
+            let mut cur = slot(&owner).lock();
+            if cur.as_ref().is_some_and(|o| o.kind == kind) {
+                *cur = None;
+            }
+        }
+        let _ = done_tx.send(Some(result));
+    });
+    op
+}
 
 /// Default wait when a request does not say.
 pub const DEFAULT_WAIT_MS: u64 = 30_000;

@@ -141,7 +141,8 @@ pub struct TransactionOut {
     /// The lease deadline set at begin, Unix milliseconds (reads and effects renew it; the
     /// renewal is not in the ledger).
     pub lease_expires_at_ms: u64,
-    /// Whether this server can act on it (false for a transaction begun before a restart).
+    /// Whether this server can act on it (a transaction kept open across a restart is
+    /// resumed by id; false once settled).
     pub resumable: bool,
     /// Reads.
     pub reads: Vec<ReadOut>,
@@ -152,7 +153,8 @@ pub struct TransactionOut {
     pub outcome: Option<OutcomeOut>,
 }
 
-fn status_name(s: EffectStatus) -> &'static str {
+/// The wire name of an effect's status.
+pub fn status_name(s: EffectStatus) -> &'static str {
     match s {
         EffectStatus::InFlight => "in_flight",
         EffectStatus::Executed => "executed",
@@ -214,7 +216,7 @@ pub fn tx_out(tenant: &Tenant, v: &TxView) -> TransactionOut {
         group: v.group.map(|g| ids::format(ids::Kind::Group, &tenant.tag, g.0)),
         may_touch: v.may_touch.clone(),
         lease_expires_at_ms: v.lease_until.0 / 1_000_000,
-        resumable: !settled && tenant.live(v.tx).is_some(),
+        resumable: !settled && (tenant.live(v.tx).is_some() || tenant.engine.transaction(v.tx).is_ok()),
         reads: v.reads.iter().map(|(s, ver)| ReadOut { scope: s.to_string(), version: *ver }).collect(),
         effects: v.effects.iter().map(effect_out).collect(),
         outcome: settled.then(|| OutcomeOut {
@@ -302,6 +304,51 @@ pub struct EffectIn {
     /// Scopes overriding the tool's scope templates.
     #[serde(default)]
     pub scopes: Option<Vec<String>>,
+    /// Who runs an eager effect (default `server`: through the tool's `call` capability).
+    /// `client`: the answer is a ticket (`ack: execute`); the client runs the call under
+    /// the effect's key and reports how it ended to `result_url`. Held classes are
+    /// released at commit through the `call` capability either way.
+    #[serde(default)]
+    pub execute: Option<ExecuteMode>,
+}
+
+/// Who runs an eager effect.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecuteMode {
+    /// The server, through the tool's `call` capability.
+    #[default]
+    Server,
+    /// The client: the server answers a ticket and waits for the result.
+    Client,
+}
+
+/// How a client-executed call ended.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EffectResultIn {
+    /// The call took effect.
+    Done {
+        /// Its output (default `null`), kept for the compensation.
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        output: Option<Value>,
+    },
+    /// The call certainly did not take effect.
+    NotApplied {
+        /// Why (at most 4096 bytes).
+        error: String,
+        /// Whether trying again may succeed (the transaction then aborts retryably,
+        /// `tool_unavailable`; retry the call yourself, under the same key, before reporting).
+        #[serde(default)]
+        retry: bool,
+    },
+    /// The call may or may not have taken effect: the tool's probe capability decides,
+    /// else the transaction aborts and compensates it blind (`unresolved`).
+    Unknown {
+        /// Why (at most 4096 bytes).
+        error: String,
+    },
 }
 
 fn empty_object() -> Value {
@@ -320,6 +367,9 @@ pub enum AckKind {
     Queued,
     /// The key had executed before: the recorded output.
     Replayed,
+    /// Client-executed eager effect (a ticket): run the call now under `effect.key`, then
+    /// POST how it ended to `result_url`.
+    Execute,
 }
 
 /// The acknowledgement of an effect.
@@ -335,6 +385,9 @@ pub struct EffectAckOut {
     pub output: Option<Value>,
     /// The effect as recorded.
     pub effect: EffectOut,
+    /// Where to report the result of a ticket (`ack: execute`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result_url: Option<String>,
 }
 
 /// Commit a transaction.

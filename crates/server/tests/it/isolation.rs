@@ -22,6 +22,7 @@ fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
         "begin_transaction" => Some(json!({"agent": "b"})),
         "read_scope" => Some(json!({"scope": "kv:iso:1"})),
         "call_effect" => Some(json!({"tool": ids.tool, "args": {"id": "1"}})),
+        "report_effect_result" => Some(json!({"status": "done", "output": {}})),
         "commit_transaction" | "abort_transaction" | "abort_group" => Some(json!({"wait_ms": 0})),
         "one_call_transaction" => Some(json!({"tool": ids.tool, "args": {"id": "1"}, "wait_ms": 0})),
         "begin_group" => Some(json!({"branches": 2})),
@@ -69,6 +70,8 @@ fn fill(path: &str, ids: &Ids, control: &Ids) -> (String, String) {
             .replace("{task}", &ids.task)
             .replace("{key}", &ids.key)
             .replace("{name}", name)
+            // Effect 0 of the first tenant's `tx` is an open client-executed ticket.
+            .replace("{effect}", "0")
     };
     (sub(ids), sub(control))
 }
@@ -135,6 +138,18 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
     let r = h.req("POST", "/v1/transactions", Some(&a.agent), Some(json!({"may_touch": ["kv:acme:2"]}))).await;
     let tx = r.body["id"].as_str().unwrap().to_owned();
     h.req("POST", &format!("/v1/transactions/{tx}/reads"), Some(&a.agent), Some(json!({"scope": "kv:acme:2"}))).await;
+    // A client-executed effect whose ticket stays open (its result endpoint is probed below).
+    let rev = json!({"class": "reversible", "scopes": ["kv:acme:{id}"], "call": capability});
+    assert_eq!(h.req("PUT", "/v1/tools/acme-rev", Some(&a.admin), Some(rev)).await.status, 201);
+    let r = h
+        .req(
+            "POST",
+            &format!("/v1/transactions/{tx}/effects"),
+            Some(&a.agent),
+            Some(json!({"tool": "acme-rev", "args": {"id": "2"}, "execute": "client"})),
+        )
+        .await;
+    assert_eq!((r.status, r.body["ack"].as_str()), (200, Some("execute")), "{r:?}");
     let r = h.req("POST", "/v1/groups", Some(&a.agent), Some(json!({"branches": 2, "may_touch": ["kv:acme:g"]}))).await;
     let group = r.body["id"].as_str().unwrap().to_owned();
     let branch = r.body["branches"][0]["id"].as_str().unwrap().to_owned();
@@ -211,6 +226,16 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
     // The first tenant's state is untouched.
     let r = h.req("GET", &format!("/v1/transactions/{tx}"), Some(&a.agent), None).await;
     assert_eq!((r.status, r.body["state"].as_str()), (200, Some("open")), "{r:?}");
+    assert_eq!(r.body["effects"][0]["status"], "in_flight", "the ticket is still open: {r:?}");
+    let r = h
+        .req(
+            "POST",
+            &format!("/v1/transactions/{tx}/effects/0/result"),
+            Some(&a.agent),
+            Some(json!({"status": "done"})),
+        )
+        .await;
+    assert_eq!((r.status, r.body["ack"].as_str()), (200, Some("executed")), "its own tenant reports it: {r:?}");
     let r = h.req("GET", &format!("/v1/groups/{group}"), Some(&a.agent), None).await;
     assert_eq!((r.status, r.body["state"].as_str()), (200, Some("open")), "{r:?}");
     let r = h.req("GET", &format!("/v1/tools/{tool}"), Some(&a.agent), None).await;

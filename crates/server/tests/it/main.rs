@@ -4,6 +4,7 @@
 
 mod api;
 mod bad_input;
+mod client_effects;
 mod common;
 mod crash;
 mod dispatch;

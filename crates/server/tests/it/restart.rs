@@ -36,10 +36,22 @@ async fn acknowledged_commits_and_open_transactions_survive_a_graceful_restart()
     let r = h.req("GET", &format!("/v1/transactions/{done}"), Some(&k.agent), None).await;
     assert_eq!(r.body["state"], "committed", "{r:?}");
     let r = h.req("GET", &format!("/v1/transactions/{open}"), Some(&k.agent), None).await;
-    assert_eq!((r.body["state"].as_str(), r.body["resumable"].as_bool()), (Some("open"), Some(false)), "{r:?}");
-    let r = h.req("POST", &format!("/v1/transactions/{open}/seal"), Some(&k.agent), None).await;
-    assert_eq!((r.status, r.body["code"].as_str()), (409, Some("not_resumable")), "{r:?}");
+    assert_eq!((r.body["state"].as_str(), r.body["resumable"].as_bool()), (Some("open"), Some(true)), "{r:?}");
     assert_eq!(sink.on("send/call").len(), 1, "nothing was sent again");
+    // The open transaction is resumed by id: it takes effects and commits.
+    let r = h
+        .req(
+            "POST",
+            &format!("/v1/transactions/{open}/effects"),
+            Some(&k.agent),
+            Some(json!({"tool": "send", "args": {"id": "b"}})),
+        )
+        .await;
+    assert_eq!((r.status, r.body["ack"].as_str()), (200, Some("queued")), "{r:?}");
+    let r =
+        h.req("POST", &format!("/v1/transactions/{open}/commit"), Some(&k.agent), Some(json!({"seal": true}))).await;
+    assert_eq!((r.status, r.body["state"].as_str()), (200, Some("committed")), "{r:?}");
+    assert_eq!(sink.on("send/call").len(), 2, "the resumed transaction's release");
     // New transactions continue the numbering and tools are still registered.
     let r = h.req("POST", "/v1/calls", Some(&k.agent), Some(json!({"tool": "send", "args": {"id": "c"}}))).await;
     assert_eq!(r.body["transaction"]["state"], "committed", "{r:?}");
