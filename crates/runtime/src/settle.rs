@@ -10,12 +10,35 @@ use crate::engine::Tidegate;
 use crate::{Error, Result};
 
 impl Tidegate {
-    /// Runs `work` in a task of its own and waits for it. Dropping the returned future does
-    /// not cancel the work: settlement never depends on the caller's future staying alive.
+    /// Runs `work` to completion whether or not the returned future stays alive: dropping
+    /// the returned future does not cancel the work, so settlement never depends on the
+    /// caller's future staying alive.
+    ///
+    /// The first poll runs inline, in the caller's task (inside the engine's runtime
+    /// context): work that completes at once (the usual commit on a ledger whose sync is
+    /// immediate) costs no task. Work that has to wait is handed, after that first poll, to a
+    /// task of its own ([`Tidegate::spawn_owned`]) before this future returns `Pending`, so the
+    /// caller can drop it only once the engine owns the rest. (Dropped before its first poll,
+    /// nothing ran, as for any future.)
     pub(crate) async fn detached<T: Send + 'static>(
         &self,
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
+        if self.inner.poisoned.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Store(tidegate_storage::StoreError::Closed));
+        }
+        // Boxed once: moved to a task afterwards without copying the (large) future itself.
+        let mut work = Box::pin(work);
+        let handle = &self.inner.handle;
+        let first = std::future::poll_fn(|cx| {
+            let _rt = handle.enter();
+            std::task::Poll::Ready(work.as_mut().poll(cx))
+        })
+        .await;
+        if let std::task::Poll::Ready(r) = first {
+            return r;
+        }
+        // The work's wakers now point at this task; the spawned task's first poll replaces them.
         match self.spawn_owned(work).await {
             Ok(r) => r,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

@@ -211,7 +211,12 @@ impl Transaction {
         };
         let mut scopes = Vec::with_capacity(texts.len());
         for t in &texts {
-            scopes.push(self.engine.parse_scope(t, &format!("scope of tool `{}`", tool.name()))?);
+            // The field's name is built only for an error (not on every call).
+            let scope = self.engine.inner.scopes.parse(t).map_err(|source| {
+                let field = format!("scope of tool `{}`", tool.name());
+                Error::Engine(tidegate_core::EngineError::Scope { field, source })
+            })?;
+            scopes.push(scope);
         }
         let key: Option<Arc<str>> = opts.key.or_else(|| tool.key(&args)).map(Arc::from);
         let call_id: Option<Arc<str>> = opts.call_id.map(Arc::from);

@@ -219,7 +219,11 @@ impl Replay {
         core.cfg = cfg;
         core.scopes = scopes;
         core.dirty.keep_vacant_nodes();
-        if core.dirty.is_empty() && core.dirty_epochs.is_empty() {
+        if !core.keeps_marks() {
+            // Below L1 no marks are kept; a checkpoint written at L1 or above may hold some.
+            core.dirty = crate::index::ScopeIndex::keeping_vacant_nodes();
+            core.dirty_epochs.clear();
+        } else if core.dirty.is_empty() && core.dirty_epochs.is_empty() {
             // A checkpoint from before dirty marks: rebuild them from the transactions.
             core.rebuild_dirty_marks();
         }

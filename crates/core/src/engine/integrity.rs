@@ -43,7 +43,7 @@ impl Core {
                     return Err(format!("{id} claims {s} but the index does not hold the claim"));
                 }
             }
-            for e in t.effects.iter().filter(|e| Core::marks_dirty(e)) {
+            for e in t.effects.iter().filter(|e| self.keeps_marks() && Core::marks_dirty(e)) {
                 for s in &e.scopes {
                     if !self.dirty.blocked_before(s, Epoch(t.epoch.0 + 1)) {
                         return Err(format!("{id} has an eager effect on {s} but no dirty mark there"));
@@ -58,7 +58,7 @@ impl Core {
         }
         let mut marks: BTreeMap<Epoch, u32> = BTreeMap::new();
         for t in self.txs.values() {
-            for e in t.effects.iter().filter(|e| Core::marks_dirty(e)) {
+            for e in t.effects.iter().filter(|e| self.keeps_marks() && Core::marks_dirty(e)) {
                 *marks.entry(t.epoch).or_insert(0) += e.scopes.len() as u32;
             }
         }

@@ -178,9 +178,15 @@ impl Core {
         })
     }
 
+    /// Whether this engine keeps dirty marks: only the isolation checks of L1 and above read
+    /// them, so below L1 none are placed (an effect then costs no mark and no unmark).
+    pub(super) fn keeps_marks(&self) -> bool {
+        self.cfg.level >= Level::L1
+    }
+
     /// Places the dirty marks of a new effect of the transaction at `epoch`.
     pub(super) fn mark_dirty(&mut self, epoch: Epoch, e: &super::Eff) {
-        if Self::marks_dirty(e) {
+        if self.keeps_marks() && Self::marks_dirty(e) {
             for s in &e.scopes {
                 self.dirty.claim(s, epoch);
                 self.count_mark(epoch, true);
@@ -190,6 +196,9 @@ impl Core {
 
     /// Places every unfinished transaction's dirty marks (a checkpoint written before them).
     pub(super) fn rebuild_dirty_marks(&mut self) {
+        if !self.keeps_marks() {
+            return;
+        }
         let marks: Vec<(Epoch, Scope)> = self
             .txs
             .values()
@@ -212,6 +221,9 @@ impl Core {
     /// them) is stale. (A retracted commit gets its fresh version from [`Core::retract`] at L2
     /// and above; below L2 reading a retracted write is A3, which those levels admit.)
     pub(super) fn settle_marks(&mut self, t: &Tx, committed: bool) {
+        if !self.keeps_marks() {
+            return;
+        }
         let committed = committed || t.lv.stamp.is_some();
         let mut bumped = None;
         for e in t.effects.iter().filter(|e| Self::marks_dirty(e)) {
