@@ -142,7 +142,21 @@ async fn wait_all(
     // The operation first (its refusal is the answer), then every branch.
     let first = branches.first().copied().unwrap_or(TxId(0));
     let mut settled = wait::settle(state, t, first, Some(op.done.clone()), total, slot).await?;
-    let done = op.done.borrow().is_some();
+    // The first branch's record can show it settled a moment before the group operation
+    // reports its end: wait for that report too (within the same deadline), or a group that
+    // has settled would be answered 202.
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let mut done_rx = op.done.clone();
+    let done = match tokio::time::timeout(left, done_rx.wait_for(Option::is_some)).await {
+        Ok(Ok(result)) => {
+            if let Some(Err(e)) = &*result {
+                return Err(e.clone());
+            }
+            true
+        }
+        // Timed out, or the operation's task is gone without a report.
+        _ => op.done.borrow().is_some(),
+    };
     if done {
         for b in branches {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
