@@ -243,7 +243,7 @@ fn the_review_cli_requests_queues_accepts_and_removes_with_its_cascade() {
     refused(&s, &agent, &["accept", &sus], &["HTTP 403", "forbidden"]);
     assert_eq!(ok(&s, &reviewer, &["accept", &sus]), format!("accepted {sus}: now committed\n"));
     assert_eq!(status_of(&s, &agent, &held)["status"], "committed", "released by the acceptance");
-    refused(&s, &reviewer, &["accept", &sus], &["HTTP 409", "not_reviewable", "already final"]);
+    refused(&s, &reviewer, &["accept", &sus], &["HTTP 409", "not_reviewable", &sus, "already final"]);
 
     // Remove: refused without --yes, naming the cascade and changing nothing; then done.
     let e = refused(&s, &reviewer, &["remove", &pay], &["--yes", &ship]);

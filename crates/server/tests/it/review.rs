@@ -112,6 +112,10 @@ async fn review_over_http_survives_a_restart_and_removal_names_its_cascade() {
     assert_eq!((r.status, r.body["transaction"]["status"].as_str()), (200, Some("committed")), "{r:?}");
     let r = h.req("POST", &format!("/v1/review/transactions/{s_id}/remove"), Some(&k.reviewer), None).await;
     assert_eq!((r.status, r.body["code"].as_str()), (409, Some("not_reviewable")), "{r:?}");
+    assert!(
+        r.body["detail"].as_str().unwrap().contains(&format!("transaction {s_id} ")),
+        "names the id as given: {r:?}"
+    );
     let r =
         h.req("GET", &format!("/v1/review/transactions/{}", held["id"].as_str().unwrap()), Some(&k.agent), None).await;
     assert_eq!(r.body["status"], "committed", "released when what it waited for was accepted: {r:?}");
