@@ -158,6 +158,11 @@ fn the_review_cli_requests_queues_accepts_and_removes_with_its_cascade() {
         "registered: withdraw, pay, ship\n"
     );
     assert_eq!(ok(&s, &s.admin, &["templates", "register", &set]), "unchanged: withdraw, pay, ship\n");
+    let mut changed = bank();
+    changed["templates"][0]["steps"][0]["statements"][0]["sql"] =
+        json!("UPDATE account SET balance = 0 WHERE id = :id");
+    let changed = write(dir.path(), "changed.json", &changed.to_string());
+    refused(&s, &s.admin, &["templates", "register", &changed], &["HTTP 400", "`set.templates[0]`", "unchanged"]);
     let list = ok(&s, &agent, &["templates", "list"]);
     assert!(list.starts_with("strategy buffer_suspicious, granularity field\n"), "{list}");
     let broken = write(dir.path(), "broken.json", r#"{"templates": [{"name": "x", "params": [], "steps": "no"}]}"#);
