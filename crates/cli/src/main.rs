@@ -10,6 +10,7 @@ mod demo;
 mod eval;
 mod key;
 mod ledger;
+mod review;
 mod serve;
 mod tenant;
 
@@ -64,6 +65,13 @@ enum Command {
         #[command(subcommand)]
         cmd: key::Cmd,
     },
+    /// Review LLM-generated database transactions on a running server (docs/review.md).
+    Review {
+        #[command(flatten)]
+        conn: review::Conn,
+        #[command(subcommand)]
+        cmd: review::Cmd,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -78,6 +86,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Tenant { cmd } => tenant::run(cmd),
         Command::Key { cmd } => key::run(cmd),
+        Command::Review { conn, cmd } => review::run(conn, cmd),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -203,7 +203,8 @@ async fn with_manager<R: Send + 'static>(
 }
 
 /// As [`with_manager`], for a request naming the transaction `id` (an unknown one is answered
-/// exactly as an id of another tenant: 404 naming the id as given).
+/// exactly as an id of another tenant: 404 naming the id as given; a refused review names the
+/// id as given, not the manager's internal number).
 async fn with_manager_for<R: Send + 'static>(
     tenant: &Arc<Tenant>,
     id: Option<&str>,
@@ -216,6 +217,9 @@ async fn with_manager_for<R: Send + 'static>(
     r.map_err(|e| match (e, id) {
         (ReviewFailure::Review(tidegate_review::Error::UnknownTx(_)), Some(id)) => {
             ApiError::not_found("review transaction", id)
+        }
+        (ReviewFailure::Review(tidegate_review::Error::Review { reason, .. }), Some(id)) => {
+            ApiError::conflict("not_reviewable", format!("transaction {id} cannot be reviewed: {reason}"))
         }
         (e, _) => failure(e),
     })

@@ -112,6 +112,10 @@ async fn review_over_http_survives_a_restart_and_removal_names_its_cascade() {
     assert_eq!((r.status, r.body["transaction"]["status"].as_str()), (200, Some("committed")), "{r:?}");
     let r = h.req("POST", &format!("/v1/review/transactions/{s_id}/remove"), Some(&k.reviewer), None).await;
     assert_eq!((r.status, r.body["code"].as_str()), (409, Some("not_reviewable")), "{r:?}");
+    assert!(
+        r.body["detail"].as_str().unwrap().contains(&format!("transaction {s_id} ")),
+        "names the id as given: {r:?}"
+    );
     let r =
         h.req("GET", &format!("/v1/review/transactions/{}", held["id"].as_str().unwrap()), Some(&k.agent), None).await;
     assert_eq!(r.body["status"], "committed", "released when what it waited for was accepted: {r:?}");
@@ -291,4 +295,109 @@ async fn a_manager_over_a_ledger_log_is_rebuilt_after_a_kill_without_running_sql
     })
     .await
     .unwrap();
+}
+
+fn pg_url() -> String {
+    std::env::var("TIDEGATE_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// `url` with its connections' `search_path` set to `schema` (so that a test's tables and the
+/// manager's marker table stay in a schema of its own).
+fn in_schema(url: &str, schema: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-csearch_path%3D{schema}")
+}
+
+/// Runs `f` on a PostgreSQL connection whose `search_path` is `schema` (created if missing),
+/// off the async runtime (the blocking client runs its own).
+async fn on_pg<R: Send + 'static>(
+    schema: &str,
+    f: impl FnOnce(&mut tidegate_review::PgDatabase) -> R + Send + 'static,
+) -> Result<R, String> {
+    let schema = schema.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut db = tidegate_review::PgDatabase::connect(&pg_url(), Some(&schema)).map_err(|e| e.to_string())?;
+        Ok(f(&mut db))
+    })
+    .await
+    .unwrap()
+}
+
+const PG_SCHEMA: &str =
+    "CREATE TABLE IF NOT EXISTS account (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL CHECK (balance >= 0));
+CREATE TABLE IF NOT EXISTS payment (order_id BIGINT PRIMARY KEY, amount BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS shipment (order_id BIGINT PRIMARY KEY);
+INSERT INTO account VALUES (1, 100), (2, 100) ON CONFLICT DO NOTHING;";
+
+/// The endpoints on PostgreSQL (`review.database` = `$TIDEGATE_PG_URL`, default
+/// postgres://postgres@127.0.0.1:5432/test) in a schema of this run's own: a held request
+/// released by an acceptance, and a removal that cascades to the shipment built on the
+/// payment; the rows are read back from PostgreSQL. Skipped with a message when no server
+/// answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_over_http_on_postgres_accepts_and_removes_with_its_cascade() {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let schema = format!("tg_review_http_{}_{nanos}", std::process::id());
+    if let Err(e) = on_pg(&schema, |_| ()).await {
+        eprintln!("SKIPPED: no PostgreSQL at {} ({e}); set TIDEGATE_PG_URL to run this test", pg_url());
+        return;
+    }
+    let url = in_schema(&pg_url(), &schema);
+    let h = Harness::memory(|c| c.review.database = url).await;
+    let (_, k) = h.tenant("acme");
+    let r = h
+        .req("POST", "/v1/review/templates", Some(&k.operator), Some(json!({"set": bank(), "schema": PG_SCHEMA})))
+        .await;
+    assert_eq!(r.status, 201, "{r:?}");
+
+    let sus = request(&h, &k.agent, "withdraw", json!({"id": 1, "amount": 70}), true).await;
+    let s_id = sus["id"].as_str().unwrap().to_owned();
+    let held = request(&h, &k.agent, "withdraw", json!({"id": 1, "amount": 20}), false).await;
+    assert_eq!((held["status"].as_str(), &held["waits_for"]), (Some("held"), &json!([s_id])));
+    let pay = request(&h, &k.agent, "pay", json!({"order_id": 9, "amount": 5}), true).await;
+    let p_id = pay["id"].as_str().unwrap().to_owned();
+    let ship = request(&h, &k.agent, "ship", json!({"order_id": 9}), false).await;
+    assert_eq!((ship["status"].as_str(), &ship["waits_for"]), (Some("held"), &json!([p_id])));
+    let bad = h
+        .req(
+            "POST",
+            "/v1/review/transactions",
+            Some(&k.agent),
+            Some(json!({"template": "withdraw", "params": {"id": 1}})),
+        )
+        .await;
+    assert_eq!((bad.status, bad.body["field"].as_str()), (400, Some("params.amount")), "{bad:?}");
+
+    let r = h.req("POST", &format!("/v1/review/transactions/{s_id}/accept"), Some(&k.reviewer), None).await;
+    assert_eq!((r.status, r.body["transaction"]["status"].as_str()), (200, Some("committed")), "{r:?}");
+    let r =
+        h.req("GET", &format!("/v1/review/transactions/{}", held["id"].as_str().unwrap()), Some(&k.agent), None).await;
+    assert_eq!(r.body["status"], "committed", "released by the acceptance: {r:?}");
+    let r = h.req("POST", &format!("/v1/review/transactions/{p_id}/remove"), Some(&k.reviewer), None).await;
+    assert_eq!((r.status, r.body["transaction"]["status"].as_str()), (200, Some("removed")), "{r:?}");
+    assert_eq!(r.body["cascaded"], json!([ship["id"]]), "{r:?}");
+    let r = h.req("GET", "/v1/review/queue", Some(&k.reviewer), None).await;
+    assert_eq!(r.body["total"], 0, "{r:?}");
+    h.stop().await;
+
+    let (balance, payments, shipments, markers) = on_pg(&schema, |db| {
+        let one = |db: &mut tidegate_review::PgDatabase, sql: &str| db.query(sql, &[]).unwrap()[0][0].1.clone();
+        (
+            one(db, "SELECT balance FROM account WHERE id = 1"),
+            one(db, "SELECT COUNT(*) FROM payment"),
+            one(db, "SELECT COUNT(*) FROM shipment"),
+            one(db, "SELECT COUNT(*) FROM tidegate_review_applied"),
+        )
+    })
+    .await
+    .unwrap();
+    let drop_schema = schema.clone();
+    on_pg(&schema, move |db| db.drop_schema(&drop_schema).unwrap()).await.unwrap();
+    assert_eq!(balance, SqlValue::Int(10), "both withdrawals ran exactly once");
+    assert_eq!(
+        (payments, shipments),
+        (SqlValue::Int(0), SqlValue::Int(0)),
+        "the removed payment and its shipment never ran"
+    );
+    assert!(matches!(markers, SqlValue::Int(n) if n >= 2), "the marker table is in this run's schema: {markers:?}");
 }
