@@ -71,6 +71,10 @@ pub struct ReviewTenant {
     pub strategy: Option<tidegate_review::Strategy>,
     /// As `review.granularity`; default: that.
     pub granularity: Option<tidegate_review::Granularity>,
+    /// PostgreSQL only: the schema the tenant's tables and marker table live in (created if
+    /// missing; letters, digits and `_`, at most 63 bytes). Default: derived from the tenant's
+    /// name ([`ReviewSection::pg_schema`]), so tenants sharing one database never share tables.
+    pub schema: Option<String>,
 }
 
 /// Where a tenant's review database is.
@@ -99,6 +103,24 @@ impl ReviewSection {
         } else {
             Err(format!("`{text}`: expected empty, `sqlite:PATH` or a `postgres://` URL"))
         }
+    }
+
+    /// The PostgreSQL schema of `tenant`: its `schema` key, else `tidegate_review_` followed
+    /// by the name (up to 30 bytes, `-` written `_`) and 8 hex digits of a hash of the whole
+    /// name, so two tenants never get one schema and the name fits PostgreSQL's 63 bytes.
+    pub fn pg_schema(&self, tenant: &str) -> Result<String, String> {
+        if let Some(s) = self.tenants.get(tenant).and_then(|t| t.schema.clone()) {
+            if s.is_empty() || s.len() > 63 || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!("review.tenants.{tenant}.schema `{s}`: expected 1 to 63 letters, digits and `_`"));
+            }
+            return Ok(s);
+        }
+        let mut h: u32 = 0x811c_9dc5;
+        for b in tenant.bytes() {
+            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        }
+        let short: String = tenant.chars().take(30).map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        Ok(format!("tidegate_review_{short}_{h:08x}"))
     }
 
     /// The database, strategy and granularity of `tenant`.
@@ -360,6 +382,9 @@ impl Config {
         for (name, t) in &self.review.tenants {
             if let Err(detail) = ReviewSection::parse_database(&t.database) {
                 return bad(&format!("review.tenants.{name}.database"), detail);
+            }
+            if let Err(detail) = self.review.pg_schema(name) {
+                return bad(&format!("review.tenants.{name}.schema"), detail);
             }
         }
         if self.engine.lease_ms == 0 {

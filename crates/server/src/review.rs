@@ -118,7 +118,12 @@ pub fn open(engine: &Tidegate, place: &ReviewPlace) -> Result<Manager, ReviewFai
             None => Box::new(SqliteDatabase::memory()?),
         },
         ReviewDatabase::Sqlite(path) => Box::new(SqliteDatabase::open(&path)?),
-        ReviewDatabase::Postgres(url) => Box::new(tidegate_review::PgDatabase::connect(&url, None)?),
+        ReviewDatabase::Postgres(url) => {
+            // Each tenant in a schema of its own: tenants sharing one database never share
+            // tables or the marker table (whose rows are keyed by the tenant's numbers).
+            let schema = place.config.pg_schema(&place.tenant).map_err(ReviewFailure::Config)?;
+            Box::new(tidegate_review::PgDatabase::connect(&url, Some(&schema))?)
+        }
     };
     let log = LedgerLog::new(engine.clone(), STREAM);
     Ok(Manager::open(TemplateSet::default(), db, Box::new(log), Options { strategy, granularity })?)

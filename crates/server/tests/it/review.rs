@@ -301,13 +301,6 @@ fn pg_url() -> String {
     std::env::var("TIDEGATE_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
-/// `url` with its connections' `search_path` set to `schema` (so that a test's tables and the
-/// manager's marker table stay in a schema of its own).
-fn in_schema(url: &str, schema: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}options=-csearch_path%3D{schema}")
-}
-
 /// Runs `f` on a PostgreSQL connection whose `search_path` is `schema` (created if missing),
 /// off the async runtime (the blocking client runs its own).
 async fn on_pg<R: Send + 'static>(
@@ -342,8 +335,15 @@ async fn review_over_http_on_postgres_accepts_and_removes_with_its_cascade() {
         eprintln!("SKIPPED: no PostgreSQL at {} ({e}); set TIDEGATE_PG_URL to run this test", pg_url());
         return;
     }
-    let url = in_schema(&pg_url(), &schema);
-    let h = Harness::memory(|c| c.review.database = url).await;
+    let own = schema.clone();
+    let h = Harness::memory(move |c| {
+        c.review.database = pg_url();
+        c.review.tenants.insert(
+            "acme".into(),
+            tidegate_server::config::ReviewTenant { database: pg_url(), schema: Some(own), ..Default::default() },
+        );
+    })
+    .await;
     let (_, k) = h.tenant("acme");
     let r = h
         .req("POST", "/v1/review/templates", Some(&k.operator), Some(json!({"set": bank(), "schema": PG_SCHEMA})))
@@ -378,7 +378,27 @@ async fn review_over_http_on_postgres_accepts_and_removes_with_its_cascade() {
     assert_eq!(r.body["cascaded"], json!([ship["id"]]), "{r:?}");
     let r = h.req("GET", "/v1/review/queue", Some(&k.reviewer), None).await;
     assert_eq!(r.body["total"], 0, "{r:?}");
+
+    // A second tenant on the same database, with no schema configured, gets a schema of its
+    // own (derived from its name): its tables are not the first tenant's.
+    let beta = format!("beta-{}", nanos % 1_000_000_000);
+    let (_, kb) = h.tenant(&beta);
+    let r = h
+        .req("POST", "/v1/review/templates", Some(&kb.operator), Some(json!({"set": bank(), "schema": PG_SCHEMA})))
+        .await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let w = request(&h, &kb.agent, "withdraw", json!({"id": 1, "amount": 1}), false).await;
+    assert_eq!(w["status"], "committed", "{w:?}");
     h.stop().await;
+    let beta_schema = tidegate_server::config::ReviewSection::default().pg_schema(&beta).unwrap();
+    assert_ne!(beta_schema, schema);
+    let beta_balance =
+        on_pg(&beta_schema, |db| db.query("SELECT balance FROM account WHERE id = 1", &[]).unwrap()[0][0].1.clone())
+            .await
+            .unwrap();
+    let drop_beta = beta_schema.clone();
+    on_pg(&beta_schema, move |db| db.drop_schema(&drop_beta).unwrap()).await.unwrap();
+    assert_eq!(beta_balance, SqlValue::Int(99), "the second tenant's withdrawal ran on its own table");
 
     let (balance, payments, shipments, markers) = on_pg(&schema, |db| {
         let one = |db: &mut tidegate_review::PgDatabase, sql: &str| db.query(sql, &[]).unwrap()[0][0].1.clone();
