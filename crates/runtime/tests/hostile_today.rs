@@ -21,6 +21,8 @@ use tokio::sync::Notify;
 /// What reached the provider, and a gate a handler may wait at.
 #[derive(Default)]
 struct Provider {
+    /// Handler entries (before any panic or gate).
+    entries: AtomicU32,
     calls: AtomicU32,
     comps: AtomicU32,
     /// Signalled when a gated handler has been entered.
@@ -46,6 +48,7 @@ fn tool(name: &str, class: EffectClass, p: &Arc<Provider>, mode: Mode) -> Tool {
         move |a: Arc<Value>| {
             let p = p1.clone();
             async move {
+                p.entries.fetch_add(1, Ordering::SeqCst);
                 match mode {
                     Mode::Gate => {
                         p.entered.notify_one();
@@ -190,6 +193,7 @@ async fn a_release_handler_that_panics_during_the_inline_poll_settles_the_transa
     .await;
     assert!(r.is_ok(), "a handler's panic must not unwind through the caller's commit");
     let _ = settled(&tg, tx.id()).await;
+    assert_eq!(p.entries.load(Ordering::SeqCst), 1, "a release whose outcome is unknown is never fired again");
     tg.check_integrity().unwrap();
     // The engine still works.
     let tx2 = tg.begin_with(TxOptions::agent("b").may_touch(["h:e2"])).unwrap();
@@ -281,7 +285,104 @@ async fn stop_racing_a_pending_settlement_is_finished_by_the_next_open() {
     again.check_integrity().unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_handler_that_calls_back_into_the_engine_during_the_inline_poll_does_not_deadlock() {
+    let tg = Tidegate::in_memory().unwrap();
+    let seen = Arc::new(AtomicU32::new(0));
+    let (tg2, seen2) = (tg.clone(), seen.clone());
+    let mail = Tool::builder("mail", EffectClass::Gated)
+        .scope(|_a: &Value| "h:e1".to_owned())
+        .call(move |_a: Arc<Value>| {
+            let (tg, seen) = (tg2.clone(), seen2.clone());
+            async move {
+                // Re-entering the engine from a release: its lock must not be held here.
+                tg.append_extension("from-release", json!(1))
+                    .await
+                    .map_err(|e| tidegate_runtime::ToolError::failed(e.to_string()))?;
+                let _ = tg.version("h:e1");
+                let inner = tg.begin_with(TxOptions::agent("nested").may_touch(["h:other"])).unwrap();
+                inner.abort("nested").await.unwrap();
+                seen.fetch_add(1, Ordering::SeqCst);
+                Ok(json!("sent"))
+            }
+        })
+        .build()
+        .unwrap();
+    let tx = gated_tx(&tg);
+    tx.call(&mail, json!({"id": "e1"})).await.unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), tx.seal_and_commit()).await.expect("deadlock").unwrap();
+    assert!(out.committed && out.is_clean(), "{out:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    assert_eq!(tg.extension_records("from-release").unwrap().len(), 1);
+    tg.check_integrity().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_during_an_inline_release_that_blocks_its_thread_never_fires_it_twice() {
+    let store = Arc::new(MemoryStore::new());
+    let p = Arc::new(Provider::default());
+    let tg = Tidegate::builder().store(store.clone()).build().unwrap();
+    let slow = tool("slow", EffectClass::Gated, &p, Mode::Block);
+    let tx = gated_tx(&tg);
+    let id = tx.id();
+    tx.call(&slow, json!({"id": "e1"})).await.unwrap();
+    tx.seal().unwrap();
+    let commit = tokio::spawn(async move { tx.commit().await });
+    while p.entries.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The release is inside its (blocking) inline poll on the other worker.
+    tg.stop();
+    let r = tokio::time::timeout(Duration::from_secs(20), commit).await.expect("commit hung").unwrap();
+    assert!(r.is_ok() || matches!(r, Err(Error::Store(_))), "{r:?}");
+    drop(tg);
+    let again = Tidegate::builder().store(store).build().unwrap();
+    again.register(&tool("slow", EffectClass::Gated, &p, Mode::Plain)).unwrap();
+    again.recover().await.unwrap();
+    settled_after_reopen(&again, id).await;
+    assert_eq!(p.entries.load(Ordering::SeqCst), 1, "released at most once across the stop and the reopen");
+    again.check_integrity().unwrap();
+}
+
 // ---------------------------------------------------------------- 2. the two-step protocol
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_future_dropped_while_the_probe_runs_leaves_the_ticket_pending_and_its_drop_settles() {
+    let (tg, p) = (Tidegate::in_memory().unwrap(), Arc::new(Provider::default()));
+    let p2 = p.clone();
+    let h = Tool::builder("hotel", EffectClass::Reversible)
+        .scope(|_a: &Value| "h:w1".to_owned())
+        .call(|_a: Arc<Value>| async { Ok(json!("engine call")) })
+        .compensate({
+            let p = p.clone();
+            move |_a: Arc<Value>, _o: Arc<Value>| {
+                let p = p.clone();
+                async move {
+                    p.comps.fetch_add(1, Ordering::SeqCst);
+                    Ok(Compensation::clean())
+                }
+            }
+        })
+        .probe(move |_a: Arc<Value>| {
+            let p = p2.clone();
+            async move {
+                p.entered.notify_one();
+                p.go.notified().await;
+                tidegate_runtime::Probe::Happened(json!("probed"))
+            }
+        })
+        .build()
+        .unwrap();
+    let tx = tg.begin("a").unwrap();
+    let mut t = tx.record(&h, json!({"id": "w1"}), CallOptions::default()).await.unwrap();
+    assert!(t.report(CallOutcome::unknown("timeout")).now_or_never().is_none(), "the probe waits at the gate");
+    assert!(t.pending(), "a report dropped mid-probe leaves the ticket pending");
+    p.go.notify_one();
+    drop(t);
+    assert!(!settled(&tg, tx.id()).await, "the drop reports unknown: the transaction aborts");
+    assert_eq!(p.comps.load(Ordering::SeqCst), 1, "compensated blind exactly once");
+    tg.check_integrity().unwrap();
+}
 
 fn hotel(p: &Arc<Provider>) -> Tool {
     tool("hotel", EffectClass::Reversible, p, Mode::Plain)
