@@ -15,6 +15,38 @@ use crate::error::{Error, Result};
 /// The longest stream name accepted, in bytes.
 pub const MAX_STREAM_BYTES: usize = 200;
 
+/// The largest record body accepted, in bytes of its JSON text (4 MiB). Every start of a
+/// component reads its whole stream back, so a record is meant to be a fact, not a payload.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// Counts the bytes of a JSON text without keeping them.
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        if self.0 > MAX_BODY_BYTES {
+            return Err(std::io::Error::other("over the limit"));
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn check_body(body: &Value) -> Result<()> {
+    let mut n = Counter(0);
+    if serde_json::to_writer(&mut n, body).is_err() {
+        return Err(Error::InvalidArgument {
+            field: "body",
+            value: format!("a JSON body of more than {} bytes", n.0),
+            expected: "at most 4 MiB (4,194,304 bytes) of JSON text (extension::MAX_BODY_BYTES)",
+        });
+    }
+    Ok(())
+}
+
 fn stream_name(stream: &str) -> Result<Arc<str>> {
     if stream.is_empty() || stream.len() > MAX_STREAM_BYTES || stream.chars().any(char::is_control) {
         return Err(Error::InvalidArgument {
@@ -29,6 +61,7 @@ fn stream_name(stream: &str) -> Result<Arc<str>> {
 impl Tidegate {
     fn record_extension(&self, stream: &str, body: Value) -> Result<Lsn> {
         let stream = stream_name(stream)?;
+        check_body(&body)?;
         let body = Arc::new(body);
         let ((), lsn) = self.with_core(|c| {
             c.record_extension(stream, body);

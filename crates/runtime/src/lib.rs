@@ -34,7 +34,7 @@ pub mod checkpoint;
 mod clock;
 mod engine;
 mod error;
-mod extension;
+pub mod extension;
 mod group;
 pub mod hooks;
 mod policy;

@@ -662,15 +662,22 @@ async fn two_handles_of_one_transaction_abort_and_commit_at_once_settle_once() {
 // ---------------------------------------------------------------- 3. extension records
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "FINDING: append_extension accepts a body of any size (64 MiB here) with no limit and no error naming one, while effect arguments are capped at max_args_bytes (1 MiB)"]
 async fn a_huge_extension_body_is_refused_with_an_error_naming_the_limit() {
+    // Found by this file: a 64 MiB body was accepted. The limit is 4 MiB of JSON text.
     let tg = Tidegate::in_memory().unwrap();
     let body = json!({"blob": "x".repeat(64 << 20)});
     match tg.append_extension("review", body).await {
-        Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "body"),
-        Err(Error::Engine(e)) => assert!(e.to_string().contains("max"), "{e}"),
+        Err(e @ Error::InvalidArgument { field: "body", .. }) => assert!(e.to_string().contains("4 MiB"), "{e}"),
         other => panic!("a 64 MiB extension body was accepted: {:?}", other.map(|_| ())),
     }
+    let just_over = json!("x".repeat(tidegate_runtime::extension::MAX_BODY_BYTES));
+    assert!(matches!(
+        tg.append_extension("review", just_over).await,
+        Err(Error::InvalidArgument { field: "body", .. })
+    ));
+    let just_under = json!("x".repeat(tidegate_runtime::extension::MAX_BODY_BYTES - 2));
+    tg.append_extension("review", just_under).await.unwrap();
+    assert_eq!(tg.extension_records("review").unwrap().len(), 1, "nothing of the refused ones was kept");
 }
 
 fn tempdir(tag: &str) -> std::path::PathBuf {
