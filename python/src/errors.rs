@@ -45,6 +45,13 @@ fn classify(err: &Error) -> (&'static str, String) {
             EngineError::Settled { .. } => ("WrongState", "settled".into()),
             EngineError::UnknownTx { .. } => ("WrongState", "unknown_tx".into()),
             EngineError::WrongState { .. } => ("WrongState", "wrong_state".into()),
+            // A key names one call: reusing it for another is bad input (`argument` = key).
+            EngineError::KeyReused { .. } => ("InvalidArgument", "key_reused".into()),
+            EngineError::ArgsTooLarge { .. } => ("InvalidArgument", "args_too_large".into()),
+            // Pessimistic locking aborted the transaction; retryable (`retryable` says so).
+            EngineError::LockConflict { .. } => ("Aborted", "lock_conflict".into()),
+            EngineError::Exhausted { .. } => ("StoreError", "exhausted".into()),
+            // EngineError is non-exhaustive: a variant added later is named by its kind.
             _ => ("TidegateError", "engine".into()),
         },
         Error::Finished { .. } => ("WrongState", "settled".into()),
@@ -52,6 +59,11 @@ fn classify(err: &Error) -> (&'static str, String) {
         Error::InvalidArgument { .. } => ("InvalidArgument", "invalid_argument".into()),
         Error::UnknownTool { .. } => ("UnknownTool", "unknown_tool".into()),
         Error::CallInterrupted { .. } => ("WrongState", "settled".into()),
+        // A ticket reported twice, for a held effect, or to another transaction: the
+        // operation does not fit the ticket's state; nothing was recorded.
+        Error::TicketMisuse { .. } => ("WrongState", "ticket_misuse".into()),
+        Error::Trace { .. } => ("TidegateError", "trace".into()),
+        // Error is non-exhaustive: a variant added later is a plain TidegateError.
         _ => ("TidegateError", "engine".into()),
     }
 }
@@ -61,6 +73,8 @@ fn argument_of(err: &Error) -> Option<String> {
     let field = match err {
         Error::Engine(EngineError::Scope { field, .. }) => field.as_str(),
         Error::Engine(EngineError::InvalidArgument { field, .. }) | Error::InvalidArgument { field, .. } => field,
+        Error::Engine(EngineError::KeyReused { .. }) => "key",
+        Error::Engine(EngineError::ArgsTooLarge { .. }) => "args",
         _ => return None,
     };
     Some(field.split(['[', ' ']).next().unwrap_or(field).to_owned())
@@ -107,4 +121,34 @@ pub(crate) fn invalid(py: Python<'_>, field: &str, value: &str, expected: &str) 
         Ok(PyErr::from_value(cls.call((msg.clone(),), Some(&kw))?))
     })();
     made.unwrap_or_else(|e| e)
+}
+
+#[cfg(test)]
+mod tests {
+    use tidegate_core::{EffectId, TxId};
+
+    use super::*;
+
+    #[test]
+    fn every_runtime_error_has_its_own_class_and_kind() {
+        let misuse = Error::TicketMisuse { tx: TxId(3), effect: EffectId(0), detail: "reported twice".into() };
+        assert_eq!(classify(&misuse), ("WrongState", "ticket_misuse".to_owned()));
+        let trace = Error::Trace { path: "t.jsonl".into(), source: std::io::Error::other("disk full") };
+        assert_eq!(classify(&trace), ("TidegateError", "trace".to_owned()));
+        let reused = Error::Engine(EngineError::KeyReused {
+            key: "k".into(),
+            first: "a".into(),
+            this: "b".into(),
+            differs: "tool".into(),
+        });
+        assert_eq!(classify(&reused), ("InvalidArgument", "key_reused".to_owned()));
+        assert_eq!(argument_of(&reused).as_deref(), Some("key"));
+        let big = Error::Engine(EngineError::ArgsTooLarge { tool: "t".into(), bytes: 9, limit: 1 });
+        assert_eq!(classify(&big), ("InvalidArgument", "args_too_large".to_owned()));
+        assert_eq!(argument_of(&big).as_deref(), Some("args"));
+        let lock = Error::Engine(EngineError::LockConflict { tx: TxId(1), scope: "kv:a".into() });
+        assert_eq!(classify(&lock), ("Aborted", "lock_conflict".to_owned()));
+        let ex = Error::Engine(EngineError::Exhausted { counter: "epoch", value: u64::MAX });
+        assert_eq!(classify(&ex), ("StoreError", "exhausted".to_owned()));
+    }
 }

@@ -293,19 +293,238 @@ def seat_after_effect(seat: str) -> str:
     raise TimeoutError("the reply timed out")
 
 
-def test_an_ordinary_exception_in_a_worker_is_an_unknown_outcome(client: tidegate.Client) -> None:
-    # Issue 10 item 8 through the worker loop: reported "unknown", so the server, which has no
-    # probe to ask, aborts and compensates it blind, and tags it unresolved (never clean).
+def test_an_ordinary_exception_of_an_eager_tool_is_an_unknown_outcome(client: tidegate.Client) -> None:
+    # Issue 10 item 8 through a ticket: the call runs in the caller, which reports "unknown",
+    # so the server, which has no probe to ask, aborts and compensates it blind (through the
+    # worker thread), and tags it unresolved (never clean). As in process, ToolFailed carries
+    # the tool's exception as its cause.
     applied.clear()
     seat = unique("9F")
     with pytest.raises(tidegate.ToolFailed) as e:
         with client.transaction(may_touch=[f"air:seat:{seat}"]):
             seat_after_effect(seat)
     assert "timed out" in str(e.value)
+    assert isinstance(e.value.__cause__, TimeoutError), repr(e.value.__cause__)
     o = e.value.outcome
     assert o is not None and not o.committed and not o.is_clean
     assert o.effects[0].tag == "unresolved", o
     assert applied == [("do", seat), ("undo", seat, None)], "called once, undone once"
+
+
+# -- eager tools of this process run in the caller, through tickets ---------------------------
+
+where: List[Tuple[str, int]] = []
+
+
+@tidegate.tool(
+    scope=lambda slot, **_: f"kv:py:slot:{slot}",
+    effect="reversible",
+    compensate=lambda result, slot, call_id, **_: where.append(("undo", call_id)),
+)
+def reserve(slot: str, call_id: str) -> str:
+    where.append(("do", threading.get_ident()))
+    where.append(("id", call_id))
+    return f"R-{slot}"
+
+
+def metric(client: tidegate.Client, name: str) -> float:
+    text = client._http.get("/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_an_eager_tool_runs_in_the_caller_through_a_ticket_under_the_effect_key(client: tidegate.Client) -> None:
+    where.clear()
+    slot = unique("s")
+    tickets = metric(client, "tidegate_client_tickets_total")
+    done = metric(client, 'tidegate_client_results_total{result="done"}')
+    with client.transaction(may_touch=[f"kv:py:slot:{slot}"]) as tx:
+        assert reserve(slot) == f"R-{slot}"
+    assert tx.outcome is not None and tx.outcome.committed and tx.outcome.is_clean
+    # It ran on this thread (not the worker thread), under the key the server recorded.
+    assert where[0] == ("do", threading.get_ident()), where
+    v = client.get(tx.remote_id or "")
+    [effect] = v["effects"]
+    assert where[1] == ("id", effect["key"]) and effect["status"] == "executed" and effect["output"] == f"R-{slot}"
+    assert metric(client, "tidegate_client_tickets_total") == tickets + 1
+    assert metric(client, 'tidegate_client_results_total{result="done"}') == done + 1
+
+    # Aborted afterwards: the worker thread compensates it with the same call id.
+    where.clear()
+    slot2 = unique("s")
+    with pytest.raises(RuntimeError):
+        with client.transaction(may_touch=[f"kv:py:slot:{slot2}"]) as tx2:
+            reserve(slot2)
+            raise RuntimeError("changed my mind")
+    assert tx2.outcome is not None and tx2.outcome.tags == {0: "clean"}
+    assert where[2] == ("undo", where[1][1]), where
+
+
+@tidegate.tool(scope="kv:py:gateway", effect="reversible")
+def push_busy(n: int) -> int:
+    raise tidegate.NotApplied("503 before processing", retry=True)
+
+
+def test_not_applied_with_retry_aborts_retryably(client: tidegate.Client) -> None:
+    with pytest.raises(tidegate.ToolFailed) as e:
+        with client.transaction(may_touch=["kv:py:gateway"]):
+            push_busy(1)
+    assert e.value.retryable and e.value.outcome is not None
+    assert e.value.outcome.reason_kind == "tool_unavailable", e.value.outcome
+    assert isinstance(e.value.__cause__, tidegate.NotApplied)
+    assert e.value.outcome.effects[0].tag == "clean", "not applied: nothing to undo"
+
+
+busy: List[str] = []
+
+
+@tidegate.tool(scope=lambda to, **_: f"mail:busy:{to}", effect="gated")
+def send_when_free(to: str) -> str:
+    busy.append(to)
+    if len(busy) < 3:
+        raise tidegate.NotApplied("the mail relay is busy", retry=True)
+    return f"sent to {to}"
+
+
+def test_a_release_not_applied_with_retry_is_queued_again_under_the_capability_policy(client: tidegate.Client) -> None:
+    # The worker reports not_applied with retry: the server queues the task again (same key)
+    # within the capability's attempts (default 4), so the third try commits.
+    busy.clear()
+    to = unique("u")
+    with client.transaction(may_touch=[f"mail:busy:{to}"]) as tx:
+        held = send_when_free(to)
+    assert tx.outcome is not None and tx.outcome.committed and tx.outcome.is_clean, tx.outcome
+    assert busy == [to, to, to] and held.result == f"sent to {to}"
+
+
+def test_ticket_refusals_are_wrong_state(client: tidegate.Client) -> None:
+    slot = unique("s")
+    tx = client.begin(may_touch=[f"kv:py:slot:{slot}"])
+    ticket = tx._record(reserve, (), {"slot": slot}, None, None)
+    tx._report(ticket, {"status": "done", "output": "R"}, None)
+    # The same result again is the same answer; another one is a conflict.
+    assert tx._report(ticket, {"status": "done", "output": "R"}, None) == (None, "R")
+    with pytest.raises(tidegate.WrongState) as e:
+        tx._report(ticket, {"status": "unknown", "error": "x"}, None)
+    assert e.value.kind == "result_conflict"
+    held = tx._record(notify, (), {"to": slot, "text": "t"}, None, None)
+    assert isinstance(held, tidegate.Held)
+    with pytest.raises(tidegate.WrongState) as e:
+        client._request("POST", f"/v1/transactions/{tx.remote_id}/effects/{held.effect}/result", {"status": "done"})
+    assert e.value.kind == "not_client_executed"
+    tx.abort()
+
+
+@pytest.mark.parametrize("code", ["result_conflict", "ticket_expired", "not_client_executed", "result_in_progress"])
+def test_ticket_problems_raise_wrong_state(code: str) -> None:
+    from tidegate.client import _problem_error
+
+    e = _problem_error(409, {"code": code, "detail": "refused"})
+    assert isinstance(e, tidegate.WrongState) and e.kind == code
+
+
+# -- the LangGraph ToolNode against the server, unchanged ---------------------------------------
+
+
+def test_langgraph_tool_node_runs_unchanged_against_connect(client: tidegate.Client) -> None:
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from tidegate.langgraph import ToolNode
+
+    fired: List[str] = []
+    booked: List[Tuple[str, int]] = []
+    cancelled: List[str] = []
+    suffix = unique("")
+
+    @lc_tool
+    def book(room: str) -> str:
+        """Hold a room."""
+        booked.append((room, threading.get_ident()))
+        return f"hold-{room}"
+
+    @lc_tool
+    def email(to: str) -> str:
+        """Send an email."""
+        fired.append(to)
+        return "sent"
+
+    @lc_tool
+    def charge(amount: int) -> str:
+        """Charge a card; the reply times out after the charge went through."""
+        raise TimeoutError("the gateway did not answer")
+
+    node = ToolNode(
+        [book, email, charge],
+        engine=client,
+        name=f"tools{suffix}",
+        effects={
+            "book": {"effect": "reversible", "scope": lambda room: f"travel:room:{room}",
+                     "compensate": lambda result, room: cancelled.append(result)},
+            "email": "gated",
+            "charge": tidegate.langgraph.effect("reversible", scope=f"retail:card:{suffix}",
+                                                compensate=lambda result, amount: cancelled.append(f"refund-{amount}")),
+        },
+    )
+
+    def graph(calls: List[Dict[str, Any]]) -> Any:
+        def agent(state: Any) -> Any:
+            if not any(isinstance(m, ToolMessage) for m in state["messages"]):
+                return {"messages": [AIMessage(content="", tool_calls=calls)]}
+            return {"messages": [AIMessage(content="done")]}
+
+        g = StateGraph(MessagesState)
+        g.add_node("agent", agent)
+        g.add_node("tools", node)
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", lambda s: "tools" if s["messages"][-1].tool_calls else END)
+        g.add_edge("tools", "agent")
+        return g.compile()
+
+    room = unique("r")
+    calls = [
+        {"name": "book", "args": {"room": room}, "id": "c1", "type": "tool_call"},
+        {"name": "email", "args": {"to": room}, "id": "c2", "type": "tool_call"},
+        {"name": "charge", "args": {"amount": 30}, "id": "c3", "type": "tool_call"},
+    ]
+    # A turn that commits: the booking ran here (a ticket), the gated email fired at commit.
+    msgs = [m for m in graph(calls[:2]).invoke({"messages": []})["messages"] if isinstance(m, ToolMessage)]
+    assert [m.content for m in msgs] == [f"hold-{room}", "sent"], msgs
+    assert booked == [(room, threading.get_ident())] and fired == [room]
+
+    # A turn whose last call raises an ordinary exception: an unknown outcome, so the turn
+    # aborts, the booking is undone and the charge is compensated blind (never clean); the
+    # gated email never fires.
+    booked.clear()
+    fired.clear()
+    msgs = [m for m in graph(calls).invoke({"messages": []})["messages"] if isinstance(m, ToolMessage)]
+    assert [m.tool_call_id for m in msgs] == ["c1", "c2", "c3"] and all(m.status == "error" for m in msgs), msgs
+    assert "aborted" in msgs[0].content
+    assert fired == [] and [b for b, _ in booked] == [room]
+    deadline = time.monotonic() + 10
+    while len(cancelled) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(cancelled) == sorted([f"hold-{room}", "refund-30"]), cancelled
+
+    # The async path of the same node.
+    booked.clear()
+    fired.clear()
+    import asyncio
+
+    room2 = unique("r")
+    calls2 = [
+        {"name": "book", "args": {"room": room2}, "id": "d1", "type": "tool_call"},
+        {"name": "email", "args": {"to": room2}, "id": "d2", "type": "tool_call"},
+    ]
+    out = asyncio.run(graph(calls2).ainvoke({"messages": []}))
+    msgs = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert [m.content for m in msgs] == [f"hold-{room2}", "sent"], msgs
+    assert [b for b, _ in booked] == [room2] and fired == [room2]
 
 
 # -- the end-to-end story: agents that die --------------------------------------------------

@@ -19,10 +19,14 @@ Two kinds of tools:
   this process is gone.
 * **Tools of this process**, declared with :func:`tidegate.tool` as for :func:`tidegate.open`.
   On first use the client registers each as a server tool whose ``call``, ``compensate`` and
-  ``probe`` capabilities are pull-worker queues (``py.<tool>.call`` ...), and starts a worker
-  thread in this process that long-polls them, runs the function and reports. Scopes and keys
-  are computed here and sent with each call. While no process serves the queue, releases and
-  compensations wait in it (their capability's ``deadline_ms`` decides).
+  ``probe`` capabilities are pull-worker queues (``py.<tool>.call`` ...). An eager call
+  (reversible, idempotent) runs in the caller through the two-step ticket form: the effect is
+  recorded with ``"execute": "client"``, the function runs under the returned key, and its
+  result is posted (``done``, ``not_applied``, ``unknown``). Releases of held effects,
+  compensations and probes are served by a worker thread in this process that long-polls the
+  queues, runs the function and reports; while no process serves the queue, they wait in it
+  (their capability's ``deadline_ms`` decides). Scopes and keys are computed here and sent
+  with each call.
 
 Errors are the package's exception types (:mod:`tidegate.errors`): an abort raises the
 :class:`~tidegate.Aborted` subclass of its reason with ``outcome``; bad input raises
@@ -31,24 +35,27 @@ another reason raises :class:`~tidegate.TidegateError` whose ``kind`` is the pro
 ``code``. Transport failures raise :class:`~tidegate.TidegateError` with kind
 ``"unavailable"`` (retryable).
 
-Tools served by the worker thread follow the engine's failure rule: ``NotApplied`` and
-``TransientError`` are reported as "failed" (certainly not done), any other exception as
-"unknown" (the server asks the probe, else compensates blind or tags the effect
-``unresolved``). The task protocol has no retry flag, so ``NotApplied(retry=True)`` is a final
-failure here, not retried in place.
+Tools of this process follow the engine's failure rule, in the caller and in the worker
+thread alike: ``NotApplied`` and ``TransientError`` are reported as ``not_applied`` (certainly
+not done; ``retry`` for ``NotApplied(retry=True)`` and ``TransientError``, retried under the
+capability's policy), any other exception as ``unknown`` (the server asks the probe, else
+compensates blind or tags the effect ``unresolved``, never ``clean``). An eager call whose
+failure aborts the transaction raises :class:`~tidegate.ToolFailed` with the tool's exception
+as ``__cause__``, as in process.
 
-Not (yet) available over HTTP: effects executed by the client itself without a worker
-round trip (the runtime's two-step protocol), pre-commit hooks, ``read``'s staged value for
-server tools' bufferable effects beyond what the server returns, and speculation groups from
-this client (use the ``/v1/groups`` API directly).
+Not (yet) available over HTTP: pre-commit hooks, ``read``'s staged value for server tools'
+bufferable effects beyond what the server returns, and speculation groups from this client
+(use the ``/v1/groups`` API directly).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -98,6 +105,7 @@ _ABORTS: Dict[str, Type[Aborted]] = {
     "lost_speculation": LostBranch,
     "lease_expired": LeaseExpired,
     "wait_timeout": WaitTimeout,
+    "tool_unavailable": ToolFailed,
 }
 
 #: Problem codes (RFC 9457 ``code``) and the exception each raises.
@@ -109,7 +117,54 @@ _CODES: Dict[str, Type[TidegateError]] = {
     "key_unresolved": KeyUnresolved,
     "protocol_violation": ProtocolViolation,
     "store_unavailable": StoreError,
+    # A ticket's result that does not fit its state (docs/server.md, "Client-executed effects").
+    "result_conflict": WrongState,
+    "ticket_expired": WrongState,
+    "not_client_executed": WrongState,
+    "result_in_progress": WrongState,
 }
+
+#: Classes whose calls execute at once (in the caller, through a ticket); the others are held
+#: and released at commit by the worker loop.
+_EAGER = frozenset({"reversible", "reversible_with_cost", "idempotent"})
+
+#: Longest error text of a ticket's result (the server takes at most 4096 bytes).
+_MAX_ERROR_BYTES = 4000
+
+_NAME_OK = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+#: Server tool name -> the name the process declared (when they differ).
+_LOCAL_NAMES: Dict[str, str] = {}
+
+
+def _server_name(name: str) -> str:
+    """The server's name for a tool of this process: the same name when the server takes it
+    (``[A-Za-z0-9_.:-]``), else one made of the allowed characters plus a hash of the name
+    (``tools/search`` -> ``tools.search-1a2b3c4d``), so two names never meet."""
+    if _NAME_OK.fullmatch(name):
+        return name
+    safe = re.sub(r"[^A-Za-z0-9_.:-]", ".", name)[:100]
+    served = f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    _LOCAL_NAMES[served] = name
+    return served
+
+
+def _error_text(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}"
+    b = text.encode()
+    return text if len(b) <= _MAX_ERROR_BYTES else b[:_MAX_ERROR_BYTES].decode(errors="ignore") + "..."
+
+
+def _failure(e: BaseException) -> Dict[str, Any]:
+    """A tool's exception as a ticket's or a task's result (the failure rule)."""
+    if isinstance(e, NotApplied):
+        return {"status": "not_applied", "error": _error_text(e), "retry": bool(e.retry)}
+    if isinstance(e, TransientError):
+        return {"status": "not_applied", "error": _error_text(e), "retry": True}
+    # Anything else (OutcomeUnknown, a TimeoutError after the provider applied the call) may
+    # have taken effect: the server asks the probe, never takes it as "not done"
+    # (docs/engine.md, Failures 11).
+    return {"status": "unknown", "error": _error_text(e)}
+
 
 _EFFECT_CLASSES = {
     "reversible": "reversible",
@@ -134,7 +189,7 @@ def _outcome(tx: Mapping[str, Any]) -> Outcome:
     effects = tuple(
         EffectOutcome(
             id=int(e["effect"]),
-            tool=str(e["tool"]),
+            tool=_LOCAL_NAMES.get(str(e["tool"]), str(e["tool"])),
             effect=str(e.get("class") or ""),
             key=str(e["key"]),
             disposition=str(e.get("disposition") or e.get("status") or ""),
@@ -319,6 +374,12 @@ class Client:
         for t in tools:
             self._ensure(t, deadline)
 
+    def register(self, *tools: Tool) -> None:
+        """The same as :meth:`serve` (the name :meth:`tidegate.Tidegate.register` has, so that
+        code written for an engine, such as :class:`tidegate.langgraph.ToolNode`, registers
+        its tools here unchanged)."""
+        self.serve(*tools)
+
     def _ensure(self, t: Tool, deadline: Optional[float] = None) -> None:
         if not isinstance(t, Tool):
             raise InvalidArgument(
@@ -340,23 +401,24 @@ class Client:
         if deadline is not None:
             _seconds(deadline, "deadline", positive=True)
             spec["deadline_ms"] = int(deadline * 1000)
-        caps = {"call": f"py.{t.name}.call"}
+        name = _server_name(t.name)
+        caps = {"call": f"py.{name}.call"}
         if t.compensate is not None:
-            caps["compensate"] = f"py.{t.name}.compensate"
+            caps["compensate"] = f"py.{name}.compensate"
         if t.probe is not None:
-            caps["probe"] = f"py.{t.name}.probe"
+            caps["probe"] = f"py.{name}.probe"
         for cap in caps.values():
             self.define_capability(cap, spec)
         # Calls from this client always send their scopes; the template only answers callers
         # that send none (and names the argument they must then pass).
-        scopes = t._const_scopes or [f"kv:py.{t.name}:{{_scope}}"]
+        scopes = t._const_scopes or [f"kv:py.{name}:{{_scope}}"]
         definition: Dict[str, Any] = {
             "class": _EFFECT_CLASSES.get(t.effect, t.effect),
             "scopes": scopes,
             "description": f"served by Python worker processes ({t.fn.__module__}.{t.fn.__qualname__})",
             **caps,
         }
-        self.define_tool(t.name, definition)
+        self.define_tool(name, definition)
         with self._lock:
             self._tools[t.name] = t
             for cap in caps.values():
@@ -391,19 +453,24 @@ class Client:
         t = self._tool_caps.get(str(task.get("capability")))
         op = str(task.get("operation"))
         args, kwargs = _unpack(task.get("args"))
+        # The call id a tool function may take: the effect's key (a compensation's task key
+        # is `<key>#compensate`), the same id the call ran under.
+        call_id = str(task.get("key", "")).removesuffix("#compensate")
         result: Dict[str, Any]
         try:
             if t is None:
                 result = {"status": "failed", "error": f"no tool of this worker serves {task.get('capability')}"}
             elif op in ("call", "release"):
-                result = {"status": "done", "output": _jsonable(_invoke(t.fn, args, kwargs))}
+                out = _invoke(t.fn, args, _with_call_id(kwargs, t._wants_call_id[0], call_id))
+                result = {"status": "done", "output": _jsonable(out)}
             elif op == "compensate" and t.compensate is not None:
-                residue = _invoke(t.compensate, (task.get("output"),) + args, kwargs)
+                kw = _with_call_id(kwargs, t._wants_call_id[1], call_id)
+                residue = _invoke(t.compensate, (task.get("output"),) + args, kw)
                 result = {"status": "done"}
                 if isinstance(residue, str) and residue:
                     result["residue"] = residue
             elif op == "probe" and t.probe is not None:
-                answer = _invoke(t.probe, args, kwargs)
+                answer = _invoke(t.probe, args, _with_call_id(kwargs, t._wants_call_id[2], call_id))
                 if isinstance(answer, Happened):
                     result = {"status": "done", "output": _jsonable(answer.output)}
                 elif answer is True:
@@ -417,18 +484,13 @@ class Client:
                 result = {"status": "unknown", "error": f"tool `{t.name}` has no probe function"}
             else:
                 result = {"status": "failed", "error": f"tool `{t.name}` has no {op} function"}
-        except (NotApplied, TransientError) as e:
-            if op == "probe":
-                result = {"status": "unknown", "error": f"the probe raised {type(e).__name__}: {e}"}
-            else:
-                # The only failures that say the call did not take effect. The wire has no
-                # "retry" flag: the server takes a failed task as final.
-                result = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
         except Exception as e:  # noqa: BLE001 - a tool's failure is reported, not raised here
-            # Anything else (OutcomeUnknown, a TimeoutError after the provider applied the
-            # call) may have taken effect: the server asks the probe, never takes it as "not
-            # done" (docs/engine.md, Failures 11).
-            result = {"status": "unknown", "error": f"{type(e).__name__}: {e}"}
+            if op == "probe":
+                result = {"status": "unknown", "error": f"the probe raised {_error_text(e)}"}
+            else:
+                # NotApplied / TransientError: not_applied (with retry: queued again within the
+                # capability's attempts); anything else: unknown.
+                result = _failure(e)
         try:
             self._request("POST", f"/v1/tasks/{task['id']}/report", {"worker": self._worker_name, "result": result}, ok=(200, 409))
         except TidegateError:
@@ -494,6 +556,10 @@ def _pack(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
     return payload
 
 
+def _with_call_id(kwargs: Dict[str, Any], wants: bool, call_id: str) -> Dict[str, Any]:
+    return {**kwargs, "call_id": call_id} if wants and call_id else kwargs
+
+
 def _invoke(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     r = fn(*args, **kwargs)
     if inspect.isawaitable(r):
@@ -511,6 +577,15 @@ def _jsonable(v: Any) -> Any:
         return v
     except (TypeError, ValueError):
         return repr(v)
+
+
+class _Ticket:
+    """A client-executed effect waiting for its result: effect number, key, where to report."""
+
+    __slots__ = ("effect", "key", "url")
+
+    def __init__(self, effect: int, key: str, url: str) -> None:
+        self.effect, self.key, self.url = effect, key, url
 
 
 class RemoteTransaction(Transaction):
@@ -605,7 +680,8 @@ class RemoteTransaction(Transaction):
     def call(self, tool: Union[Tool, str], *args: Any, **kwargs: Any) -> Any:
         """Calls a tool: a server tool by name (keyword arguments are its JSON arguments;
         ``_key=`` and ``_scopes=`` override its key and scopes), or a :func:`tidegate.tool`
-        of this process (served by this client's worker thread). Returns the output of an
+        of this process (an eager one runs here, through a ticket; a held one is released
+        at commit by this client's worker thread). Returns the output of an
         executed (or replayed) effect, a :class:`~tidegate.Held` for a staged or queued one."""
         if isinstance(tool, str):
             key = kwargs.pop("_key", None)
@@ -637,16 +713,29 @@ class RemoteTransaction(Transaction):
         scopes: Optional[List[str]],
         key: Optional[str] = None,
     ) -> Any:
-        self._client._ensure(tool)
-        if scopes is None:
-            scopes = tool._scopes(args, kwargs)
-        if key is None and tool.key is not None:
-            key = tool._key(args, kwargs)
-        return self._effect(tool.name, _pack(args, kwargs), key, scopes)
+        ticket = self._record(tool, args, kwargs, scopes, key)
+        if not isinstance(ticket, _Ticket):
+            return ticket
+        while True:
+            try:
+                out = _invoke(tool.fn, args, _with_call_id(kwargs, tool._wants_call_id[0], ticket.key))
+            except BaseException as e:  # noqa: BLE001 - reported, then raised as the engine would
+                wait, taken = self._report(ticket, _failure(e), e)
+                if wait is None:
+                    return taken  # the probe said it happened: its output
+            else:
+                wait, _ = self._report(ticket, {"status": "done", "output": _jsonable(out)}, None)
+                if wait is None:
+                    return out
+            time.sleep(wait)
 
-    async def acall(self, tool: Tool, *args: Any, **kwargs: Any) -> Any:
-        """The asyncio form of :meth:`call` (runs the request on a thread)."""
-        return await asyncio.to_thread(self.call, tool, *args, **kwargs)
+    async def acall(self, tool: Union[Tool, str], *args: Any, **kwargs: Any) -> Any:
+        """The asyncio form of :meth:`call`: a tool of this process runs in the caller's task
+        (a coroutine function is awaited there), the requests on a thread."""
+        if not isinstance(tool, Tool):
+            return await asyncio.to_thread(self.call, tool, *args, **kwargs)
+        args, kwargs = tool._bind(args, kwargs)
+        return await self._acall(tool, args, kwargs, None)
 
     async def _acall(
         self,
@@ -656,21 +745,110 @@ class RemoteTransaction(Transaction):
         scopes: Optional[List[str]],
         key: Optional[str] = None,
     ) -> Any:
-        return await asyncio.to_thread(self._call, tool, args, kwargs, scopes, key)
+        ticket = await asyncio.to_thread(self._record, tool, args, kwargs, scopes, key)
+        if not isinstance(ticket, _Ticket):
+            return ticket
+        while True:
+            try:
+                out = tool.fn(*args, **_with_call_id(kwargs, tool._wants_call_id[0], ticket.key))
+                if inspect.isawaitable(out):
+                    out = await out
+            except BaseException as e:  # noqa: BLE001 - reported, then raised as the engine would
+                wait, taken = await asyncio.to_thread(self._report, ticket, _failure(e), e)
+                if wait is None:
+                    return taken  # the probe said it happened: its output
+            else:
+                result = {"status": "done", "output": _jsonable(out)}
+                wait, _ = await asyncio.to_thread(self._report, ticket, result, None)
+                if wait is None:
+                    return out
+            await asyncio.sleep(wait)
 
-    def _effect(self, tool: str, payload: Dict[str, Any], key: Optional[str], scopes: Optional[List[str]]) -> Any:
+    def _record(
+        self,
+        tool: Tool,
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        scopes: Optional[List[str]],
+        key: Optional[str],
+    ) -> Any:
+        """Records a call of a tool of this process: for an eager class, a ticket to run it
+        here (or the output of a key that already executed); for a held one, the
+        :class:`Held` (released at commit by the worker loop)."""
+        self._client._ensure(tool)
+        if scopes is None:
+            scopes = tool._scopes(args, kwargs)
+        if key is None and tool.key is not None:
+            key = tool._key(args, kwargs)
+        name = _server_name(tool.name)
+        if tool.effect not in _EAGER:
+            return self._effect(name, _pack(args, kwargs), key, scopes)
+        r = self._post_effect(name, _pack(args, kwargs), key, scopes, client=True)
+        if str(r.get("ack")) != "execute":
+            return self._acked(tool.name, r)
+        effect = r["effect"]
+        n = int(effect["effect"])
+        url = str(r.get("result_url") or f"/v1/transactions/{self._rid()}/effects/{n}/result")
+        return _Ticket(n, str(effect["key"]), url)
+
+    def _report(
+        self, ticket: "_Ticket", result: Dict[str, Any], exc: Optional[BaseException]
+    ) -> Tuple[Optional[float], Any]:
+        """Posts how a ticket's call ended. Returns ``(None, output)`` once the result is taken
+        (the output the server recorded), or ``(seconds, None)``: wait, then run the call again
+        (the server's policy has attempts left after a ``not_applied`` with ``retry``). Raises the abort's exception, with ``exc`` as
+        its cause, when the call's failure aborted the transaction; ``exc`` itself, after the
+        report, if it is not an ``Exception`` (KeyboardInterrupt, a cancellation); or the
+        server's refusal (:class:`~tidegate.WrongState` for ``result_conflict``,
+        ``ticket_expired``, ``not_client_executed``)."""
+        answer: Any = None
+        for attempt in range(6):
+            try:
+                _, answer = self._request_aborting("POST", ticket.url, result, ok=(200,))
+                break
+            except Aborted as e:
+                if exc is not None and not isinstance(exc, Exception):
+                    raise exc from e
+                if exc is not None:
+                    raise e from exc
+                raise
+            except TidegateError as e:
+                if e.kind == "call_again":
+                    return 0.05 * (2**attempt), None
+                if e.kind in ("unavailable", "result_in_progress") and attempt < 5:
+                    # The same result again gets the same answer: safe to repeat.
+                    time.sleep(0.05 * (2**attempt))
+                    continue
+                if exc is not None:
+                    raise e from exc
+                raise
+        if exc is not None and not isinstance(exc, Exception):
+            raise exc
+        return None, (answer or {}).get("output") if isinstance(answer, dict) else None
+
+    def _post_effect(
+        self, tool: str, payload: Dict[str, Any], key: Optional[str], scopes: Optional[List[str]], *, client: bool = False
+    ) -> Dict[str, Any]:
         body: Dict[str, Any] = {"tool": tool, "args": payload}
         if key is not None:
             body["key"] = key
         if scopes is not None:
             body["scopes"] = scopes
+        if client:
+            body["execute"] = "client"
         _, r = self._request_aborting("POST", f"/v1/transactions/{self._rid()}/effects", body)
+        return dict(r)
+
+    def _acked(self, tool: str, r: Mapping[str, Any]) -> Any:
         ack = str(r.get("ack"))
         if ack in ("executed", "replayed"):
             return r.get("output")
         held = Held(tool, int(r["effect"]["effect"]), ack)
         self._held.append(held)
         return held
+
+    def _effect(self, tool: str, payload: Dict[str, Any], key: Optional[str], scopes: Optional[List[str]]) -> Any:
+        return self._acked(_LOCAL_NAMES.get(tool, tool), self._post_effect(tool, payload, key, scopes))
 
     def _request_aborting(
         self, method: str, path: str, body: Optional[Mapping[str, Any]] = None, ok: Sequence[int] = (200, 201)

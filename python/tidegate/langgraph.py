@@ -3,7 +3,10 @@
 Replace ``from langgraph.prebuilt import ToolNode`` with ``from tidegate.langgraph import
 ToolNode``. The node takes the same arguments, plus:
 
-* ``engine``: the :class:`tidegate.Tidegate` to use (default: :func:`tidegate.default_engine`);
+* ``engine``: the :class:`tidegate.Tidegate` to use (default: :func:`tidegate.default_engine`),
+  or a :class:`tidegate.Client` from :func:`tidegate.connect` to run the turns on
+  ``tidegate serve`` (eager calls run in this process through tickets; held calls, and
+  compensations after an abort, are released by the client's worker thread);
 * ``effects``: ``{tool_name: declaration}`` where a declaration is an effect class string
   (``"gated"``), a dict / :func:`effect` with ``effect``, ``scope``, ``compensate``, ``key``,
   ``probe``. Tools declared with ``@tidegate.tool`` need no entry;
@@ -62,6 +65,7 @@ from langgraph.prebuilt.tool_node import ToolRuntime
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
+from .client import Client
 from .engine import Tidegate, default_engine
 from .errors import Aborted, InvalidArgument, KeyUnresolved, PartialCommit, TidegateError, ToolFailed
 from .outcome import Held
@@ -235,7 +239,7 @@ class ToolNode(_StockToolNode):
         self,
         tools: Sequence[Union[BaseTool, Callable[..., Any]]],
         *,
-        engine: Optional[Tidegate] = None,
+        engine: Optional[Union[Tidegate, Client]] = None,
         effects: Optional[Mapping[str, Any]] = None,
         approve: Union[None, bool, Collection[str], Approver] = None,
         **kwargs: Any,
@@ -256,8 +260,10 @@ class ToolNode(_StockToolNode):
                 if name not in self.tools_by_name:
                     raise _invalid(f"invalid `effects` key {name!r}: no such tool; tools are {sorted(self.tools_by_name)}")
                 decls[name] = _declaration(name, d)
-        if engine is not None and not isinstance(engine, Tidegate):
-            raise _invalid(f"invalid `engine` = {engine!r}: expected a tidegate.Tidegate", "engine")
+        if engine is not None and not isinstance(engine, (Tidegate, Client)):
+            raise _invalid(
+                f"invalid `engine` = {engine!r}: expected a tidegate.Tidegate or a tidegate.Client", "engine"
+            )
         if approve is not None and not (isinstance(approve, bool) or callable(approve) or isinstance(approve, Collection)):
             raise _invalid(
                 f"invalid `approve` = {approve!r}: expected True, a collection of tool names or a function", "approve"
@@ -271,17 +277,17 @@ class ToolNode(_StockToolNode):
     # -- adapters -----------------------------------------------------------------------------
 
     @property
-    def engine(self) -> Tidegate:
+    def engine(self) -> Union[Tidegate, Client]:
         """The engine this node settles turns with."""
         return self._engine if self._engine is not None else default_engine()
 
-    def adapters(self, engine: Optional[Tidegate] = None) -> List[Tool]:
+    def adapters(self, engine: Optional[Union[Tidegate, Client]] = None) -> List[Tool]:
         """The Tidegate tools this node registers, named ``"{node name}/{tool name}"`` (pass
         them to ``engine.recover(*node.adapters())`` after a restart)."""
         engine = engine if engine is not None else self.engine
         return [self._adapter(engine, name) for name in self.tools_by_name]
 
-    def _adapter(self, engine: Tidegate, name: str) -> Tool:
+    def _adapter(self, engine: Union[Tidegate, Client], name: str) -> Tool:
         full = f"{self.name}/{name}"
         _nodes[full] = self
         cache: Dict[str, Tool] = engine.__dict__.setdefault("_lg_adapters", {})

@@ -527,11 +527,47 @@ impl Tidegate {
     /// `recover_keeping_open` kept open across a restart, so that its agent (or a server
     /// acting for it) can go on with it. A transaction that has finished is an error saying
     /// how it ended ([`Error::Finished`]); an id never issued is `EngineError::UnknownTx`.
+    ///
+    /// How a transaction ended is kept in memory for the last few thousand decisions of this
+    /// process; for an older one, or one a previous process finished, it is read from the
+    /// ledger (a scan, stopping at its settlement), so memory stays bounded.
     pub fn transaction(&self, id: TxId) -> Result<Transaction> {
         let g = self.inner.shared.lock();
-        let epoch = g.core.epoch(id).map_err(|e| g.endings.explain(e))?;
+        let err = match g.core.epoch(id) {
+            Ok(epoch) => {
+                drop(g);
+                return Ok(Transaction::new(self.clone(), id, epoch));
+            }
+            Err(e) => g.endings.explain(e),
+        };
         drop(g);
-        Ok(Transaction::new(self.clone(), id, epoch))
+        match err {
+            Error::Engine(tidegate_core::EngineError::Settled { tx }) => Err(self.ending_in_ledger(tx).unwrap_or(err)),
+            other => Err(other),
+        }
+    }
+
+    /// How the finished transaction `tx` ended, from the ledger's `decided` and `settled`
+    /// events (`None` if the ledger has no decision for it or cannot be read).
+    fn ending_in_ledger(&self, tx: TxId) -> Option<Error> {
+        use tidegate_core::Event;
+        let mut found: Option<(bool, Option<tidegate_core::AbortReason>, bool)> = None;
+        let scanned = self.inner.store.scan(1, &mut |_, event| {
+            match event {
+                Event::Decided { tx: t, commit, reason, .. } if *t == tx => {
+                    found = Some((*commit, reason.clone(), false));
+                }
+                Event::Settled { tx: t, committed, .. } if *t == tx => {
+                    let reason = found.take().and_then(|(_, r, _)| r);
+                    found = Some((*committed, reason, true));
+                    return false;
+                }
+                _ => {}
+            }
+            true
+        });
+        let (committed, reason, settled) = found.filter(|_| scanned.is_ok())?;
+        Some(Error::Finished { tx, committed, reason, settled })
     }
 
     /// Registers a tool so that the engine can release and compensate its effects (tools

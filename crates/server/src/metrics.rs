@@ -168,6 +168,13 @@ pub struct Metrics {
     pub overload: Family<LimitLabel, Counter>,
     /// Idempotent replays.
     pub idempotent_replays: Counter,
+    /// Tickets issued for client-executed effects.
+    pub client_tickets: Counter,
+    /// Results reported for client-executed effects, by kind (`done`, `not_applied`,
+    /// `unknown`).
+    pub client_results: Family<ResultLabel, Counter>,
+    /// Tickets dropped because no result came within the transaction's lease.
+    pub client_tickets_expired: Counter,
 }
 
 impl Default for Metrics {
@@ -228,6 +235,24 @@ impl Metrics {
             "Requests answered from an idempotency record.",
             idempotent_replays.clone(),
         );
+        let client_tickets = Counter::default();
+        registry.register(
+            "tidegate_client_tickets",
+            "Tickets issued for client-executed effects.",
+            client_tickets.clone(),
+        );
+        let client_results = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "tidegate_client_results",
+            "Results reported for client-executed effects, by kind (done, not_applied, unknown).",
+            client_results.clone(),
+        );
+        let client_tickets_expired = Counter::default();
+        registry.register(
+            "tidegate_client_tickets_expired",
+            "Tickets of client-executed effects dropped because no result came within the lease.",
+            client_tickets_expired.clone(),
+        );
         registry.register_collector(Box::new(SnapshotCollector(snapshot.clone())));
         Metrics {
             registry,
@@ -245,6 +270,9 @@ impl Metrics {
             durable_wait,
             overload,
             idempotent_replays,
+            client_tickets,
+            client_results,
+            client_tickets_expired,
         }
     }
 

@@ -147,6 +147,14 @@ pub struct WorkerSpec {
     /// settles by itself: `failed` if no worker ever leased it, else `unknown`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
+    /// Tasks in all for one operation, 1-20, when workers report `not_applied` with `retry:
+    /// true` (default `dispatch.webhook_attempts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// Backoff before the second task, doubled each time, in milliseconds (default
+    /// `dispatch.webhook_backoff_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_ms: Option<u64>,
 }
 
 impl utoipa::PartialSchema for CapabilitySpec {
@@ -224,6 +232,12 @@ impl CapabilitySpec {
                 }
                 if w.deadline_ms.is_some_and(|t| t == 0) {
                     return Err(("deadline_ms".into(), "0".into(), "a positive number of milliseconds"));
+                }
+                if w.attempts.is_some_and(|a| a == 0 || a > 20) {
+                    return Err(("attempts".into(), format!("{:?}", w.attempts), "1 to 20 attempts"));
+                }
+                if w.backoff_ms.is_some_and(|b| b > 60_000) {
+                    return Err(("backoff_ms".into(), format!("{:?}", w.backoff_ms), "at most 60000 milliseconds"));
                 }
             }
         }

@@ -87,6 +87,7 @@ impl ServerTool {
                 match d.dispatch(req).await {
                     DispatchOutcome::Done { output, .. } => Ok(output),
                     DispatchOutcome::Failed(m) => Err(ToolError::failed(m)),
+                    DispatchOutcome::Transient(m) => Err(ToolError::transient(m)),
                     DispatchOutcome::Unknown(m) => Err(ToolError::unknown(m)),
                 }
             }
@@ -110,6 +111,7 @@ impl ServerTool {
                     match d.dispatch(req).await {
                         DispatchOutcome::Done { residue, .. } => Ok(Compensation { residue }),
                         DispatchOutcome::Failed(m) => Err(ToolError::failed(m)),
+                        DispatchOutcome::Transient(m) => Err(ToolError::transient(m)),
                         DispatchOutcome::Unknown(m) => Err(ToolError::unknown(m)),
                     }
                 }
@@ -139,7 +141,7 @@ impl ServerTool {
                     };
                     match d.dispatch(req).await {
                         DispatchOutcome::Done { output, .. } => Probe::Happened(output),
-                        DispatchOutcome::Failed(_) => Probe::DidNotHappen,
+                        DispatchOutcome::Failed(_) | DispatchOutcome::Transient(_) => Probe::DidNotHappen,
                         DispatchOutcome::Unknown(_) => Probe::Unknown,
                     }
                 }

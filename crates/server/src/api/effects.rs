@@ -28,6 +28,7 @@ use super::wire::*;
 use crate::AppState;
 use crate::auth::TxWrite;
 use crate::index::EffectStatus;
+use crate::metrics::ResultLabel;
 use crate::tenant::{LiveTx, Tenant};
 
 /// Longest error text of a reported result.
@@ -91,6 +92,7 @@ pub(super) async fn record(
         _ => return Err(ApiError::internal("the engine answered a ticket this server does not know")),
     };
     if ticket.pending() {
+        state.metrics().client_tickets.inc();
         lt.tickets.lock().insert(n, TicketSlot::Open(ticket));
         expire_later(state, t, lt, n);
     }
@@ -104,7 +106,7 @@ fn expire_later(state: &AppState, t: &Arc<Tenant>, lt: &Arc<LiveTx>, n: u32) {
     let now = t.engine.clock().now();
     let lease =
         t.index.view(&*t.store, lt.handle.id()).map_or(configured, |v| v.lease_until.since(now).max(configured));
-    let (lt, stop) = (Arc::downgrade(lt), state.shutdown_token().clone());
+    let (lt, stop, metrics) = (Arc::downgrade(lt), state.shutdown_token().clone(), state.metrics().clone());
     tokio::spawn(async move {
         tokio::select! {
             _ = tokio::time::sleep(lease) => {}
@@ -119,6 +121,9 @@ fn expire_later(state: &AppState, t: &Arc<Tenant>, lt: &Arc<LiveTx>, n: u32) {
                 _ => None,
             }
         };
+        if expired.is_some() {
+            metrics.client_tickets_expired.inc();
+        }
         // Outside the lock: the drop reports the outcome unknown to the engine.
         drop(expired);
     });
@@ -132,12 +137,16 @@ fn outcome_of(r: &EffectResultIn) -> CallOutcome {
     }
 }
 
-fn conflict(n: u32, first: &EffectResultIn) -> ApiError {
-    let kind = match first {
+fn result_kind(r: &EffectResultIn) -> &'static str {
+    match r {
         EffectResultIn::Done { .. } => "done",
         EffectResultIn::NotApplied { .. } => "not_applied",
         EffectResultIn::Unknown { .. } => "unknown",
-    };
+    }
+}
+
+fn conflict(n: u32, first: &EffectResultIn) -> ApiError {
+    let kind = result_kind(first);
     ApiError::conflict(
         "result_conflict",
         format!("effect {n} already has another result (`{kind}`); a result is reported once"),
@@ -214,6 +223,7 @@ pub async fn result(
             },
         }
     };
+    state.metrics().client_results.get_or_create(&ResultLabel { result: result_kind(&body).to_owned() }).inc();
     let (t2, lt2, id2) = (t.clone(), lt.clone(), id.clone());
     // On a server task: the report (a probe, an abort's compensations) finishes and its
     // answer is kept even if this request goes away.

@@ -125,7 +125,8 @@ pub async fn report(
         TaskResultIn::Done { output, residue } => {
             TaskResult::Done { output: output.unwrap_or(serde_json::Value::Null), residue }
         }
-        TaskResultIn::Failed { error } => TaskResult::Failed(error),
+        TaskResultIn::Failed { error } | TaskResultIn::NotApplied { error, retry: false } => TaskResult::Failed(error),
+        TaskResultIn::NotApplied { error, retry: true } => TaskResult::Transient(error),
         TaskResultIn::Unknown { error } => TaskResult::Unknown(error),
     };
     let d = &caller.tenant.dispatcher;

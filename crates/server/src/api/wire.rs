@@ -641,10 +641,22 @@ pub enum TaskResultIn {
         #[serde(default)]
         residue: Option<String>,
     },
-    /// Certainly not done (for a probe: the call did not happen).
+    /// Certainly not done (for a probe: the call did not happen); the same as `not_applied`
+    /// without `retry`.
     Failed {
         /// Why.
         error: String,
+    },
+    /// Certainly not done (for a probe: the call did not happen). With `retry: true`, trying
+    /// again may succeed: the task is queued again under the same key after the capability's
+    /// backoff, up to its `attempts`; after the last, an eager call aborts its transaction
+    /// retryably (`tool_unavailable`), as for an in-process tool.
+    NotApplied {
+        /// Why.
+        error: String,
+        /// Whether trying again may succeed (default false).
+        #[serde(default)]
+        retry: bool,
     },
     /// The worker cannot tell whether it took effect.
     Unknown {

@@ -13,7 +13,9 @@
 //! * `dispatch` MUST NOT report `Done` unless the capability confirmed the operation (2xx, or
 //!   a worker's `done`), and MUST NOT report `Failed` unless the operation certainly did not
 //!   take effect (a 4xx, a refused connection on every attempt, a worker's `failed`, a worker
-//!   task no worker ever leased before its deadline). Everything else is `Unknown`.
+//!   task no worker ever leased before its deadline), nor `Transient` unless it certainly did
+//!   not and a worker said trying again may help (`not_applied` with `retry: true` on the
+//!   capability's last attempt). Everything else is `Unknown`.
 //! * Every attempt carries the same key (`DispatchRequest::key`); receivers deduplicate on it.
 //! * Dropping the future stops further attempts and withdraws a queued worker task; a
 //!   request already sent may still land (that is why keys exist).
@@ -95,6 +97,10 @@ pub enum DispatchOutcome {
     },
     /// Certainly did not take effect.
     Failed(String),
+    /// Certainly did not take effect, and trying again later may succeed: a worker reported
+    /// `not_applied` with `retry: true` on the capability's last attempt. The runtime takes
+    /// it as a transient failure (an eager call aborts retryably, `tool_unavailable`).
+    Transient(String),
     /// May or may not have taken effect.
     Unknown(String),
 }
@@ -104,6 +110,7 @@ impl DispatchOutcome {
         match self {
             DispatchOutcome::Done { .. } => "done",
             DispatchOutcome::Failed(_) => "failed",
+            DispatchOutcome::Transient(_) => "transient",
             DispatchOutcome::Unknown(_) => "unknown",
         }
     }

@@ -36,6 +36,10 @@ pub enum TaskResult {
     },
     /// Certainly not done (for a probe: the call did not happen).
     Failed(String),
+    /// Certainly not done, and trying again may succeed (a refused connection, a 503 before
+    /// processing): queued again under the same key within the capability's attempts (for a
+    /// probe: the call did not happen).
+    Transient(String),
     /// The worker cannot tell.
     Unknown(String),
 }
@@ -80,7 +84,7 @@ struct Entry {
     leased: Option<(String, Instant)>,
     holders: Vec<String>,
     ever_leased: bool,
-    done: Option<oneshot::Sender<TaskResult>>,
+    done: Option<oneshot::Sender<(TaskResult, u32)>>,
     lease_started_ms: u64,
 }
 
@@ -162,7 +166,10 @@ impl TaskQueue {
         TaskQueue { tag: tag.into(), state: Mutex::new(State::default()), notify: Notify::new() }
     }
 
-    /// Queues `req` and waits for a worker's report (or the deadline).
+    /// Queues `req` and waits for a worker's report (or the deadline). A report that the
+    /// operation certainly did not take effect but may succeed if tried again
+    /// ([`TaskResult::Transient`]) queues it again under the same key after a backoff, up to
+    /// the capability's `attempts`; after the last it is [`DispatchOutcome::Transient`].
     pub(super) async fn run(
         &self,
         req: &DispatchRequest,
@@ -170,6 +177,43 @@ impl TaskQueue {
         defaults: &DispatchSection,
         log: &AttemptLog,
     ) -> DispatchOutcome {
+        let attempts = spec.attempts.unwrap_or(defaults.webhook_attempts).max(1);
+        let backoff = Duration::from_millis(spec.backoff_ms.unwrap_or(defaults.webhook_backoff_ms));
+        let (mut round, mut attempt) = (1u32, 1u32);
+        loop {
+            let (result, last) = match self.run_once(req, spec, defaults, log, attempt).await {
+                Ok(r) => r,
+                Err(outcome) => return outcome,
+            };
+            match result {
+                TaskResult::Done { output, residue } => return DispatchOutcome::Done { output, residue },
+                TaskResult::Failed(m) => return DispatchOutcome::Failed(m),
+                TaskResult::Unknown(m) => return DispatchOutcome::Unknown(m),
+                // For a probe, "not applied" is the answer "the call did not happen".
+                TaskResult::Transient(m) if req.operation == Operation::Probe => return DispatchOutcome::Failed(m),
+                TaskResult::Transient(m) if round >= attempts => {
+                    return DispatchOutcome::Transient(format!("{m} (after {round} of {attempts} attempts)"));
+                }
+                TaskResult::Transient(_) => {
+                    let factor = 1u32.checked_shl(round - 1).unwrap_or(u32::MAX);
+                    tokio::time::sleep(backoff.saturating_mul(factor).min(Duration::from_secs(30))).await;
+                    round += 1;
+                    attempt = last.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    /// One task for `req`, numbered `attempt`: the worker's result and the task's attempt
+    /// number when it was reported, or the outcome the deadline decided.
+    async fn run_once(
+        &self,
+        req: &DispatchRequest,
+        spec: &WorkerSpec,
+        defaults: &DispatchSection,
+        log: &AttemptLog,
+        attempt: u32,
+    ) -> Result<(TaskResult, u32), DispatchOutcome> {
         let (tx, rx) = oneshot::channel();
         let lease = Duration::from_millis(spec.task_lease_ms.unwrap_or(defaults.task_lease_ms).max(1));
         let n = {
@@ -181,7 +225,7 @@ impl TaskQueue {
                 Entry {
                     n,
                     req: req.clone(),
-                    attempt: 1,
+                    attempt,
                     lease,
                     leased: None,
                     holders: Vec::new(),
@@ -210,19 +254,14 @@ impl TaskQueue {
                         attempt_record(req, 0, "expired", "deadline passed".into(), now_ms(), Some(now_ms())),
                     );
                     drop(guard);
-                    return outcome;
+                    return Err(outcome);
                 }
             },
             None => rx.await.ok(),
         };
         drop(guard);
-        match result {
-            Some(TaskResult::Done { output, residue }) => DispatchOutcome::Done { output, residue },
-            Some(TaskResult::Failed(m)) => DispatchOutcome::Failed(m),
-            Some(TaskResult::Unknown(m)) => DispatchOutcome::Unknown(m),
-            // The sender was dropped without a report: cannot happen while the task exists.
-            None => DispatchOutcome::Unknown("the task was withdrawn without a report".into()),
-        }
+        // The sender was dropped without a report: cannot happen while the task exists.
+        result.ok_or_else(|| DispatchOutcome::Unknown("the task was withdrawn without a report".into()))
     }
 
     fn view(&self, e: &Entry) -> TaskView {
@@ -347,6 +386,7 @@ impl TaskQueue {
         let label = match &result {
             TaskResult::Done { .. } => "done",
             TaskResult::Failed(_) => "failed",
+            TaskResult::Transient(_) => "not_applied_retry",
             TaskResult::Unknown(_) => "unknown",
         };
         log.record(
@@ -361,7 +401,7 @@ impl TaskQueue {
             ),
         );
         e.leased = None;
-        let _ = done.send(result);
+        let _ = done.send((result, e.attempt));
         Ok(())
     }
 

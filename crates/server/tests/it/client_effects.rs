@@ -174,3 +174,49 @@ async fn a_ticket_without_result_expires_with_the_lease_and_is_compensated_blind
     assert_eq!(late.status, 409, "{late:?}");
     h.stop().await;
 }
+
+/// The value of the metric line `name` (with its labels) in `/metrics`, 0 if absent.
+async fn metric(h: &Harness, name: &str) -> f64 {
+    let m = h.req("GET", "/metrics", None, None).await;
+    m.text
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tickets_results_and_expiries_are_counted_in_metrics() {
+    let h = Harness::memory(|c| c.engine.lease_ms = 300).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "hold", "reversible", true, false).await;
+    assert_eq!(metric(&h, "tidegate_client_tickets_total").await, 0.0);
+
+    let tx = begin(&h, &k.agent, &["kv:hold:*"]).await;
+    let t = ticket(&h, &k.agent, &tx, "hold", "h1").await;
+    let url = t["result_url"].as_str().unwrap().to_owned();
+    let done = json!({"status": "done", "output": 1});
+    assert_eq!(h.req("POST", &url, Some(&k.agent), Some(done.clone())).await.status, 200);
+    // A repeated result is the same report, not a second one.
+    assert_eq!(h.req("POST", &url, Some(&k.agent), Some(done)).await.status, 200);
+    let t = ticket(&h, &k.agent, &tx, "hold", "h2").await;
+    let url = t["result_url"].as_str().unwrap().to_owned();
+    let r = h.req("POST", &url, Some(&k.agent), Some(json!({"status": "unknown", "error": "timed out"}))).await;
+    assert_eq!(r.status, 409, "{r:?}");
+    assert_eq!(metric(&h, "tidegate_client_tickets_total").await, 2.0);
+    assert_eq!(metric(&h, "tidegate_client_results_total{result=\"done\"}").await, 1.0);
+    assert_eq!(metric(&h, "tidegate_client_results_total{result=\"unknown\"}").await, 1.0);
+    assert_eq!(metric(&h, "tidegate_client_tickets_expired_total").await, 0.0);
+
+    // A ticket left without a result expires with the lease.
+    let tx = begin(&h, &k.agent, &["kv:hold:*"]).await;
+    let t = ticket(&h, &k.agent, &tx, "hold", "h3").await;
+    let url = t["result_url"].as_str().unwrap().to_owned();
+    let r = h.req("GET", &format!("/v1/transactions/{tx}/outcome?timeout_ms=10000"), Some(&k.agent), None).await;
+    assert_eq!(r.body["state"], "aborted", "{r:?}");
+    assert_eq!(metric(&h, "tidegate_client_tickets_total").await, 3.0);
+    assert_eq!(metric(&h, "tidegate_client_tickets_expired_total").await, 1.0);
+    let late = h.req("POST", &url, Some(&k.agent), Some(json!({"status": "done"}))).await;
+    assert_eq!((late.status, late.body["code"].as_str()), (409, Some("ticket_expired")), "{late:?}");
+    h.stop().await;
+}
