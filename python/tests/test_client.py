@@ -228,7 +228,7 @@ def notify(to: str, text: str) -> str:
     return f"sent to {to}"
 
 
-def test_tools_of_this_process_are_served_by_its_worker_thread(client: tidegate.Client) -> None:
+def test_tools_of_this_process_run_here_and_are_released_and_compensated_by_its_worker_thread(client: tidegate.Client) -> None:
     calls.clear()
     with client.transaction(may_touch=["travel:room:12", "mail:to:fay"]) as tx:
         assert hold_room("12", nights=2) == {"hold": "H-12", "nights": 2}
@@ -402,7 +402,7 @@ def test_a_release_not_applied_with_retry_is_queued_again_under_the_capability_p
 
 def test_ticket_refusals_are_wrong_state(client: tidegate.Client) -> None:
     slot = unique("s")
-    tx = client.begin(may_touch=[f"kv:py:slot:{slot}"])
+    tx = client.begin(may_touch=[f"kv:py:slot:{slot}", f"mail:to:{slot}"])
     ticket = tx._record(reserve, (), {"slot": slot}, None, None)
     tx._report(ticket, {"status": "done", "output": "R"}, None)
     # The same result again is the same answer; another one is a conflict.
@@ -431,9 +431,8 @@ def test_ticket_problems_raise_wrong_state(code: str) -> None:
 
 def test_langgraph_tool_node_runs_unchanged_against_connect(client: tidegate.Client) -> None:
     pytest.importorskip("langgraph")
-    from langchain_core.messages import AIMessage, ToolMessage
     from langchain_core.tools import tool as lc_tool
-    from langgraph.graph import END, START, MessagesState, StateGraph
+    from test_langgraph import graph, tool_messages
 
     from tidegate.langgraph import ToolNode
 
@@ -472,20 +471,6 @@ def test_langgraph_tool_node_runs_unchanged_against_connect(client: tidegate.Cli
         },
     )
 
-    def graph(calls: List[Dict[str, Any]]) -> Any:
-        def agent(state: Any) -> Any:
-            if not any(isinstance(m, ToolMessage) for m in state["messages"]):
-                return {"messages": [AIMessage(content="", tool_calls=calls)]}
-            return {"messages": [AIMessage(content="done")]}
-
-        g = StateGraph(MessagesState)
-        g.add_node("agent", agent)
-        g.add_node("tools", node)
-        g.add_edge(START, "agent")
-        g.add_conditional_edges("agent", lambda s: "tools" if s["messages"][-1].tool_calls else END)
-        g.add_edge("tools", "agent")
-        return g.compile()
-
     room = unique("r")
     calls = [
         {"name": "book", "args": {"room": room}, "id": "c1", "type": "tool_call"},
@@ -493,7 +478,7 @@ def test_langgraph_tool_node_runs_unchanged_against_connect(client: tidegate.Cli
         {"name": "charge", "args": {"amount": 30}, "id": "c3", "type": "tool_call"},
     ]
     # A turn that commits: the booking ran here (a ticket), the gated email fired at commit.
-    msgs = [m for m in graph(calls[:2]).invoke({"messages": []})["messages"] if isinstance(m, ToolMessage)]
+    msgs = tool_messages(graph(node, calls[:2]).invoke({"messages": []}))
     assert [m.content for m in msgs] == [f"hold-{room}", "sent"], msgs
     assert booked == [(room, threading.get_ident())] and fired == [room]
 
@@ -502,7 +487,7 @@ def test_langgraph_tool_node_runs_unchanged_against_connect(client: tidegate.Cli
     # gated email never fires.
     booked.clear()
     fired.clear()
-    msgs = [m for m in graph(calls).invoke({"messages": []})["messages"] if isinstance(m, ToolMessage)]
+    msgs = tool_messages(graph(node, calls).invoke({"messages": []}))
     assert [m.tool_call_id for m in msgs] == ["c1", "c2", "c3"] and all(m.status == "error" for m in msgs), msgs
     assert "aborted" in msgs[0].content
     assert fired == [] and [b for b, _ in booked] == [room]
@@ -521,8 +506,7 @@ def test_langgraph_tool_node_runs_unchanged_against_connect(client: tidegate.Cli
         {"name": "book", "args": {"room": room2}, "id": "d1", "type": "tool_call"},
         {"name": "email", "args": {"to": room2}, "id": "d2", "type": "tool_call"},
     ]
-    out = asyncio.run(graph(calls2).ainvoke({"messages": []}))
-    msgs = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    msgs = tool_messages(asyncio.run(graph(node, calls2).ainvoke({"messages": []})))
     assert [m.content for m in msgs] == [f"hold-{room2}", "sent"], msgs
     assert [b for b, _ in booked] == [room2] and fired == [room2]
 

@@ -415,7 +415,7 @@ class Client:
         definition: Dict[str, Any] = {
             "class": _EFFECT_CLASSES.get(t.effect, t.effect),
             "scopes": scopes,
-            "description": f"served by Python worker processes ({t.fn.__module__}.{t.fn.__qualname__})",
+            "description": f"served by Python worker processes ({_where(t.fn)})",
             **caps,
         }
         self.define_tool(name, definition)
@@ -554,6 +554,12 @@ def _pack(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
     if args:
         payload["$args"] = list(args)
     return payload
+
+
+def _where(fn: Any) -> str:
+    """``module.qualname`` of a tool function (a ``functools.partial`` names its function)."""
+    inner = getattr(fn, "func", fn)
+    return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', type(inner).__name__)}"
 
 
 def _with_call_id(kwargs: Dict[str, Any], wants: bool, call_id: str) -> Dict[str, Any]:

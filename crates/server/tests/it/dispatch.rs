@@ -276,12 +276,29 @@ async fn a_poll_with_no_task_ends_at_its_wait_and_a_capability_in_use_cannot_be_
     h.stop().await;
 }
 
-async fn report(h: &Harness, key: &str, task: &Value, worker: &str, result: Value) {
-    let id = task["id"].as_str().unwrap();
-    let r = h
-        .req("POST", &format!("/v1/tasks/{id}/report"), Some(key), Some(json!({"worker": worker, "result": result})))
-        .await;
-    assert_eq!(r.status, 200, "{r:?}");
+/// Calls `push` (a worker-served reversible tool) in `tx` while a worker answers its tasks
+/// with `results`, one per task; returns the effect's answer and each task's (key, attempt).
+async fn push_served(h: &Harness, key: &str, tx: &str, id: &str, results: &[Value]) -> (crate::common::Resp, Vec<(String, u64)>) {
+    let effect = h.req(
+        "POST",
+        &format!("/v1/transactions/{tx}/effects"),
+        Some(key),
+        Some(json!({"tool": "push", "args": {"id": id}})),
+    );
+    let worker = async {
+        let mut seen = Vec::new();
+        for (n, result) in results.iter().enumerate() {
+            let t = poll(h, key, "w", &["gw"], 5000).await;
+            assert_eq!(t.len(), 1, "task {n}");
+            seen.push((t[0]["key"].as_str().unwrap().to_owned(), t[0]["attempt"].as_u64().unwrap()));
+            let task = t[0]["id"].as_str().unwrap();
+            let body = json!({"worker": "w", "result": result});
+            let r = h.req("POST", &format!("/v1/tasks/{task}/report"), Some(key), Some(body)).await;
+            assert_eq!(r.status, 200, "{r:?}");
+        }
+        seen
+    };
+    tokio::join!(effect, worker)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,53 +313,19 @@ async fn not_applied_with_retry_queues_the_task_again_within_the_capability_atte
     let bad = json!({"kind": "worker", "attempts": 0});
     let r = h.req("PUT", "/v1/capabilities/gw2", Some(&k.operator), Some(bad)).await;
     assert_eq!((r.status, r.body["field"].as_str()), (400, Some("attempts")), "{r:?}");
+    let busy = json!({"status": "not_applied", "error": "busy", "retry": true});
 
     // Busy twice, then done: the same key each time, the attempt counting up, one effect.
     let tx = begin(&h, &k.agent, &["kv:gw:*"]).await;
-    let effect = {
-        let (h2, key, tx) = (&h, k.agent.clone(), tx.clone());
-        async move {
-            h2.req("POST", &format!("/v1/transactions/{tx}/effects"), Some(&key), Some(json!({"tool": "push", "args": {"id": "a"}})))
-                .await
-        }
-    };
-    let worker = async {
-        let mut seen = Vec::new();
-        for n in 0..3 {
-            let t = poll(&h, &k.agent, "w", &["gw"], 5000).await;
-            assert_eq!(t.len(), 1, "try {n}");
-            seen.push((t[0]["key"].as_str().unwrap().to_owned(), t[0]["attempt"].as_u64().unwrap()));
-            let result = if n < 2 {
-                json!({"status": "not_applied", "error": "busy", "retry": true})
-            } else {
-                json!({"status": "done", "output": "ok"})
-            };
-            report(&h, &k.agent, &t[0], "w", result).await;
-        }
-        seen
-    };
-    let (r, seen) = tokio::join!(effect, worker);
+    let done = json!({"status": "done", "output": "ok"});
+    let (r, seen) = push_served(&h, &k.agent, &tx, "a", &[busy.clone(), busy.clone(), done]).await;
     assert_eq!((r.status, r.body["ack"].as_str(), &r.body["output"]), (200, Some("executed"), &json!("ok")), "{r:?}");
     assert!(seen.iter().all(|(key, _)| *key == seen[0].0), "one key: {seen:?}");
     assert_eq!(seen.iter().map(|(_, a)| *a).collect::<Vec<_>>(), [1, 2, 3]);
 
     // Busy on every attempt: the transaction aborts retryably (tool_unavailable).
     let tx = begin(&h, &k.agent, &["kv:gw:*"]).await;
-    let effect = {
-        let (h2, key, tx) = (&h, k.agent.clone(), tx.clone());
-        async move {
-            h2.req("POST", &format!("/v1/transactions/{tx}/effects"), Some(&key), Some(json!({"tool": "push", "args": {"id": "b"}})))
-                .await
-        }
-    };
-    let worker = async {
-        for _ in 0..3 {
-            let t = poll(&h, &k.agent, "w", &["gw"], 5000).await;
-            assert_eq!(t.len(), 1);
-            report(&h, &k.agent, &t[0], "w", json!({"status": "not_applied", "error": "busy", "retry": true})).await;
-        }
-    };
-    let (r, ()) = tokio::join!(effect, worker);
+    let (r, _) = push_served(&h, &k.agent, &tx, "b", &[busy.clone(), busy.clone(), busy]).await;
     assert_eq!((r.status, r.body["code"].as_str()), (409, Some("transaction_aborted")), "{r:?}");
     let reason = &r.body["transaction"]["outcome"]["reason"];
     assert_eq!((reason["kind"].as_str(), reason["retryable"].as_bool()), (Some("tool_unavailable"), Some(true)), "{r:?}");
@@ -350,18 +333,7 @@ async fn not_applied_with_retry_queues_the_task_again_within_the_capability_atte
 
     // Without retry it is final at once.
     let tx = begin(&h, &k.agent, &["kv:gw:*"]).await;
-    let effect = {
-        let (h2, key, tx) = (&h, k.agent.clone(), tx.clone());
-        async move {
-            h2.req("POST", &format!("/v1/transactions/{tx}/effects"), Some(&key), Some(json!({"tool": "push", "args": {"id": "c"}})))
-                .await
-        }
-    };
-    let worker = async {
-        let t = poll(&h, &k.agent, "w", &["gw"], 5000).await;
-        report(&h, &k.agent, &t[0], "w", json!({"status": "not_applied", "error": "declined"})).await;
-    };
-    let (r, ()) = tokio::join!(effect, worker);
+    let (r, _) = push_served(&h, &k.agent, &tx, "c", &[json!({"status": "not_applied", "error": "declined"})]).await;
     let reason = &r.body["transaction"]["outcome"]["reason"];
     assert_eq!((reason["kind"].as_str(), reason["retryable"].as_bool()), (Some("tool_failed"), Some(false)), "{r:?}");
     h.stop().await;
