@@ -46,6 +46,24 @@ impl Tidegate {
 }
 
 impl Tidegate {
+    /// A handle on the unsettled speculation group `id` of this engine, e.g. one whose
+    /// branches `recover_keeping_open` kept open across a restart, so that its agent (or a
+    /// server acting for it) can choose a winner and commit, or abort it. Branches that have
+    /// finished are in [`Speculation::branches`] too (their operations say how they ended).
+    /// A winner chosen before a restart is not in the ledger: choose it again. A group whose
+    /// branches have all finished, or an id never issued, is `EngineError::UnknownGroup`.
+    pub fn speculation(&self, id: GroupId) -> Result<Speculation> {
+        let g = self.inner.shared.lock();
+        let branches = g.core.branches(id)?;
+        let epoch = branches
+            .iter()
+            .find_map(|b| g.core.epoch(*b).ok())
+            .ok_or(tidegate_core::EngineError::UnknownGroup { group: id })?;
+        drop(g);
+        let branches = branches.into_iter().map(|tx| Transaction::new(self.clone(), tx, epoch)).collect();
+        Ok(Speculation { engine: self.clone(), group: id, epoch, branches })
+    }
+
     /// Runs the losers' aborts in a task of their own (dropping the caller's future does not
     /// leave them aborting).
     async fn run_aborts_detached(&self, plans: Vec<tidegate_core::engine::AbortPlan>) -> Result<Vec<Outcome>> {

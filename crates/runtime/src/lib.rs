@@ -61,7 +61,7 @@ pub use ticket::{Step, Ticket, TicketAction};
 pub use tidegate_core::engine::{EffectView, ReadResult, SealedView};
 pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};
 pub use tidegate_core::{
-    Ablation, AbortReason, CallOutcome, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch,
+    Ablation, AbortReason, CallOutcome, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, GroupId,
     Isolation, Level, Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
 };
 /// The embedded ledger backend (feature `sqlite`, default on): a durable engine is

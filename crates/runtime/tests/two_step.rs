@@ -294,3 +294,31 @@ async fn an_open_transaction_is_resumed_by_id_after_a_restart() {
     let never = tidegate_runtime::TxId(open.0 + 1000);
     assert!(matches!(tg.transaction(never), Err(Error::Engine(tidegate_runtime::EngineError::UnknownTx { .. }))));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_speculation_group_is_resumed_by_id_after_a_restart() {
+    let store: Arc<dyn tidegate_runtime::LedgerStore> = Arc::new(tidegate_runtime::MemoryStore::new());
+    let seen = Arc::new(Seen::default());
+    let (group, branches) = {
+        let tg = Tidegate::builder().store(store.clone()).build().unwrap();
+        let hotel = tool("hotel", EffectClass::Reversible, &seen, None);
+        let spec = tg.speculate(tidegate_runtime::TxOptions::agent("a").may_touch(["retail:order:*"]), 2).unwrap();
+        for (b, id) in spec.branches().iter().zip(["W1", "W2"]) {
+            b.call(&hotel, json!({"id": id})).await.unwrap();
+        }
+        (spec.id(), spec.branches().iter().map(|b| b.id()).collect::<Vec<_>>())
+    };
+    let tg = Tidegate::builder().store(store.clone()).build().unwrap();
+    tg.register(&tool("hotel", EffectClass::Reversible, &seen, None)).unwrap();
+    tg.recover_keeping_open().await.unwrap();
+    let spec = tg.speculation(group).unwrap();
+    assert_eq!(spec.branches().iter().map(|b| b.id()).collect::<Vec<_>>(), branches);
+    let out = spec.commit_winner(branches[1]).await.unwrap();
+    assert!(out.winner.committed && out.winner.is_clean(), "{out:?}");
+    assert_eq!(out.losers.len(), 1);
+    assert_eq!(seen.compensated.lock().len(), 1, "the losing branch's call is undone: {:?}", seen.compensated.lock());
+    // Settled: no longer resumable; an id never issued neither.
+    assert!(matches!(tg.speculation(group), Err(Error::Engine(tidegate_runtime::EngineError::UnknownGroup { .. }))));
+    let never = tidegate_runtime::GroupId(group.0 + 1000);
+    assert!(matches!(tg.speculation(never), Err(Error::Engine(tidegate_runtime::EngineError::UnknownGroup { .. }))));
+}

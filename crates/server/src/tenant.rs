@@ -395,6 +395,16 @@ impl Tenant {
         g
     }
 
+    /// Registers a group resumed by id (begun before a restart), or returns the live handle
+    /// a concurrent request registered first.
+    pub fn resume_group(&self, spec: Speculation) -> Arc<LiveGroup> {
+        self.groups
+            .lock()
+            .entry(spec.id().0)
+            .or_insert_with(|| Arc::new(LiveGroup { spec, settle: Mutex::new(None) }))
+            .clone()
+    }
+
     /// A live group.
     pub fn group(&self, id: u64) -> Option<Arc<LiveGroup>> {
         self.groups.lock().get(&id).cloned()

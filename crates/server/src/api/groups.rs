@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use tidegate_runtime::{TxId, TxOptions};
+use tidegate_runtime::{GroupId, TxId, TxOptions};
 
 use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
@@ -35,7 +35,7 @@ fn group_out(t: &Tenant, g: u64, branches: &[TxId]) -> GroupOut {
         id: ids::format(ids::Kind::Group, &t.tag, g),
         state: if settled { "settled".into() } else { "open".into() },
         winner,
-        resumable: !settled && t.group(g).is_some(),
+        resumable: !settled && (t.group(g).is_some() || t.engine.speculation(GroupId(g)).is_ok()),
         branches: views.iter().map(|v| tx_out(t, v)).collect(),
     }
 }
@@ -98,16 +98,23 @@ pub async fn get(caller: Caller<TxRead>, ApiPath(id): ApiPath<String>) -> ApiRes
     Ok(Json(group_out(t, g, &branches)))
 }
 
+/// The live handle of a group: one this process began, or one kept open across a restart
+/// (`recover_keeping_open`), resumed through the engine with its unsettled branches.
 fn live_group(t: &Tenant, id: &str) -> ApiResult<(u64, Arc<LiveGroup>)> {
     let g = parse_group(t, id)?;
-    match t.group(g) {
-        Some(lg) => Ok((g, lg)),
-        None if t.index.group(g).is_some() => Err(ApiError::conflict(
-            "not_resumable",
-            format!("group {id} was begun before the server restarted, or has settled"),
-        )),
-        None => Err(ApiError::not_found("speculation group", id)),
+    if let Some(lg) = t.group(g) {
+        return Ok((g, lg));
     }
+    let Some(branches) = t.index.group(g) else { return Err(ApiError::not_found("speculation group", id)) };
+    let settled = |b: &TxId| t.index.phase(*b).is_none_or(|p| p.settled());
+    let spec = match t.engine.speculation(GroupId(g)) {
+        Ok(spec) if !branches.iter().all(settled) => spec,
+        _ => return Err(ApiError::conflict("not_resumable", format!("group {id} has settled"))),
+    };
+    for b in spec.branches().iter().filter(|b| !settled(&b.id())) {
+        t.resume_live(b.clone(), Some(g));
+    }
+    Ok((g, t.resume_group(spec)))
 }
 
 fn start(state: &AppState, lg: &Arc<LiveGroup>, kind: &'static str, run: GroupRun) -> SettleOp {

@@ -278,13 +278,15 @@ async fn a_poll_with_no_task_ends_at_its_wait_and_a_capability_in_use_cannot_be_
 
 /// Calls `push` (a worker-served reversible tool) in `tx` while a worker answers its tasks
 /// with `results`, one per task; returns the effect's answer and each task's (key, attempt).
-async fn push_served(h: &Harness, key: &str, tx: &str, id: &str, results: &[Value]) -> (crate::common::Resp, Vec<(String, u64)>) {
-    let effect = h.req(
-        "POST",
-        &format!("/v1/transactions/{tx}/effects"),
-        Some(key),
-        Some(json!({"tool": "push", "args": {"id": id}})),
-    );
+async fn push_served(
+    h: &Harness,
+    key: &str,
+    tx: &str,
+    id: &str,
+    results: &[Value],
+) -> (crate::common::Resp, Vec<(String, u64)>) {
+    let path = format!("/v1/transactions/{tx}/effects");
+    let effect = h.req("POST", &path, Some(key), Some(json!({"tool": "push", "args": {"id": id}})));
     let worker = async {
         let mut seen = Vec::new();
         for (n, result) in results.iter().enumerate() {
@@ -328,7 +330,11 @@ async fn not_applied_with_retry_queues_the_task_again_within_the_capability_atte
     let (r, _) = push_served(&h, &k.agent, &tx, "b", &[busy.clone(), busy.clone(), busy]).await;
     assert_eq!((r.status, r.body["code"].as_str()), (409, Some("transaction_aborted")), "{r:?}");
     let reason = &r.body["transaction"]["outcome"]["reason"];
-    assert_eq!((reason["kind"].as_str(), reason["retryable"].as_bool()), (Some("tool_unavailable"), Some(true)), "{r:?}");
+    assert_eq!(
+        (reason["kind"].as_str(), reason["retryable"].as_bool()),
+        (Some("tool_unavailable"), Some(true)),
+        "{r:?}"
+    );
     assert!(poll(&h, &k.agent, "w", &["gw"], 200).await.is_empty(), "no fourth task");
 
     // Without retry it is final at once.

@@ -178,3 +178,36 @@ async fn a_release_in_doubt_at_shutdown_is_settled_by_the_probe_never_by_a_secon
     assert!(q.body["data"].as_array().unwrap().is_empty(), "no release task was created again: {q:?}");
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_speculation_group_kept_open_across_a_restart_is_resumed_and_settled() {
+    let h = Harness::durable(tempfile::tempdir().unwrap(), quick).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "hold", "reversible", true, false).await;
+    let body = json!({"branches": 2, "may_touch": ["kv:hold:*"], "lease_ms": 600000});
+    let r = h.req("POST", "/v1/groups", Some(&k.agent), Some(body)).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let group = r.body["id"].as_str().unwrap().to_owned();
+    let branches: Vec<String> =
+        r.body["branches"].as_array().unwrap().iter().map(|b| b["id"].as_str().unwrap().to_owned()).collect();
+    for (b, id) in branches.iter().zip(["a", "b"]) {
+        let effect = json!({"tool": "hold", "args": {"id": id}});
+        let r = h.req("POST", &format!("/v1/transactions/{b}/effects"), Some(&k.agent), Some(effect)).await;
+        assert_eq!((r.status, r.body["ack"].as_str()), (200, Some("executed")), "{r:?}");
+    }
+    let dir = h.stop().await.unwrap();
+
+    let h = Harness::durable(dir, quick).await;
+    let r = h.req("GET", &format!("/v1/groups/{group}"), Some(&k.agent), None).await;
+    assert_eq!((r.body["state"].as_str(), r.body["resumable"].as_bool()), (Some("open"), Some(true)), "{r:?}");
+    let commit = json!({"winner": branches[1]});
+    let r = h.req("POST", &format!("/v1/groups/{group}/commit"), Some(&k.agent), Some(commit)).await;
+    assert_eq!((r.status, r.body["state"].as_str()), (200, Some("settled")), "{r:?}");
+    assert_eq!(r.body["winner"], branches[1].as_str());
+    assert_eq!(r.body["resumable"], false);
+    let undo = sink.on("hold/undo");
+    assert_eq!(undo.len(), 1, "the losing branch is undone once: {undo:?}");
+    assert!(undo[0].body.to_string().contains("\"a\""), "{:?}", undo[0]);
+    h.stop().await;
+}
