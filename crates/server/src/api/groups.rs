@@ -126,6 +126,11 @@ fn start(state: &AppState, lg: &Arc<LiveGroup>, kind: &'static str, run: GroupRu
         };
         match r {
             Ok(()) | Err(tidegate_runtime::Error::Aborted(_)) => Ok(()),
+            // The group was looked up before: the engine no longer knowing it means it settled
+            // (every branch finished), not that it never existed.
+            Err(tidegate_runtime::Error::Engine(tidegate_runtime::EngineError::UnknownGroup { .. })) => {
+                Err(ApiError::conflict("wrong_state", "the speculation group has already settled"))
+            }
             Err(e) => Err(from_runtime(e)),
         }
     };

@@ -209,5 +209,8 @@ async fn a_speculation_group_kept_open_across_a_restart_is_resumed_and_settled()
     let undo = sink.on("hold/undo");
     assert_eq!(undo.len(), 1, "the losing branch is undone once: {undo:?}");
     assert!(undo[0].body.to_string().contains("\"a\""), "{:?}", undo[0]);
+    // Settled: the group takes no more decisions (a conflict, not a 404 for a group that exists).
+    let r = h.req("POST", &format!("/v1/groups/{group}/abort"), Some(&k.agent), Some(json!({}))).await;
+    assert_eq!((r.status, r.body["code"].as_str()), (409, Some("wrong_state")), "{r:?}");
     h.stop().await;
 }
