@@ -524,7 +524,8 @@ impl Executor {
             triggers.push(TriggerView { kind: "signal", detail: Value::from(reason.clone()), value: Tri::True });
         }
         for t in &p.triggers {
-            let values: Vec<Tri> = t.atoms.iter().map(|id| self.atoms.get(*id).map_or(Tri::Unknown, |a| a.value)).collect();
+            let values: Vec<Tri> =
+                t.atoms.iter().map(|id| self.atoms.get(*id).map_or(Tri::Unknown, |a| a.value)).collect();
             let value = if t.fired { Tri::True } else { t.node.eval(&values) };
             let detail = serde_json::to_value(&t.predicate).unwrap_or(Value::Null);
             triggers.push(TriggerView { kind: "predicate", detail, value });

@@ -57,9 +57,6 @@ pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
 pub use plan::{CapabilityHandler, Plan, PlanDispatch, PlanOptions};
 pub use read::Read;
-/// The plan executor's crate (descriptors, predicates, views, errors), re-exported.
-pub use tidegate_plans as plans;
-pub use tidegate_plans::{CallResult, Choice, Descriptor, DispatchRequest, PlanDetail, PlanError, PlanId, Predicate};
 pub use recover::RecoveryReport;
 pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};
 pub use ticket::{Step, Ticket, TicketAction};
@@ -69,6 +66,9 @@ pub use tidegate_core::{
     Ablation, AbortReason, CallOutcome, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch,
     Isolation, Level, Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
 };
+/// The plan executor's crate (descriptors, predicates, views, errors), re-exported.
+pub use tidegate_plans as plans;
+pub use tidegate_plans::{CallResult, Choice, Descriptor, DispatchRequest, PlanDetail, PlanError, PlanId, Predicate};
 /// The embedded ledger backend (feature `sqlite`, default on): a durable engine is
 /// `Tidegate::builder().store(Arc::new(SqliteStore::open(dir)?)).build()`.
 #[cfg(feature = "sqlite")]

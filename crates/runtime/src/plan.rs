@@ -333,7 +333,9 @@ impl Tidegate {
         let plans = self.plans().await?;
         let deadline_ms = match opts.deadline {
             None => None,
-            Some(d) => Some(ms(self.inner.clock.now()).saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+            Some(d) => {
+                Some(ms(self.inner.clock.now()).saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+            }
         };
         let id = plans.open(&opts.owner, deadline_ms, opts.cascade_limit).await?;
         let plan = Plan { engine: self.clone(), id };
@@ -488,7 +490,10 @@ pub(crate) struct LedgerLog {
 
 impl LedgerLog {
     fn engine(&self) -> std::result::Result<Tidegate, PlanError> {
-        self.inner.upgrade().map(|inner| Tidegate { inner }).ok_or_else(|| PlanError::Log("the engine was dropped".into()))
+        self.inner
+            .upgrade()
+            .map(|inner| Tidegate { inner })
+            .ok_or_else(|| PlanError::Log("the engine was dropped".into()))
     }
 
     fn scan(

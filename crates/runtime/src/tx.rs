@@ -310,11 +310,7 @@ impl Transaction {
 
     /// The descriptor to record with a call of `tool`: checked inside a plan step (a
     /// reversible call needs one, a gated call cannot have one), dropped outside.
-    fn compensation(
-        &self,
-        tool: &Tool,
-        descriptor: Option<tidegate_plans::Descriptor>,
-    ) -> Result<Option<Arc<Value>>> {
+    fn compensation(&self, tool: &Tool, descriptor: Option<tidegate_plans::Descriptor>) -> Result<Option<Arc<Value>>> {
         let Some(plan) = self.engine.plan_of(self.id) else { return Ok(None) };
         let class = tool.class();
         match descriptor {

@@ -289,11 +289,7 @@ async fn a_reopened_engine_rearms_the_deadline_and_fires_each_compensation_exact
     wait_for("three compensations", || sink.compensations().len() == 3).await;
     assert_eq!(
         sink.compensations(),
-        vec![
-            "cancel B-c1 book-c1#compensate",
-            "cancel B-h1 book-h1#compensate",
-            "cancel B-f1 book-f1#compensate"
-        ]
+        vec!["cancel B-c1 book-c1#compensate", "cancel B-h1 book-h1#compensate", "cancel B-f1 book-f1#compensate"]
     );
     wait_until("the plan to end", || async {
         tg.plan_detail(plan_id).await.unwrap().unwrap().view.status == Status::Ended(Outcome::Unwound)

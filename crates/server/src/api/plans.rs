@@ -257,7 +257,9 @@ fn state_name(s: &Status) -> String {
         Status::Open => "open".into(),
         Status::Failing { .. } => "failing".into(),
         Status::Stuck { .. } => "stuck".into(),
-        Status::Ended(o) => serde_json::to_value(o).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+        Status::Ended(o) => {
+            serde_json::to_value(o).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+        }
     }
 }
 
@@ -297,7 +299,10 @@ fn plan_out(t: &Tenant, d: PlanDetail) -> PlanOut {
                 }
                 .into(),
                 state: r.state.into(),
-                verdict: r.verdict.and_then(|v| serde_json::to_value(v).ok()).and_then(|v| v.as_str().map(str::to_owned)),
+                verdict: r
+                    .verdict
+                    .and_then(|v| serde_json::to_value(v).ok())
+                    .and_then(|v| v.as_str().map(str::to_owned)),
                 attempts: r.attempts,
             })
             .collect(),

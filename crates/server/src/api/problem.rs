@@ -246,7 +246,8 @@ pub fn from_runtime(e: tidegate_runtime::Error) -> ApiError {
         missing @ E::MissingDescriptor { .. } => {
             let mut e = ApiError::new(StatusCode::BAD_REQUEST, "missing_descriptor", missing.to_string());
             e.field = Some("compensate".into());
-            e.expected = Some("a compensation descriptor {capability, args}: a reversible effect in a plan step".into());
+            e.expected =
+                Some("a compensation descriptor {capability, args}: a reversible effect in a plan step".into());
             e
         }
         E::Plan(p) => {

@@ -297,7 +297,8 @@ pub(super) fn call_parts(t: &Tenant, lt: &LiveTx, p: Planned) -> (Tool, Value, C
     let tx = lt.handle.id();
     let key = p.key.unwrap_or_else(|| format!("{}:{}:{}", ids::tx(&t.tag, tx), p.tool.name, lt.next_seq()));
     let env = envelope(p.args, &key);
-    let opts = CallOptions { key: Some(key), scopes: Some(p.scopes), compensate: p.compensate, ..CallOptions::default() };
+    let opts =
+        CallOptions { key: Some(key), scopes: Some(p.scopes), compensate: p.compensate, ..CallOptions::default() };
     (p.tool.tool.clone(), env, opts)
 }
 

@@ -99,7 +99,8 @@ fn normalise(r: &crate::common::Resp, ids: &Ids) -> String {
         o.remove("signature");
     }
     let mut s = format!("{} {}", r.status, b);
-    for id in [&ids.tx, &ids.branch, &ids.group, &ids.task, &ids.tool, &ids.capability, &ids.key, &ids.review, &ids.plan]
+    for id in
+        [&ids.tx, &ids.branch, &ids.group, &ids.task, &ids.tool, &ids.capability, &ids.key, &ids.review, &ids.plan]
     {
         s = s.replace(id.as_str(), "<ID>");
     }
@@ -195,7 +196,9 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
     assert_eq!(r.body["status"], "awaiting_review", "{r:?}");
     let review = r.body["id"].as_str().unwrap().to_owned();
     // A plan of the first tenant, open, with a deadline.
-    let r = h.req("POST", "/v1/plans", Some(&a.agent), Some(json!({"owner": "acme-owner", "deadline_in_ms": 3600000}))).await;
+    let r = h
+        .req("POST", "/v1/plans", Some(&a.agent), Some(json!({"owner": "acme-owner", "deadline_in_ms": 3600000})))
+        .await;
     assert_eq!(r.status, 201, "{r:?}");
     let plan = r.body["id"].as_str().unwrap().to_owned();
     let ids = Ids {

@@ -55,9 +55,9 @@ async fn get(http: &reqwest::Client, base: &str, key: &str, path: &str) -> Value
 }
 
 fn python() -> Option<&'static str> {
-    ["python3", "python"].into_iter().find(|p| {
-        std::process::Command::new(p).arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
-    })
+    ["python3", "python"]
+        .into_iter()
+        .find(|p| std::process::Command::new(p).arg("--version").output().map(|o| o.status.success()).unwrap_or(false))
 }
 
 async fn run_agent(py: &str, dir: &Path, base: &str, key: &str, deadline_ms: u64) -> String {

@@ -329,20 +329,18 @@ impl<'a> Record<'a> {
                 compensable,
                 adapter_key,
                 compensation,
-            } => {
-                Record::EffectRecorded {
-                    tx: tx.0,
-                    effect: effect.0,
-                    tool: s(tool),
-                    class: class(*c)?,
-                    scopes: scopes.iter().map(s).collect(),
-                    key: s(key),
-                    args: Cow::Borrowed(&**args),
-                    compensable: *compensable,
-                    adapter_key: *adapter_key,
-                    compensation: compensation.as_deref().map(Cow::Borrowed),
-                }
-            }
+            } => Record::EffectRecorded {
+                tx: tx.0,
+                effect: effect.0,
+                tool: s(tool),
+                class: class(*c)?,
+                scopes: scopes.iter().map(s).collect(),
+                key: s(key),
+                args: Cow::Borrowed(&**args),
+                compensable: *compensable,
+                adapter_key: *adapter_key,
+                compensation: compensation.as_deref().map(Cow::Borrowed),
+            },
             Event::EffectExecuted { tx, effect, output } => {
                 Record::EffectExecuted { tx: tx.0, effect: effect.0, output: Cow::Borrowed(&**output) }
             }
@@ -413,26 +411,24 @@ impl<'a> Record<'a> {
                 compensable,
                 adapter_key,
                 compensation,
-            } => {
-                Event::EffectRecorded {
-                    tx: TxId(tx),
-                    effect: EffectId(effect),
-                    tool: arc(tool),
-                    class: match class {
-                        ClassRecord::Reversible => EffectClass::Reversible,
-                        ClassRecord::ReversibleWithCost => EffectClass::ReversibleWithCost,
-                        ClassRecord::Bufferable => EffectClass::Bufferable,
-                        ClassRecord::Gated => EffectClass::Gated,
-                        ClassRecord::Idempotent => EffectClass::Idempotent,
-                    },
-                    scopes: scopes.into_iter().map(arc).collect(),
-                    key: arc(key),
-                    args: value(args),
-                    compensable,
-                    adapter_key,
-                    compensation: compensation.map(value),
-                }
-            }
+            } => Event::EffectRecorded {
+                tx: TxId(tx),
+                effect: EffectId(effect),
+                tool: arc(tool),
+                class: match class {
+                    ClassRecord::Reversible => EffectClass::Reversible,
+                    ClassRecord::ReversibleWithCost => EffectClass::ReversibleWithCost,
+                    ClassRecord::Bufferable => EffectClass::Bufferable,
+                    ClassRecord::Gated => EffectClass::Gated,
+                    ClassRecord::Idempotent => EffectClass::Idempotent,
+                },
+                scopes: scopes.into_iter().map(arc).collect(),
+                key: arc(key),
+                args: value(args),
+                compensable,
+                adapter_key,
+                compensation: compensation.map(value),
+            },
             Record::EffectExecuted { tx, effect, output } => {
                 Event::EffectExecuted { tx: TxId(tx), effect: EffectId(effect), output: value(output) }
             }
