@@ -183,6 +183,7 @@ impl PlanState {
     /// Stops the executor task (the engine stopped or is dropped).
     pub(crate) fn stop(&self) {
         self.feed.state.lock().active = false;
+        self.feed.listening.store(false, std::sync::atomic::Ordering::SeqCst);
         self.running.lock().take();
     }
 }
@@ -205,6 +206,9 @@ impl Drop for Running {
 pub(crate) struct Feed {
     pub(crate) state: Mutex<FeedState>,
     notify: Notify,
+    /// `state.active`, read without the lock on every engine append (set and cleared under
+    /// the engine lock or before any executor exists, so `with_core` never misses a change).
+    listening: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -301,7 +305,7 @@ impl Tidegate {
 
     /// Whether the plan feed wants the engine's events (so `with_core` keeps a copy).
     pub(crate) fn plans_listening(&self) -> bool {
-        self.inner.plans.feed.state.lock().active
+        self.inner.plans.feed.listening.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The plan `tx` is a step of, if any.
@@ -331,12 +335,8 @@ impl Tidegate {
     /// Opens a plan (appends `plan_opened` durably, then arms its triggers).
     pub async fn plan(&self, opts: PlanOptions) -> Result<Plan> {
         let plans = self.plans().await?;
-        let deadline_ms = match opts.deadline {
-            None => None,
-            Some(d) => {
-                Some(ms(self.inner.clock.now()).saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
-            }
-        };
+        let now = ms(self.inner.clock.now());
+        let deadline_ms = opts.deadline.map(|d| now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
         let id = plans.open(&opts.owner, deadline_ms, opts.cascade_limit).await?;
         let plan = Plan { engine: self.clone(), id };
         for t in opts.triggers {
@@ -403,6 +403,7 @@ impl Tidegate {
                 // Nobody folds the feed: stop filling it.
                 let mut feed = self.inner.plans.feed.state.lock();
                 feed.active = false;
+                self.inner.plans.feed.listening.store(false, std::sync::atomic::Ordering::SeqCst);
                 feed.queue.clear();
                 return Err(e.into());
             }
@@ -577,6 +578,7 @@ impl tidegate_plans::PlanLog for LedgerLog {
         }
         let mut feed = self.feed.state.lock();
         feed.active = true;
+        self.feed.listening.store(true, std::sync::atomic::Ordering::SeqCst);
         feed.queue.clear();
         feed.steps = st.steps;
         feed.scopes = st.scopes;
