@@ -311,3 +311,57 @@ async fn a_reopened_engine_rearms_the_deadline_and_fires_each_compensation_exact
     drop(tg);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Confirm before undo: a held effect whose release ended with an unknown outcome is in doubt;
+/// the executor asks its `forward_probe` and, told it never happened, skips its compensation
+/// (while the effect before it, which did happen, is compensated).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_in_doubt_forward_effect_is_probed_and_never_compensated_if_it_did_not_happen() {
+    let sink = Sink::default();
+    let tg = Tidegate::in_memory().unwrap();
+    cancel_capability(&tg, &sink);
+    let s = sink.clone();
+    tg.capability("unstage", move |req| {
+        let s = s.clone();
+        async move {
+            s.0.lock().push(format!("unstage {}", req.key));
+            CallResult::Done { output: json!(null), residue: None }
+        }
+    });
+    let s = sink.clone();
+    tg.capability("stage-happened", move |req| {
+        let s = s.clone();
+        async move {
+            s.0.lock().push(format!("probe {}", req.key));
+            CallResult::NotApplied("no such write".into())
+        }
+    });
+    let tool = book(&sink);
+    let stage = Tool::builder("stage", EffectClass::Bufferable)
+        .scope(|a| format!("kv:stage:{}", a["id"].as_str().unwrap_or_default()))
+        .call(|_| async { Err(tidegate_runtime::ToolError::unknown("timed out after sending")) })
+        .build()
+        .unwrap();
+    let plan = tg.plan(PlanOptions::owner("ops")).await.unwrap();
+    step(&plan, &tool, &["f1"]).await;
+    let tx = plan.begin(TxOptions::agent("a").may_touch(["kv:stage:s1"])).await.unwrap();
+    let d = Descriptor { forward_probe: Some("stage-happened".into()), ..Descriptor::new("unstage", json!({})) };
+    tx.call_with(&stage, json!({"id": "s1"}), CallOptions::compensate(d)).await.unwrap();
+    tx.seal().unwrap();
+    let _ = tx.commit().await; // the release's outcome is unknown, however the commit reports it
+    let detail = plan.detail().await.unwrap();
+    assert_eq!(
+        detail.registrations[0].forward,
+        tidegate_runtime::plans::Forward::InDoubt,
+        "the release ended unknown: {detail:?}"
+    );
+    plan.fail("refused").await.unwrap();
+    wait_until("the plan to end", || async {
+        plan.detail().await.unwrap().view.status == Status::Ended(Outcome::Unwound)
+    })
+    .await;
+    let seen = sink.seen();
+    assert!(seen.iter().any(|s| s.starts_with("probe ")), "the forward probe was asked: {seen:?}");
+    assert!(!seen.iter().any(|s| s.starts_with("unstage")), "never compensated: {seen:?}");
+    assert_eq!(sink.compensations(), vec!["cancel B-f1 book-f1#compensate"]);
+}
