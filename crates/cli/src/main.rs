@@ -10,6 +10,7 @@ mod demo;
 mod eval;
 mod key;
 mod ledger;
+mod plans;
 mod review;
 mod serve;
 mod tenant;
@@ -65,6 +66,14 @@ enum Command {
         #[command(subcommand)]
         cmd: key::Cmd,
     },
+    /// Plans on a running server: list, show, signal a failure, resolve a stuck plan
+    /// (docs/plans.md).
+    Plans {
+        #[command(flatten)]
+        conn: review::Conn,
+        #[command(subcommand)]
+        cmd: plans::Cmd,
+    },
     /// Review LLM-generated database transactions on a running server (docs/review.md).
     Review {
         #[command(flatten)]
@@ -87,6 +96,7 @@ fn main() -> std::process::ExitCode {
         Command::Tenant { cmd } => tenant::run(cmd),
         Command::Key { cmd } => key::run(cmd),
         Command::Review { conn, cmd } => review::run(conn, cmd),
+        Command::Plans { conn, cmd } => plans::run(conn, cmd),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -204,15 +204,15 @@ impl std::fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
-/// A blocking client of one server with one key.
-struct Client {
+/// A blocking client of one server with one key (also `tidegate plans`).
+pub(crate) struct Client {
     base: String,
     key: String,
     agent: ureq::Agent,
 }
 
 impl Client {
-    fn new(conn: Conn) -> anyhow::Result<Client> {
+    pub(crate) fn new(conn: Conn) -> anyhow::Result<Client> {
         let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let base = conn.url.or_else(|| env("TIDEGATE_URL")).unwrap_or_else(|| DEFAULT_URL.to_owned());
         if base.starts_with("https://") {
@@ -233,7 +233,13 @@ impl Client {
     }
 
     /// One call; 429 and 503 are retried after the server's `Retry-After` (at most 5 s).
-    fn call(&self, method: &str, path: &str, body: Option<&Value>, idem: Option<&str>) -> anyhow::Result<Value> {
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        idem: Option<&str>,
+    ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         let mut attempt = 1;
         loop {
@@ -283,7 +289,7 @@ impl Client {
         }
     }
 
-    fn get(&self, path: &str) -> anyhow::Result<Value> {
+    pub(crate) fn get(&self, path: &str) -> anyhow::Result<Value> {
         self.call("GET", path, None, None)
     }
 }

@@ -18,7 +18,7 @@ const ALLOWED: [(&str, &[&str]); 10] = [
     ("tidegate-detect", &[]),
     ("tidegate-storage", &["tidegate-core"]),
     ("tidegate-sqlite", &["tidegate-core", "tidegate-storage"]),
-    ("tidegate-runtime", &["tidegate-core", "tidegate-storage", "tidegate-detect"]),
+    ("tidegate-runtime", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-plans"]),
     ("tidegate-eval", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-runtime"]),
     (
         "tidegate-server",

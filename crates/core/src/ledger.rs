@@ -80,6 +80,11 @@ pub enum Event {
         /// Whether the key came from the adapter (engine-wide) rather than being derived
         /// (local to the transaction).
         adapter_key: bool,
+        /// A durable compensation descriptor (docs/plans.md: `{capability, args, key?,
+        /// probe?, forward_probe?}`), recorded in the same append as the forward effect so
+        /// that both or neither are in the ledger. The engine never looks inside; the plan
+        /// executor holds it until the effect's plan ends. `None` for most effects.
+        compensation: Option<Arc<Value>>,
     },
     /// An eager effect executed; registers its compensation.
     EffectExecuted {

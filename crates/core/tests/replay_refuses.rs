@@ -829,6 +829,7 @@ fn a_twenty_thousand_segment_logged_scope_replays_without_stack_overflow() {
                 args: Arc::new(json!(1)),
                 compensable: false,
                 adapter_key: false,
+                compensation: None,
             },
             Event::Sealed { tx: t },
         ];

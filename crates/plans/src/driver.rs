@@ -10,7 +10,7 @@ use std::sync::Mutex as SyncMutex;
 use tokio::sync::{Mutex, Notify, mpsc};
 
 use crate::error::PlanError;
-use crate::executor::{Action, CallResult, DispatchRequest, Executor, PlanView};
+use crate::executor::{Action, CallResult, DispatchRequest, Executor, PlanDetail, PlanView};
 use crate::fact::{Choice, EffectId, Entry, Observation, PlanFact, PlanId, StuckReason, TxId, Verdict};
 use crate::predicate::Predicate;
 
@@ -21,6 +21,17 @@ pub trait PlanLog: Send + Sync + 'static {
     fn append(&self, entries: Vec<Entry>) -> impl Future<Output = Result<(), PlanError>> + Send;
     /// Every entry from the start, in order.
     fn read_all(&self) -> Result<Vec<Entry>, PlanError>;
+    /// Engine facts the log saw appended since the last call (after those `read_all`
+    /// returned), in ledger order: a log bound to a live engine feeds them here, and the
+    /// driver folds them before every command and every decision. Default: none (a log whose
+    /// engine facts arrive through [`Plans::observe`]).
+    fn drain(&self) -> Vec<Observation> {
+        Vec::new()
+    }
+    /// Resolves when [`PlanLog::drain`] may have something new. Default: never.
+    fn changed(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending::<()>()
+    }
 }
 
 /// Runs a dispatch by capability (webhook or pull worker in the server).
@@ -134,12 +145,20 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
         }))
     }
 
+    /// Folds the engine facts the log has seen since the last call.
+    fn catch_up(&self, exec: &mut Executor) {
+        for o in self.log.drain() {
+            exec.observe(&o);
+        }
+    }
+
     async fn command(
         &self,
         f: impl FnOnce(&mut Executor, u64) -> Result<PlanFact, PlanError>,
     ) -> Result<PlanFact, PlanError> {
         let mut exec = self.exec.lock().await;
         self.check()?;
+        self.catch_up(&mut exec);
         let fact = f(&mut exec, self.clock.now_ms())?;
         self.guard(self.log.append(vec![Entry::Plan(fact.clone())]).await)?;
         drop(exec);
@@ -195,6 +214,7 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
     pub async fn observe(&self, o: Observation) -> Result<(), PlanError> {
         let mut exec = self.exec.lock().await;
         self.check()?;
+        self.catch_up(&mut exec);
         exec.observe(&o);
         self.guard(self.log.append(vec![Entry::Engine(o)]).await)?;
         drop(exec);
@@ -220,12 +240,28 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
 
     /// The owner-intervention queue.
     pub async fn stuck(&self) -> Vec<(PlanId, StuckReason)> {
-        self.exec.lock().await.stuck()
+        let mut exec = self.exec.lock().await;
+        self.catch_up(&mut exec);
+        exec.stuck()
     }
 
     /// Every plan.
     pub async fn plans(&self) -> Vec<PlanView> {
-        self.exec.lock().await.plans()
+        let mut exec = self.exec.lock().await;
+        self.catch_up(&mut exec);
+        exec.plans()
+    }
+
+    /// One plan in full (registrations in unwind order, triggers with their values now).
+    pub async fn detail(&self, plan: PlanId) -> Option<PlanDetail> {
+        let mut exec = self.exec.lock().await;
+        self.catch_up(&mut exec);
+        exec.detail(plan, self.clock.now_ms())
+    }
+
+    /// The tenant this executor serves.
+    pub async fn tenant(&self) -> String {
+        self.exec.lock().await.tenant().to_owned()
     }
 
     /// The executor loop: decide, make the decision durable, dispatch, record results, sleep
@@ -236,6 +272,7 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
             let (actions, next) = {
                 let mut exec = self.exec.lock().await;
                 self.check()?;
+                self.catch_up(&mut exec);
                 let d = exec.decide(self.clock.now_ms());
                 if !d.facts.is_empty() {
                     self.guard(self.log.append(d.facts.into_iter().map(Entry::Plan).collect()).await)?;
@@ -265,6 +302,7 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
                     self.guard(self.log.append(vec![Entry::Plan(fact)]).await)?;
                 }
                 _ = self.wake.notified() => {}
+                _ = self.log.changed() => {}
                 _ = sleep => {}
             }
         }

@@ -229,6 +229,7 @@ impl Status {
 
 #[derive(Debug)]
 struct Trigger {
+    predicate: Predicate,
     node: Node,
     atoms: Vec<usize>,
     fired: bool,
@@ -254,6 +255,8 @@ struct Plan {
     regs: Vec<Reg>,
     triggers: Vec<Trigger>,
     pending_fail: Option<(Cause, u32)>,
+    /// The cause and depth of the last failure (for the API).
+    failure: Option<(Cause, u32)>,
     force: bool,
     any_done: bool,
 }
@@ -283,6 +286,59 @@ pub struct PlanView {
     pub steps: Vec<TxId>,
     /// Registrations still held (not compensated, skipped or retired).
     pub held: usize,
+}
+
+/// One held registration as the API shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegistrationView {
+    /// Position within the plan (unwind order is highest first).
+    pub seq: Seq,
+    /// The step's transaction.
+    pub tx: TxId,
+    /// The effect within it.
+    pub effect: EffectId,
+    /// The forward effect's tool.
+    pub tool: String,
+    /// The forward effect's idempotency key.
+    pub key: String,
+    /// The compensation descriptor (`None`: non-compensable).
+    pub descriptor: Option<Value>,
+    /// The forward effect's state.
+    pub forward: Forward,
+    /// `held`, `in_flight`, `in_doubt`, `failed`, `done` or `skipped`.
+    pub state: &'static str,
+    /// A verdict posted about the effect.
+    pub verdict: Option<Verdict>,
+    /// Compensation attempts so far.
+    pub attempts: u32,
+}
+
+/// One trigger of a plan and its current value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TriggerView {
+    /// `deadline`, `signal` or `predicate`.
+    pub kind: &'static str,
+    /// The predicate (for `predicate`), the deadline in engine milliseconds (for `deadline`).
+    pub detail: Value,
+    /// The trigger's value now.
+    pub value: Tri,
+}
+
+/// Everything the API shows of one plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanDetail {
+    /// The summary.
+    pub view: PlanView,
+    /// The deadline, engine clock milliseconds.
+    pub deadline_ms: Option<u64>,
+    /// The plan's cascade limit.
+    pub cascade_limit: u32,
+    /// Why it failed, once a trigger fired (cause and cascade depth).
+    pub failure: Option<(Cause, u32)>,
+    /// Every registration, in unwind order (highest `seq` first).
+    pub registrations: Vec<RegistrationView>,
+    /// The deadline, signal and predicate triggers with their values.
+    pub triggers: Vec<TriggerView>,
 }
 
 /// One tenant's executor state and step function.
@@ -419,6 +475,68 @@ impl Executor {
             status: p.status.clone(),
             steps: p.steps.clone(),
             held: p.regs.iter().filter(|r| !matches!(r.state, RegState::Done | RegState::Skipped)).count(),
+        })
+    }
+
+    /// One plan in full: registrations in unwind order, triggers with their values at `now`.
+    pub fn detail(&self, plan: PlanId, now: u64) -> Option<PlanDetail> {
+        let view = self.plan(plan)?;
+        let p = self.plans.get(&plan)?;
+        let registrations = p
+            .regs
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(seq, r)| RegistrationView {
+                seq: seq as Seq,
+                tx: r.tx,
+                effect: r.effect,
+                tool: r.tool.to_string(),
+                key: r.key.to_string(),
+                descriptor: r.descriptor.as_deref().and_then(|d| serde_json::from_str(d).ok()),
+                forward: r.forward,
+                state: match r.state {
+                    RegState::Held => "held",
+                    RegState::InFlight(_) => "in_flight",
+                    RegState::InDoubt { .. } => "in_doubt",
+                    RegState::Failed(_) => "failed",
+                    RegState::Done => "done",
+                    RegState::Skipped => "skipped",
+                },
+                verdict: r.verdict,
+                attempts: r.attempts,
+            })
+            .collect();
+        let committed = matches!(p.status, Status::Ended(Outcome::Committed));
+        let failure = p.pending_fail.clone().or_else(|| p.failure.clone());
+        let mut triggers = Vec::new();
+        if let Some(d) = p.deadline_ms {
+            let value = match &failure {
+                Some((Cause::Deadline, _)) => Tri::True,
+                _ if committed => Tri::False,
+                _ if now >= d && matches!(p.status, Status::Open) => Tri::True,
+                _ if !matches!(p.status, Status::Open) => Tri::False,
+                _ => Tri::Unknown,
+            };
+            triggers.push(TriggerView { kind: "deadline", detail: Value::from(d), value });
+        }
+        if let Some((Cause::Signal { reason }, _)) = &failure {
+            triggers.push(TriggerView { kind: "signal", detail: Value::from(reason.clone()), value: Tri::True });
+        }
+        for t in &p.triggers {
+            let values: Vec<Tri> =
+                t.atoms.iter().map(|id| self.atoms.get(*id).map_or(Tri::Unknown, |a| a.value)).collect();
+            let value = if t.fired { Tri::True } else { t.node.eval(&values) };
+            let detail = serde_json::to_value(&t.predicate).unwrap_or(Value::Null);
+            triggers.push(TriggerView { kind: "predicate", detail, value });
+        }
+        Some(PlanDetail {
+            view,
+            deadline_ms: p.deadline_ms,
+            cascade_limit: p.cascade_limit,
+            failure,
+            registrations,
+            triggers,
         })
     }
 
@@ -671,6 +789,7 @@ impl Executor {
                         regs: Vec::new(),
                         triggers: Vec::new(),
                         pending_fail: None,
+                        failure: None,
                         force: false,
                         any_done: false,
                     },
@@ -716,7 +835,12 @@ impl Executor {
                     }
                     self.atoms.push(AtomSlot { plan: *plan, trigger, atom, value, witness });
                 }
-                self.plan_mut(*plan)?.triggers.push(Trigger { node, atoms: ids, fired: false });
+                self.plan_mut(*plan)?.triggers.push(Trigger {
+                    predicate: predicate.clone(),
+                    node,
+                    atoms: ids,
+                    fired: false,
+                });
                 self.eval_trigger(*plan, trigger);
             }
             PlanFact::PlanCommitted { plan, .. } => self.end_plan(*plan, Outcome::Committed)?,
@@ -803,8 +927,9 @@ impl Executor {
                     }
                 }
             }
-            PlanFact::PlanFailed { plan, depth, .. } => {
+            PlanFact::PlanFailed { plan, cause, depth, .. } => {
                 let p = self.plan_mut(*plan)?;
+                p.failure = Some((cause.clone(), *depth));
                 p.status = Status::Failing { depth: *depth };
                 p.pending_fail = None;
             }

@@ -31,7 +31,8 @@ mod wheel;
 pub use driver::{Clock, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
 pub use error::PlanError;
 pub use executor::{
-    Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PlanView, Status, resolve_args,
+    Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PlanDetail, PlanView,
+    RegistrationView, Status, TriggerView, resolve_args,
 };
 pub use fact::{
     Cause, Choice, CompResult, DEFAULT_CASCADE_LIMIT, Descriptor, EffectId, Entry, MAX_CASCADE_LIMIT,

@@ -96,6 +96,7 @@ pub struct Builder {
     trace: Option<Arc<dyn TraceSink>>,
     checkpoints: CheckpointPolicy,
     task_scope: Option<TaskScope>,
+    tenant: Option<String>,
 }
 
 /// Carries a caller's task-local context into the tasks the engine spawns to settle its
@@ -124,6 +125,13 @@ impl Builder {
     /// [`TaskScope`]).
     pub fn task_scope(mut self, scope: TaskScope) -> Self {
         self.task_scope = Some(scope);
+        self
+    }
+
+    /// The tenant this engine's plan executor serves (default `default`): a plan trigger
+    /// naming another tenant is refused (docs/plans.md).
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
         self
     }
 
@@ -310,6 +318,7 @@ impl Builder {
                 handle,
                 checkpointer,
                 open,
+                plans: crate::plan::PlanState::new(self.tenant.unwrap_or_else(|| "default".to_owned())),
                 _own: own,
             }),
         })
@@ -434,6 +443,8 @@ pub(crate) struct Inner {
     pub(crate) checkpointer: Option<Checkpointer>,
     /// How the projections were rebuilt at build.
     pub(crate) open: ReplayReport,
+    /// Plans: the feed of engine facts, the capabilities and the executor (plan.rs).
+    pub(crate) plans: crate::plan::PlanState,
     _own: Option<OwnedRuntime>,
 }
 
@@ -462,6 +473,7 @@ impl Tidegate {
             trace: None,
             checkpoints: CheckpointPolicy::default(),
             task_scope: None,
+            tenant: None,
         }
     }
 
@@ -736,9 +748,12 @@ impl Tidegate {
             // With automatic checkpoints, the batch is also handed to the replaying shadow
             // (one clone per event, in ledger order, instead of re-reading the store).
             let fed = self.inner.checkpointer.as_ref().filter(|ck| ck.feeding());
-            let appended = match fed {
-                None => self.inner.store.append(&mut g.core.take_events()).map(|l| (l, None)),
-                Some(_) => {
+            // The plan executor follows the engine's events too (plan.rs), fed here under the
+            // lock so that it sees them in ledger order.
+            let plans = self.plans_listening();
+            let appended = match (fed, plans) {
+                (None, false) => self.inner.store.append(&mut g.core.take_events()).map(|l| (l, None)),
+                _ => {
                     let batch: Vec<tidegate_core::Event> = g.core.take_events().collect();
                     self.inner.store.append(&mut batch.iter().cloned()).map(|l| (l, Some(batch)))
                 }
@@ -746,8 +761,11 @@ impl Tidegate {
             match appended {
                 Ok((l, batch)) => {
                     lsn = l;
+                    if plans && let Some(b) = &batch {
+                        self.feed_plans(b);
+                    }
                     if let Some(ck) = &self.inner.checkpointer {
-                        ck.appended(l, batch);
+                        ck.appended(l, batch.filter(|_| fed.is_some()));
                     }
                 }
                 Err(e) => {

@@ -75,6 +75,22 @@ pub enum Error {
         /// What was wrong.
         detail: String,
     },
+    /// A reversible call inside a plan without a compensation descriptor
+    /// ([`crate::CallOptions::compensate`]): the plan could never undo it once the step
+    /// commits. Nothing was recorded.
+    #[error(
+        "tool `{tool}` is reversible and its call is a step of plan {plan}: give it a compensation descriptor (CallOptions::compensate), or a plan failure could never undo it"
+    )]
+    MissingDescriptor {
+        /// The tool called.
+        tool: String,
+        /// The plan the transaction is a step of.
+        plan: u64,
+    },
+    /// A plan operation was refused (unknown plan, wrong state, cross-tenant trigger,
+    /// invalid field), or the plan executor's log failed.
+    #[error(transparent)]
+    Plan(#[from] tidegate_plans::PlanError),
     /// The trace file could not be created or written.
     #[error("trace file `{}`: {source}", path.display())]
     Trace {
@@ -95,6 +111,8 @@ impl Error {
                 !committed && reason.as_ref().is_some_and(AbortReason::retryable)
             }
             Error::Store(e) => e.retryable(),
+            // A plan log failure stops the executor until the engine is reopened.
+            Error::Plan(_) | Error::MissingDescriptor { .. } => false,
             Error::InvalidArgument { .. }
             | Error::UnknownTool { .. }
             | Error::CallInterrupted { .. }

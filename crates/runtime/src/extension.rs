@@ -70,6 +70,22 @@ impl Tidegate {
         Ok(lsn)
     }
 
+    /// Records `bodies` to `stream` in one append (both or none) and returns the last LSN,
+    /// without waiting for durability.
+    pub(crate) fn record_extensions(&self, stream: &str, bodies: Vec<Value>) -> Result<Lsn> {
+        let stream = stream_name(stream)?;
+        for b in &bodies {
+            check_body(b)?;
+        }
+        let ((), lsn) = self.with_core(|c| {
+            for b in bodies {
+                c.record_extension(stream.clone(), Arc::new(b));
+            }
+            Ok(())
+        })?;
+        Ok(lsn)
+    }
+
     /// Appends `body` to the extension stream `stream` and returns its LSN once it is durable.
     /// Records of one engine are ordered with each other and with the engine's own events.
     pub async fn append_extension(&self, stream: &str, body: Value) -> Result<Lsn> {

@@ -37,6 +37,7 @@ mod error;
 pub mod extension;
 mod group;
 pub mod hooks;
+mod plan;
 mod policy;
 mod read;
 mod recover;
@@ -54,6 +55,7 @@ pub use error::{Error, FailureKind, Result};
 pub use extension::MAX_STREAM_BYTES;
 pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
+pub use plan::{CapabilityHandler, Plan, PlanDispatch, PlanOptions};
 pub use read::Read;
 pub use recover::RecoveryReport;
 pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};
@@ -64,6 +66,9 @@ pub use tidegate_core::{
     Ablation, AbortReason, CallOutcome, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, GroupId,
     Isolation, Level, Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
 };
+/// The plan executor's crate (descriptors, predicates, views, errors), re-exported.
+pub use tidegate_plans as plans;
+pub use tidegate_plans::{CallResult, Choice, Descriptor, DispatchRequest, PlanDetail, PlanError, PlanId, Predicate};
 /// The embedded ledger backend (feature `sqlite`, default on): a durable engine is
 /// `Tidegate::builder().store(Arc::new(SqliteStore::open(dir)?)).build()`.
 #[cfg(feature = "sqlite")]

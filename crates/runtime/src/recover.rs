@@ -52,6 +52,14 @@ impl Tidegate {
     }
 
     async fn recover_with(&self, abort_open: bool) -> Result<RecoveryReport> {
+        let report = self.recover_engine(abort_open).await?;
+        // The plan executor rebuilds itself from the ledger once the engine's own unfinished
+        // work is done (it starts later, at the first plan operation, in a ledger without plans).
+        self.start_plans_if_any().await?;
+        Ok(report)
+    }
+
+    async fn recover_engine(&self, abort_open: bool) -> Result<RecoveryReport> {
         // Every tool the unfinished work needs must be registered before any of it is taken,
         // so that an `UnknownTool` error leaves the work for a later call.
         let needed: Vec<std::sync::Arc<str>> = {

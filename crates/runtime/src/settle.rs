@@ -91,6 +91,7 @@ impl Tidegate {
     pub fn stop(&self) {
         self.inner.poisoned.store(true, std::sync::atomic::Ordering::SeqCst);
         self.inner.stop.notify_waiters();
+        self.inner.plans.stop();
     }
 
     /// [`Tidegate::run_abort`] in a task of its own (see [`Tidegate::detached`]).

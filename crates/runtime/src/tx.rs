@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tidegate_core::engine::{Decision, ExecResult, ReadResult, Recorded, SealedView};
-use tidegate_core::{AbortReason, CallOutcome, EffectDecl, EffectId, Epoch, HeldAck, Outcome, TxId, TxState};
+use tidegate_core::{
+    AbortReason, CallOutcome, EffectClass, EffectDecl, EffectId, Epoch, HeldAck, Outcome, TxId, TxState,
+};
 use tokio::sync::Notify;
 
 use crate::engine::Tidegate;
@@ -80,6 +82,12 @@ pub struct CallOptions {
     /// An opaque value every handler of this call receives in its [`CallCtx`] while the
     /// transaction is unfinished (a binding's live objects; never recorded).
     pub handle: Option<CallHandle>,
+    /// The durable compensation descriptor of a call inside a plan step (docs/plans.md):
+    /// recorded in the same ledger event as the call, held until the plan ends and fired by
+    /// the plan executor if the plan fails. A reversible call in a plan step needs one
+    /// ([`Error::MissingDescriptor`]); a gated call cannot have one (it is irreversible).
+    /// Outside a plan it is not recorded (the tool's compensation handler undoes an abort).
+    pub compensate: Option<tidegate_plans::Descriptor>,
 }
 
 impl CallOptions {
@@ -91,6 +99,17 @@ impl CallOptions {
     /// Options naming the call (see [`CallOptions::call_id`]).
     pub fn call_id(id: impl Into<String>) -> CallOptions {
         CallOptions { call_id: Some(id.into()), ..CallOptions::default() }
+    }
+
+    /// Options with this compensation descriptor (see [`CallOptions::compensate`]).
+    pub fn compensate(descriptor: tidegate_plans::Descriptor) -> CallOptions {
+        CallOptions { compensate: Some(descriptor), ..CallOptions::default() }
+    }
+
+    /// These options with a compensation descriptor.
+    pub fn with_compensation(mut self, descriptor: tidegate_plans::Descriptor) -> CallOptions {
+        self.compensate = Some(descriptor);
+        self
     }
 
     /// These options with the scopes given instead of the tool's extractor's.
@@ -205,6 +224,7 @@ impl Transaction {
     /// executed `Replayed`.
     pub async fn record(&self, tool: &Tool, args: Value, opts: CallOptions) -> Result<Ticket> {
         self.engine.register(tool)?;
+        let compensation = self.compensation(tool, opts.compensate)?;
         let texts = match opts.scopes {
             Some(s) => s,
             None => tool.scopes(&args),
@@ -240,7 +260,7 @@ impl Transaction {
         // the same lock, so the usual one-call-at-a-time path costs no second lock). The key
         // an eager call runs under is read under it too (derived keys live in the engine).
         let ((recorded, must_wait, exec_key), lsn) = self.engine.with_core(|c| {
-            let r = c.record_effect(self.id, decl, now)?;
+            let r = c.record_effect_with(self.id, decl, compensation, now)?;
             let (wait, key) = match r {
                 Recorded::Execute(id) => {
                     let key = given_key.or_else(|| c.effect_key(self.id, id)).unwrap_or_default();
@@ -286,6 +306,34 @@ impl Transaction {
         }
         ticket.start();
         Ok(ticket)
+    }
+
+    /// The descriptor to record with a call of `tool`: checked inside a plan step (a
+    /// reversible call needs one, a gated call cannot have one), dropped outside.
+    fn compensation(&self, tool: &Tool, descriptor: Option<tidegate_plans::Descriptor>) -> Result<Option<Arc<Value>>> {
+        let Some(plan) = self.engine.plan_of(self.id) else { return Ok(None) };
+        let class = tool.class();
+        match descriptor {
+            None if matches!(class, EffectClass::Reversible | EffectClass::ReversibleWithCost) => {
+                Err(Error::MissingDescriptor { tool: tool.name().to_owned(), plan })
+            }
+            None => Ok(None),
+            Some(_) if class == EffectClass::Gated => Err(Error::InvalidArgument {
+                field: "compensate",
+                value: format!("a descriptor for gated tool `{}`", tool.name()),
+                expected: "no descriptor: a gated effect is irreversible (inside a plan it is recorded as \
+                           non-compensable and a plan failing after it fired waits for its owner)",
+            }),
+            Some(d) => {
+                d.validate()?;
+                let v = serde_json::to_value(&d).map_err(|e| Error::InvalidArgument {
+                    field: "compensate",
+                    value: e.to_string(),
+                    expected: "a descriptor that serialises to JSON",
+                })?;
+                Ok(Some(Arc::new(v)))
+            }
+        }
     }
 
     /// Records how an eager call finally ended (the policy is done with it) and answers

@@ -2953,6 +2953,7 @@ impl Synth {
             args: Arc::new(plan.args()),
             compensable: spec.compensable,
             adapter_key: false,
+            compensation: None,
         });
         if spec.class.executes_eagerly() {
             self.h.events.push(Event::EffectExecuted {

@@ -1,4 +1,4 @@
-//! Public ids: `tx_<tag>_<n>`, `grp_<tag>_<n>`, `task_<tag>_<n>`, `rv_<tag>_<n>` (review). The tag is the tenant's;
+//! Public ids: `tx_<tag>_<n>`, `grp_<tag>_<n>`, `task_<tag>_<n>`, `rv_<tag>_<n>` (review), `plan_<tag>_<n>`. The tag is the tenant's;
 //! an id with another tenant's tag is treated exactly as one never issued.
 
 use tidegate_runtime::TxId;
@@ -14,6 +14,8 @@ pub enum Kind {
     Task,
     /// A transaction of the review middleware (`/v1/review`).
     Review,
+    /// A plan (`/v1/plans`).
+    Plan,
 }
 
 impl Kind {
@@ -23,6 +25,7 @@ impl Kind {
             Kind::Group => "grp_",
             Kind::Task => "task_",
             Kind::Review => "rv_",
+            Kind::Plan => "plan_",
         }
     }
 }

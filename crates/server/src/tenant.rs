@@ -222,12 +222,16 @@ impl Tenant {
             // The capability's retry policy is the only one (docs/server.md, invariant 6).
             .retry(RetryPolicy { attempts: 1, ..RetryPolicy::default() })
             .checkpoints(checkpoints)
+            // The tenant's plan executor refuses triggers naming another tenant.
+            .tenant(record.name.clone())
             .build()
             .map_err(|e| tenant_err("build the engine", e))?;
         index.rebuild(&*store).map_err(|e| tenant_err("index the ledger", e.into()))?;
 
         let queue = Arc::new(TaskQueue::new(record.tag.clone()));
         let dispatcher = Arc::new(Dispatcher::new(http, queue, settings.dispatch.clone(), metrics));
+        // Plan compensations and probes go through the same dispatcher as the tools' calls.
+        engine.set_plan_dispatch(Arc::new(PlanDispatcher(dispatcher.clone())));
         for (cap, spec) in catalog.capabilities(&record.name)? {
             dispatcher.put_capability(&cap, spec);
         }
@@ -514,5 +518,44 @@ impl Tenant {
     /// Ledger syncs of the embedded store since it opened.
     pub fn ledger_syncs(&self) -> u64 {
         self.sqlite.as_ref().map_or(0, |s| s.stats().syncs)
+    }
+}
+
+/// The plan executor's dispatch over the tenant's [`Dispatcher`] (webhook or pull worker by
+/// capability): `Compensate` and `Probe`, with the dispatcher's own retries; its outcomes map
+/// one to one (`Failed` is `not_applied`).
+#[derive(Debug)]
+struct PlanDispatcher(Arc<Dispatcher>);
+
+impl tidegate_runtime::PlanDispatch for PlanDispatcher {
+    fn dispatch(
+        &self,
+        r: tidegate_runtime::DispatchRequest,
+    ) -> futures::future::BoxFuture<'static, tidegate_runtime::CallResult> {
+        use crate::dispatch::{DispatchOutcome, DispatchRequest, Operation};
+        use tidegate_runtime::CallResult;
+        let d = self.0.clone();
+        Box::pin(async move {
+            let operation = match r.operation {
+                tidegate_runtime::plans::Operation::Compensate => Operation::Compensate,
+                tidegate_runtime::plans::Operation::Probe => Operation::Probe,
+            };
+            // Attempts are filed under the forward effect's key, as the tools' compensations are.
+            let effect_key = r.key.strip_suffix("#compensate").unwrap_or(&r.key).to_owned();
+            let req = DispatchRequest {
+                capability: r.capability,
+                operation,
+                tool: r.tool,
+                key: r.key,
+                effect_key,
+                args: Arc::new(r.args),
+                output: r.output.map(Arc::new),
+            };
+            match d.dispatch(req).await {
+                DispatchOutcome::Done { output, residue } => CallResult::Done { output, residue },
+                DispatchOutcome::Failed(e) => CallResult::NotApplied(e),
+                DispatchOutcome::Unknown(e) => CallResult::Unknown(e),
+            }
+        })
     }
 }

@@ -15,7 +15,7 @@
 //! | --- | --- |
 //! | `begin` | `tx`, `epoch`, `agent` (string), `group`?, `may_touch`? (list of scopes; absent: undeclared), `lease_until` (ns on the engine clock) |
 //! | `read` | `tx`, `scope`, `version` |
-//! | `effect_recorded` | `tx`, `effect`, `tool`, `class` (`reversible`, `reversible_with_cost`, `bufferable`, `gated`, `idempotent`), `scopes`, `key`, `args` (any JSON), `compensable`, `adapter_key`? |
+//! | `effect_recorded` | `tx`, `effect`, `tool`, `class` (`reversible`, `reversible_with_cost`, `bufferable`, `gated`, `idempotent`), `scopes`, `key`, `args` (any JSON), `compensable`, `adapter_key`?, `compensation`? (a plan's compensation descriptor, any JSON; added within format 3) |
 //! | `effect_executed` | `tx`, `effect`, `output` (any JSON; registers the compensation) |
 //! | `effect_failed` | `tx`, `effect`, `error`, `unknown` |
 //! | `sealed` | `tx` |
@@ -30,7 +30,9 @@
 //! # Version and the rule for adding fields
 //!
 //! The format version is [`LEDGER_FORMAT_VERSION`] (1, the first; 2 added `tool_changed`; 3
-//! added `extension`).
+//! added `extension`, and within 3, before its release, the optional `compensation` of
+//! `effect_recorded`: a record without it reads as an effect with no durable compensation, so
+//! ledgers of formats 1 to 3 written before it read unchanged).
 //! Within one version, fields may only be *added*, and must be optional (absent in older
 //! records reads as a default), so older ledgers still read; removing a field, changing its
 //! meaning or shape, or adding an event kind (or class, disposition, tag, abort reason) older

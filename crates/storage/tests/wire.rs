@@ -69,6 +69,7 @@ fn samples() -> Vec<Event> {
             args: Arc::new(json!({"trip": "T1"})),
             compensable: i % 2 == 0,
             adapter_key: i == 4,
+            compensation: None,
         });
     }
     let reasons = [
@@ -188,4 +189,38 @@ fn an_extension_record_of_format_3_has_fixed_bytes_and_round_trips() {
     assert_eq!(event.tx(), TxId(0));
     let err = wire::decode(r#"{"event":"extension","body":1}"#).unwrap_err();
     assert!(err.contains("missing field `stream`"), "{err}");
+}
+
+/// Within format 3, `effect_recorded` gained the optional `compensation` (a plan's durable
+/// compensation descriptor, docs/plans.md): written last and only when present, so every
+/// record without one keeps its bytes (the golden file above), and an older record reads as
+/// an effect without a descriptor.
+#[test]
+fn a_compensation_descriptor_rides_the_effect_record_and_old_records_read_without_one() {
+    let event = Event::EffectRecorded {
+        tx: TxId(4),
+        effect: EffectId(1),
+        tool: "book".into(),
+        class: EffectClass::Reversible,
+        scopes: vec!["travel:hotel:T1".into()],
+        key: "k-9".into(),
+        args: Arc::new(json!({"trip": "T1"})),
+        compensable: true,
+        adapter_key: true,
+        compensation: Some(Arc::new(json!({"capability": "cancel", "args": {"id": {"$output": "/id"}}}))),
+    };
+    let text = wire::encode(0, &event).unwrap();
+    assert_eq!(
+        text,
+        r#"{"event":"effect_recorded","tx":4,"effect":1,"tool":"book","class":"reversible","scopes":["travel:hotel:T1"],"key":"k-9","args":{"trip":"T1"},"compensable":true,"adapter_key":true,"compensation":{"args":{"id":{"$output":"/id"}},"capability":"cancel"}}"#
+    );
+    assert_eq!(wire::decode(&text).unwrap(), event);
+    let old = text.replace(r#","compensation":{"args":{"id":{"$output":"/id"}},"capability":"cancel"}"#, "");
+    match wire::decode(&old).unwrap() {
+        Event::EffectRecorded { compensation, key, .. } => {
+            assert_eq!(compensation, None);
+            assert_eq!(&*key, "k-9");
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -222,6 +222,18 @@ impl Core {
 
     /// Records an effect and routes it by class.
     pub fn record_effect(&mut self, tx: TxId, decl: EffectDecl, now: Timestamp) -> Result<Recorded, EngineError> {
+        self.record_effect_with(tx, decl, None, now)
+    }
+
+    /// [`Core::record_effect`] with a durable compensation descriptor written in the same
+    /// event ([`Event::EffectRecorded`]'s `compensation`; the engine never reads it).
+    pub fn record_effect_with(
+        &mut self,
+        tx: TxId,
+        decl: EffectDecl,
+        compensation: Option<Arc<Value>>,
+        now: Timestamp,
+    ) -> Result<Recorded, EngineError> {
         if decl.scopes.is_empty() {
             return Err(EngineError::InvalidArgument {
                 field: "scopes",
@@ -267,6 +279,7 @@ impl Core {
             args: decl.args,
             compensable: decl.compensable,
             adapter_key: global_key,
+            compensation,
         };
         self.emit(ev, Given::Effect(SmallVec::from_vec(decl.scopes)));
         let e = self.txs.get(&tx).and_then(|t| t.effects.last()).expect("recorded above");

@@ -13,6 +13,7 @@ mod keys;
 mod ledger;
 mod meta;
 mod middleware;
+pub mod plans;
 pub mod problem;
 mod registry;
 pub mod review;
@@ -45,6 +46,7 @@ use crate::AppState;
         (name = "tasks", description = "Pull-worker tasks"),
         (name = "ledger", description = "Ledger queries"),
         (name = "keys", description = "API keys of the caller's tenant"),
+        (name = "plans", description = "Plans: steps whose compensations are held until the plan commits (docs/plans.md)"),
         (name = "review", description = "Review of LLM-generated database transactions (docs/review.md)"),
         (name = "meta", description = "Identity, health, metrics, this document")
     )
@@ -104,6 +106,15 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(review::accept))
         .routes(routes!(review::remove))
         .routes(routes!(review::queue))
+        .routes(routes!(plans::open, plans::list))
+        .routes(routes!(plans::stuck))
+        .routes(routes!(plans::get))
+        .routes(routes!(plans::commit))
+        .routes(routes!(plans::fail))
+        .routes(routes!(plans::signal))
+        .routes(routes!(plans::verdict))
+        .routes(routes!(plans::arm))
+        .routes(routes!(plans::resolve))
         .routes(routes!(keys::create, keys::list))
         .routes(routes!(keys::revoke))
         .routes(routes!(meta::whoami))

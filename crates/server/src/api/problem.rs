@@ -243,6 +243,25 @@ pub fn from_runtime(e: tidegate_runtime::Error) -> ApiError {
         E::UnknownTool { name, .. } => ApiError::invalid("tool", name, "a tool registered with this tenant"),
         interrupted @ E::CallInterrupted { .. } => ApiError::conflict("call_interrupted", interrupted.to_string()),
         misuse @ E::TicketMisuse { .. } => ApiError::conflict("ticket_misuse", misuse.to_string()),
+        missing @ E::MissingDescriptor { .. } => {
+            let mut e = ApiError::new(StatusCode::BAD_REQUEST, "missing_descriptor", missing.to_string());
+            e.field = Some("compensate".into());
+            e.expected =
+                Some("a compensation descriptor {capability, args}: a reversible effect in a plan step".into());
+            e
+        }
+        E::Plan(p) => {
+            let detail = p.to_string();
+            match p {
+                tidegate_runtime::PlanError::Invalid { field, value, expected } => {
+                    ApiError::invalid(field, value, expected)
+                }
+                tidegate_runtime::PlanError::Log(_) => {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", detail)
+                }
+                _ => ApiError::conflict("plan_refused", detail),
+            }
+        }
         other => ApiError::internal(other.to_string()),
     }
 }

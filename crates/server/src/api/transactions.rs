@@ -127,7 +127,18 @@ pub async fn begin(
     check_scopes("may_touch", &body.may_touch)?;
     let lease = check_lease(body.lease_ms)?;
     let opts = TxOptions { agent: body.agent, may_touch: body.may_touch, lease };
-    let handle = t.engine.begin_with(opts).map_err(from_runtime)?;
+    let handle = match body.plan {
+        // A step of a plan: bound to it (`step_begun`) before its first effect.
+        Some(p) => {
+            let n = super::plans::parse_plan(t, &p)?;
+            let plan = t.engine.plan_by_id(n).await.map_err(|_| ApiError::not_found("plan", &p))?;
+            plan.begin(opts).await.map_err(|e| match e {
+                tidegate_runtime::Error::Plan(pe) => super::plans::from_plan(pe, t),
+                e => from_runtime(e),
+            })?
+        }
+        None => t.engine.begin_with(opts).map_err(from_runtime)?,
+    };
     let tx = handle.id();
     t.add_live(handle, None);
     let v = t.index.view(&*t.store, tx).ok_or_else(|| ApiError::internal("the begin is not in the ledger"))?;
@@ -243,6 +254,8 @@ pub(crate) struct Planned {
     scopes: Vec<String>,
     args: Value,
     key: Option<String>,
+    /// A plan step's compensation descriptor.
+    compensate: Option<tidegate_runtime::Descriptor>,
 }
 
 pub(super) fn plan_effect(
@@ -275,7 +288,7 @@ pub(super) fn plan_effect(
             None => None,
         },
     };
-    Ok(Planned { tool, scopes, args, key })
+    Ok(Planned { tool, scopes, args, key, compensate: None })
 }
 
 /// The runtime tool, recorded arguments (the envelope with the effect key) and options of a
@@ -284,7 +297,8 @@ pub(super) fn call_parts(t: &Tenant, lt: &LiveTx, p: Planned) -> (Tool, Value, C
     let tx = lt.handle.id();
     let key = p.key.unwrap_or_else(|| format!("{}:{}:{}", ids::tx(&t.tag, tx), p.tool.name, lt.next_seq()));
     let env = envelope(p.args, &key);
-    let opts = CallOptions { key: Some(key), scopes: Some(p.scopes), ..CallOptions::default() };
+    let opts =
+        CallOptions { key: Some(key), scopes: Some(p.scopes), compensate: p.compensate, ..CallOptions::default() };
     (p.tool.tool.clone(), env, opts)
 }
 
@@ -335,7 +349,8 @@ pub async fn effect(
 ) -> ApiResult<Json<EffectAckOut>> {
     let t = &caller.tenant;
     let (lt, _) = live_of(t, &id)?;
-    let planned = plan_effect(t, &body.tool, body.args, body.key, body.scopes)?;
+    let mut planned = plan_effect(t, &body.tool, body.args, body.key, body.scopes)?;
+    planned.compensate = body.compensate.map(CompensateIn::into_descriptor);
     if body.execute == Some(ExecuteMode::Client) {
         return super::effects::record(&state, t, &lt, &id, planned).await.map(Json);
     }

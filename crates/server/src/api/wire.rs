@@ -264,6 +264,10 @@ pub struct BeginIn {
     /// Lease in milliseconds (default `engine.lease_ms`; 1 to 604800000).
     #[serde(default)]
     pub lease_ms: Option<u64>,
+    /// Begin the transaction as the next step of this plan (`plan_<tag>_<n>`): its reversible
+    /// effects then need `compensate`, held until the plan ends (docs/plans.md).
+    #[serde(default)]
+    pub plan: Option<String>,
 }
 
 /// Record a read.
@@ -310,6 +314,47 @@ pub struct EffectIn {
     /// released at commit through the `call` capability either way.
     #[serde(default)]
     pub execute: Option<ExecuteMode>,
+    /// In a plan step: how to undo this effect if the plan fails (needed for reversible
+    /// tools there; refused for gated ones). Recorded with the effect, held until the plan
+    /// commits, fired by the tenant's plan executor.
+    #[serde(default)]
+    pub compensate: Option<CompensateIn>,
+}
+
+/// A compensation descriptor (docs/plans.md): the capability that undoes the effect and its
+/// arguments, in which `{"$output": "/ptr"}` is replaced by that part of the effect's output,
+/// `{"$args": "/ptr"}` by that part of its recorded arguments, `{"$literal": v}` by `v`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompensateIn {
+    /// The capability (1 to 128 characters) run with operation `compensate`.
+    pub capability: String,
+    /// Its arguments (default `{}`), at most 64 KiB of JSON.
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub args: Value,
+    /// The compensation's idempotency key (default `<effect key>#compensate`).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// A capability asked (operation `probe`) whether the compensation took effect.
+    #[serde(default)]
+    pub probe: Option<String>,
+    /// A capability asked whether the forward effect took effect.
+    #[serde(default)]
+    pub forward_probe: Option<String>,
+}
+
+impl CompensateIn {
+    /// The runtime's descriptor.
+    pub fn into_descriptor(self) -> tidegate_runtime::Descriptor {
+        tidegate_runtime::Descriptor {
+            capability: self.capability,
+            args: self.args,
+            key: self.key,
+            probe: self.probe,
+            forward_probe: self.forward_probe,
+        }
+    }
 }
 
 /// Who runs an eager effect.

@@ -36,7 +36,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 /// The `tidegate` binary, if it was built.
-fn binary() -> Option<PathBuf> {
+pub(crate) fn binary() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("TIDEGATE_BIN") {
         return Some(PathBuf::from(p));
     }
@@ -47,15 +47,15 @@ fn binary() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-struct Server {
-    child: Child,
-    addr: String,
-    key: Option<String>,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
+    pub(crate) key: Option<String>,
 }
 
 /// Starts `tidegate serve` on `dir`, listening on `listen`; returns once it printed its
 /// address (and the bootstrap key, the first time).
-async fn start(bin: &Path, dir: &Path, listen: &str) -> Server {
+pub(crate) async fn start(bin: &Path, dir: &Path, listen: &str) -> Server {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("server.log")).expect("server log");
     let mut last_err = String::new();
     // The previous process's port may linger for a moment after SIGKILL.

@@ -16,6 +16,7 @@ struct Ids {
     capability: String,
     key: String,
     review: String,
+    plan: String,
 }
 
 fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
@@ -38,6 +39,12 @@ fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
         "review_request" => Some(json!({"template": "acme-only-template", "params": {}, "suspicious": true})),
         "review_accept" | "review_remove" => Some(json!({})),
         "review_list_templates" | "review_get" | "review_queue" => None,
+        "open_plan" => Some(json!({"owner": "b"})),
+        "fail_plan" | "signal_plan" => Some(json!({"reason": "x"})),
+        "plan_verdict" => Some(json!({"transaction": ids.tx, "effect": 0, "verdict": "block"})),
+        "arm_plan_trigger" => Some(json!({"predicate": {"tagged": {"tx": 1, "effect": 0, "tag": "leaked"}}})),
+        "resolve_plan" => Some(json!({"choice": "accept"})),
+        "list_plans" | "list_stuck_plans" | "get_plan" | "commit_plan" => None,
         "seal_transaction"
         | "get_transaction"
         | "list_transactions"
@@ -76,6 +83,7 @@ fn fill(path: &str, ids: &Ids, control: &Ids) -> (String, String) {
             .replace("{key}", &ids.key)
             .replace("{name}", name)
             .replace("{id}", &ids.review)
+            .replace("{plan}", &ids.plan)
             // Effect 0 of the first tenant's `tx` is an open client-executed ticket.
             .replace("{effect}", "0")
     };
@@ -91,7 +99,9 @@ fn normalise(r: &crate::common::Resp, ids: &Ids) -> String {
         o.remove("signature");
     }
     let mut s = format!("{} {}", r.status, b);
-    for id in [&ids.tx, &ids.branch, &ids.group, &ids.task, &ids.tool, &ids.capability, &ids.key, &ids.review] {
+    for id in
+        [&ids.tx, &ids.branch, &ids.group, &ids.task, &ids.tool, &ids.capability, &ids.key, &ids.review, &ids.plan]
+    {
         s = s.replace(id.as_str(), "<ID>");
     }
     s
@@ -185,7 +195,14 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
         .await;
     assert_eq!(r.body["status"], "awaiting_review", "{r:?}");
     let review = r.body["id"].as_str().unwrap().to_owned();
+    // A plan of the first tenant, open, with a deadline.
+    let r = h
+        .req("POST", "/v1/plans", Some(&a.agent), Some(json!({"owner": "acme-owner", "deadline_in_ms": 3600000})))
+        .await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let plan = r.body["id"].as_str().unwrap().to_owned();
     let ids = Ids {
+        plan: plan.clone(),
         review: review.clone(),
         tx: tx.clone(),
         branch,
@@ -204,6 +221,7 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
         capability: "never-defined-queue".into(),
         key: "key_0123456789abcdef".into(),
         review: format!("rv_{b_tag}_99999"),
+        plan: format!("plan_{b_tag}_99999"),
     };
     // Before the second tenant defines anything of its own, its listings show none of these names.
     for path in [
@@ -215,6 +233,8 @@ async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
         "/v1/ledger/events",
         "/v1/review/queue",
         "/v1/review/templates",
+        "/v1/plans",
+        "/v1/plans/stuck",
     ] {
         let r = h.req("GET", path, Some(&b.admin), None).await;
         for s in [&tool, &capability, &a_tag, &"acme-only-template".to_owned(), &"acme-secret-row".to_owned()] {

@@ -10,5 +10,6 @@ mod crash;
 mod dispatch;
 mod isolation;
 mod openapi;
+mod plans_story;
 mod restart;
 mod review;

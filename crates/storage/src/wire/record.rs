@@ -52,6 +52,8 @@ pub(crate) enum Record<'a> {
         compensable: bool,
         #[serde(default)]
         adapter_key: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        compensation: Option<Cow<'a, Value>>,
     },
     EffectExecuted {
         tx: u64,
@@ -316,19 +318,29 @@ impl<'a> Record<'a> {
                 lease_until: lease_until.0,
             },
             Event::Read { tx, scope, version } => Record::Read { tx: tx.0, scope: s(scope), version: version.0 },
-            Event::EffectRecorded { tx, effect, tool, class: c, scopes, key, args, compensable, adapter_key } => {
-                Record::EffectRecorded {
-                    tx: tx.0,
-                    effect: effect.0,
-                    tool: s(tool),
-                    class: class(*c)?,
-                    scopes: scopes.iter().map(s).collect(),
-                    key: s(key),
-                    args: Cow::Borrowed(&**args),
-                    compensable: *compensable,
-                    adapter_key: *adapter_key,
-                }
-            }
+            Event::EffectRecorded {
+                tx,
+                effect,
+                tool,
+                class: c,
+                scopes,
+                key,
+                args,
+                compensable,
+                adapter_key,
+                compensation,
+            } => Record::EffectRecorded {
+                tx: tx.0,
+                effect: effect.0,
+                tool: s(tool),
+                class: class(*c)?,
+                scopes: scopes.iter().map(s).collect(),
+                key: s(key),
+                args: Cow::Borrowed(&**args),
+                compensable: *compensable,
+                adapter_key: *adapter_key,
+                compensation: compensation.as_deref().map(Cow::Borrowed),
+            },
             Event::EffectExecuted { tx, effect, output } => {
                 Record::EffectExecuted { tx: tx.0, effect: effect.0, output: Cow::Borrowed(&**output) }
             }
@@ -388,25 +400,35 @@ impl<'a> Record<'a> {
             Record::Read { tx, scope, version } => {
                 Event::Read { tx: TxId(tx), scope: arc(scope), version: Version(version) }
             }
-            Record::EffectRecorded { tx, effect, tool, class, scopes, key, args, compensable, adapter_key } => {
-                Event::EffectRecorded {
-                    tx: TxId(tx),
-                    effect: EffectId(effect),
-                    tool: arc(tool),
-                    class: match class {
-                        ClassRecord::Reversible => EffectClass::Reversible,
-                        ClassRecord::ReversibleWithCost => EffectClass::ReversibleWithCost,
-                        ClassRecord::Bufferable => EffectClass::Bufferable,
-                        ClassRecord::Gated => EffectClass::Gated,
-                        ClassRecord::Idempotent => EffectClass::Idempotent,
-                    },
-                    scopes: scopes.into_iter().map(arc).collect(),
-                    key: arc(key),
-                    args: value(args),
-                    compensable,
-                    adapter_key,
-                }
-            }
+            Record::EffectRecorded {
+                tx,
+                effect,
+                tool,
+                class,
+                scopes,
+                key,
+                args,
+                compensable,
+                adapter_key,
+                compensation,
+            } => Event::EffectRecorded {
+                tx: TxId(tx),
+                effect: EffectId(effect),
+                tool: arc(tool),
+                class: match class {
+                    ClassRecord::Reversible => EffectClass::Reversible,
+                    ClassRecord::ReversibleWithCost => EffectClass::ReversibleWithCost,
+                    ClassRecord::Bufferable => EffectClass::Bufferable,
+                    ClassRecord::Gated => EffectClass::Gated,
+                    ClassRecord::Idempotent => EffectClass::Idempotent,
+                },
+                scopes: scopes.into_iter().map(arc).collect(),
+                key: arc(key),
+                args: value(args),
+                compensable,
+                adapter_key,
+                compensation: compensation.map(value),
+            },
             Record::EffectExecuted { tx, effect, output } => {
                 Event::EffectExecuted { tx: TxId(tx), effect: EffectId(effect), output: value(output) }
             }
