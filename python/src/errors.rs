@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule};
-use tidegate_runtime::{EngineError, Error};
+use tidegate_runtime::{EngineError, Error, PlanError};
 
 use crate::convert::to_py;
 
@@ -52,7 +52,29 @@ fn classify(err: &Error) -> (&'static str, String) {
         Error::InvalidArgument { .. } => ("InvalidArgument", "invalid_argument".into()),
         Error::UnknownTool { .. } => ("UnknownTool", "unknown_tool".into()),
         Error::CallInterrupted { .. } => ("WrongState", "settled".into()),
+        Error::MissingDescriptor { .. } => ("MissingDescriptor", "missing_descriptor".into()),
+        Error::Plan(p) => match p {
+            PlanError::Invalid { .. } => ("InvalidArgument", "invalid_argument".into()),
+            PlanError::CrossTenant { .. } => ("CrossTenant", "cross_tenant".into()),
+            PlanError::UnknownPlan { .. } => ("PlanError", "unknown_plan".into()),
+            PlanError::WrongState { .. } => ("PlanError", "plan_state".into()),
+            PlanError::StepUnsettled { .. } => ("PlanError", "step_unsettled".into()),
+            PlanError::NewerFormat { .. } => ("PlanError", "newer_format".into()),
+            PlanError::Log(_) => ("StoreError", "plan_log".into()),
+        },
         _ => ("TidegateError", "engine".into()),
+    }
+}
+
+/// The message of `err` for Python callers (the engine's own names Rust API).
+fn message(err: &Error) -> String {
+    match err {
+        Error::MissingDescriptor { tool, plan } => format!(
+            "tool `{tool}` is reversible and its call is a step of plan {plan}: declare it with \
+             @tidegate.tool(compensate=tidegate.Compensate(\"<capability>\", ...)) so that a plan failure can undo \
+             it after this process is gone; nothing was recorded"
+        ),
+        e => e.to_string(),
     }
 }
 
@@ -61,6 +83,8 @@ fn argument_of(err: &Error) -> Option<String> {
     let field = match err {
         Error::Engine(EngineError::Scope { field, .. }) => field.as_str(),
         Error::Engine(EngineError::InvalidArgument { field, .. }) | Error::InvalidArgument { field, .. } => field,
+        Error::Plan(PlanError::Invalid { field, .. } | PlanError::CrossTenant { field, .. }) => field.as_str(),
+        Error::MissingDescriptor { .. } => "compensate",
         _ => return None,
     };
     Some(field.split(['[', ' ']).next().unwrap_or(field).to_owned())
@@ -88,7 +112,23 @@ fn build(py: Python<'_>, err: &Error, cause: Option<Py<PyAny>>) -> PyResult<PyEr
     if let Some(field) = argument_of(err) {
         kw.set_item("argument", field)?;
     }
-    let exc = cls.call((err.to_string(),), Some(&kw))?;
+    let exc = cls.call((message(err),), Some(&kw))?;
+    match err {
+        Error::MissingDescriptor { tool, plan } => {
+            exc.setattr("tool", tool)?;
+            exc.setattr("plan", *plan)?;
+        }
+        Error::Plan(p) => {
+            let plan = match p {
+                PlanError::UnknownPlan { plan } | PlanError::WrongState { plan, .. } | PlanError::StepUnsettled { plan, .. } => {
+                    Some(*plan)
+                }
+                _ => None,
+            };
+            exc.setattr("plan", plan)?;
+        }
+        _ => {}
+    }
     if let Some(c) = cause {
         exc.setattr("__cause__", c)?;
     }

@@ -24,6 +24,7 @@ from .outcome import Held
 
 if TYPE_CHECKING:
     from .engine import Tidegate
+    from .plans import Compensate
 
 __all__ = ["EFFECTS", "ScopeSpec", "Tool", "AsyncTool", "tool"]
 
@@ -95,6 +96,8 @@ class Tool:
     effect: str
     scope: ScopeSpec
     compensate: Optional[Callable[..., Any]]
+    #: The compensation descriptor (``compensate=tidegate.Compensate(...)``), else ``None``.
+    descriptor: Optional["Compensate"]
     key: Optional[Callable[..., str]]
     probe: Optional[Callable[..., Any]]
 
@@ -104,11 +107,13 @@ class Tool:
         *,
         scope: ScopeSpec,
         effect: str,
-        compensate: Optional[Callable[..., Any]] = None,
+        compensate: Union[Callable[..., Any], "Compensate", None] = None,
         key: Optional[Callable[..., str]] = None,
         probe: Optional[Callable[..., Any]] = None,
         name: Optional[str] = None,
     ) -> None:
+        from .plans import Compensate
+
         if not callable(fn):
             raise InvalidArgument(f"invalid `fn` = {fn!r}: expected a callable", kind="invalid_argument", argument="fn")
         tool_name = name if name is not None else getattr(fn, "__name__", None)
@@ -142,7 +147,23 @@ class Tool:
                 kind="invalid_argument",
                 argument="scope",
             )
-        _check_callable(compensate, "compensate", tool_name)
+        descriptor: Optional[Compensate] = None
+        if isinstance(compensate, Compensate):
+            if effect == "gated":
+                raise InvalidArgument(
+                    f"invalid `compensate` = {compensate!r} for gated tool `{tool_name}`: expected none, a gated "
+                    "effect is irreversible (inside a plan it is recorded as non-compensable)",
+                    kind="invalid_argument",
+                    argument="compensate",
+                )
+            descriptor, compensate = compensate, None
+        elif compensate is not None and not callable(compensate):
+            raise InvalidArgument(
+                f"invalid `compensate` = {compensate!r} for tool `{tool_name}`: expected a callable, "
+                "a tidegate.Compensate descriptor, or None",
+                kind="invalid_argument",
+                argument="compensate",
+            )
         _check_callable(key, "key", tool_name)
         _check_callable(probe, "probe", tool_name)
         self.fn = fn
@@ -150,6 +171,7 @@ class Tool:
         self.effect = effect
         self.scope = scope
         self.compensate = compensate
+        self.descriptor = descriptor
         self.key = key
         self.probe = probe
         self._const_scopes = const
@@ -273,7 +295,7 @@ def tool(
     *,
     scope: ScopeSpec,
     effect: str,
-    compensate: Optional[Callable[..., Any]] = ...,
+    compensate: Union[Callable[..., Any], "Compensate", None] = ...,
     key: Optional[Callable[..., str]] = ...,
     probe: Optional[Callable[..., Any]] = ...,
     name: Optional[str] = ...,
@@ -286,7 +308,7 @@ def tool(
     *,
     scope: ScopeSpec,
     effect: str,
-    compensate: Optional[Callable[..., Any]] = ...,
+    compensate: Union[Callable[..., Any], "Compensate", None] = ...,
     key: Optional[Callable[..., str]] = ...,
     probe: Optional[Callable[..., Any]] = ...,
     name: Optional[str] = ...,
@@ -298,7 +320,7 @@ def tool(
     *,
     scope: ScopeSpec,
     effect: str,
-    compensate: Optional[Callable[..., Any]] = None,
+    compensate: Union[Callable[..., Any], "Compensate", None] = None,
     key: Optional[Callable[..., str]] = None,
     probe: Optional[Callable[..., Any]] = None,
     name: Optional[str] = None,
@@ -315,6 +337,11 @@ def tool(
     * ``effect``: one of :data:`EFFECTS`.
     * ``compensate``: undoes an executed call; called as ``compensate(result, *args, **kwargs)``.
       Return ``None`` for a clean undo or a str describing residue (a fee); raise if it failed.
+      Or a :class:`tidegate.Compensate` descriptor: the undo as data (a capability name and
+      JSON arguments that may reference the call's output), which a plan holds in the ledger
+      and runs after this process is gone; calls of a reversible tool inside a plan step need
+      one (:class:`MissingDescriptor` otherwise). Outside plans the engine runs it in this
+      process through the capability's handler (:meth:`Tidegate.capability`).
     * ``key``: the idempotency key, a function of the tool's arguments returning a str. Keys
       are engine-wide: a key that already committed (in any transaction, also after a restart
       with a data directory) returns the recorded output instead of calling the tool again.
