@@ -78,7 +78,11 @@ fn parse_descriptor(py: Python<'_>, tool: &str, d: &Bound<'_, PyAny>) -> PyResul
         invalid(
             py,
             "compensate",
-            &format!("{} = <{}> in the descriptor of tool `{tool}`", if e.path.is_empty() { "?" } else { &e.path }, e.type_name),
+            &format!(
+                "{} = <{}> in the descriptor of tool `{tool}`",
+                if e.path.is_empty() { "?" } else { &e.path },
+                e.type_name
+            ),
             e.why,
         )
     })?;
@@ -360,10 +364,8 @@ impl Engine {
     fn stuck_plans(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let tg = self.tg(py)?;
         drive(py, None, async move { tg.stuck_plans().await }, |py, v| {
-            let v: Vec<serde_json::Value> = v
-                .iter()
-                .map(|(id, r)| serde_json::json!([id, serde_json::to_value(r).unwrap_or_default()]))
-                .collect();
+            let v: Vec<serde_json::Value> =
+                v.iter().map(|(id, r)| serde_json::json!([id, serde_json::to_value(r).unwrap_or_default()])).collect();
             Ok(crate::convert::to_py(py, &serde_json::Value::Array(v))?.unbind())
         })
     }

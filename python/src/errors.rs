@@ -120,9 +120,9 @@ fn build(py: Python<'_>, err: &Error, cause: Option<Py<PyAny>>) -> PyResult<PyEr
         }
         Error::Plan(p) => {
             let plan = match p {
-                PlanError::UnknownPlan { plan } | PlanError::WrongState { plan, .. } | PlanError::StepUnsettled { plan, .. } => {
-                    Some(*plan)
-                }
+                PlanError::UnknownPlan { plan }
+                | PlanError::WrongState { plan, .. }
+                | PlanError::StepUnsettled { plan, .. } => Some(*plan),
                 _ => None,
             };
             exc.setattr("plan", plan)?;

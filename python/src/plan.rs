@@ -253,10 +253,9 @@ pub(crate) async fn run_capability(f: PyFn, req: DispatchRequest, ctx: Option<Ar
 
 /// Runs a handler for the plan executor: on the runtime's blocking pool, with no caller.
 pub(crate) async fn run_for_executor(f: PyFn, req: DispatchRequest) -> CallResult {
-    let joined = tokio::task::spawn_blocking(move || {
-        tokio::runtime::Handle::current().block_on(run_capability(f, req, None))
-    })
-    .await;
+    let joined =
+        tokio::task::spawn_blocking(move || tokio::runtime::Handle::current().block_on(run_capability(f, req, None)))
+            .await;
     joined.unwrap_or_else(|e| CallResult::Unknown(format!("the capability handler's thread failed: {e}")))
 }
 
@@ -330,7 +329,14 @@ impl Plan {
 
     /// Posts a compliance verdict (`"block"` or `"allow"`) about effect `effect` of step `tx`.
     #[pyo3(signature = (tx, effect, verdict_, aio=None))]
-    fn verdict(&self, py: Python<'_>, tx: u64, effect: u32, verdict_: &str, aio: Option<AioArgs>) -> PyResult<Py<PyAny>> {
+    fn verdict(
+        &self,
+        py: Python<'_>,
+        tx: u64,
+        effect: u32,
+        verdict_: &str,
+        aio: Option<AioArgs>,
+    ) -> PyResult<Py<PyAny>> {
         let v = verdict(py, verdict_)?;
         let plan = self.plan.clone();
         drive(py, aio, async move { plan.verdict(TxId(tx), tidegate_runtime::EffectId(effect), v).await }, none)

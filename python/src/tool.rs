@@ -6,7 +6,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use serde_json::Value;
 use tidegate_runtime::plans::{Operation, resolve_args};
-use tidegate_runtime::{CallHandle, CallResult, Compensation, Descriptor, DispatchRequest, EffectClass, Probe, ToolError};
+use tidegate_runtime::{
+    CallHandle, CallResult, Compensation, Descriptor, DispatchRequest, EffectClass, Probe, ToolError,
+};
 
 use crate::calls::{ArgBuilder, CallCtx, current, describe, invoke, is_error};
 use crate::convert::{output_to_json, to_py, unbind_args};

@@ -271,6 +271,23 @@ def test_triggers_naming_another_tenant_are_refused(tg):
     plan.commit()
 
 
+def test_a_tool_called_in_a_plan_block_outside_any_transaction_is_a_step_of_its_own(tg, sink):
+    with pytest.raises(RuntimeError):
+        with tg.plan("ops") as plan:
+            assert book("a") == {"booking": "B-a"}
+            with plan.transaction(may_touch=["travel:booking:b", "travel:booking:c"]):
+                book("b")
+                book("c")
+            with tg.transaction(may_touch=["travel:booking:free"]):
+                book("free")  # not a step: committed on its own, never unwound by the plan
+            raise RuntimeError("stop")
+    assert len(plan.detail().steps) == 2
+    assert sink.bookings() == ["B-c", "B-b", "B-a"]
+    # Outside the block a tool call is not a step again.
+    book("after")
+    assert len(plan.detail().steps) == 2
+
+
 def test_bad_arguments_are_refused_naming_them(tg):
     cases = [
         (lambda: tg.plan(""), "owner"),

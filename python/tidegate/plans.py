@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from . import _native
+from . import _context, _native
 from .errors import InvalidArgument, TidegateError
 from .transaction import Transaction, _seconds
 
@@ -355,7 +355,9 @@ class Plan:
     """A plan: use it as ``with tg.plan(owner=...) as plan:`` (or ``async with``), or open it
     with :meth:`tidegate.Tidegate.open_plan` and end it with :meth:`commit` / :meth:`fail`.
 
-    Steps are transactions begun with :meth:`transaction` (or :meth:`begin`). Leaving the
+    Steps are transactions begun with :meth:`transaction` (or :meth:`begin`); inside the
+    ``with`` block, a tool called outside any transaction runs as a one-call step of its own
+    (``tg.transaction(...)`` still begins a transaction that is not a step). Leaving the
     ``with`` block normally commits the plan (every held compensation retired at once); an
     exception fails it: the executor unwinds every committed step's compensations
     last-in-first-out, and the block's exit waits for that (up to ``unwind_wait`` seconds)
@@ -381,6 +383,7 @@ class Plan:
         self._triggers = list(triggers)
         self._unwind_wait = unwind_wait
         self._native = native
+        self._tokens: List["contextvars.Token[Optional[Plan]]"] = []
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -553,9 +556,11 @@ class Plan:
 
     def __enter__(self) -> "Plan":
         self._open()
+        self._tokens.append(_context.plan.set(self))
         return self
 
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        _context.plan.reset(self._tokens.pop())
         if exc is None:
             self.commit()
             return
@@ -568,9 +573,11 @@ class Plan:
 
     async def __aenter__(self) -> "Plan":
         await self._aopen()
+        self._tokens.append(_context.plan.set(self))
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        _context.plan.reset(self._tokens.pop())
         if exc is None:
             await self.acommit()
             return

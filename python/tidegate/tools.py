@@ -87,7 +87,8 @@ class Tool:
     Called inside a ``with tg.transaction(...)`` block, the call is routed through the engine:
     executed now and its compensation registered (reversible, idempotent), or held until
     commit (bufferable: staged, gated: queued; the call returns a :class:`Held`). Called
-    outside any transaction, it runs as a one-call transaction on :func:`default_engine`
+    outside any transaction, it runs as a one-call transaction: a step of the plan of the
+    enclosing ``with tg.plan(...)`` block if there is one, else on :func:`default_engine`
     (or the engine given to :meth:`on`).
     """
 
@@ -263,11 +264,15 @@ class Tool:
         tx = _context.current.get()
         if tx is not None:
             return tx.call(self, *args, **kwargs)
-        engine = self._outside_engine()
         args, kwargs = self._bind(args, kwargs)
         scopes = self._scopes(args, kwargs)
-        with engine.transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
-            r = tx._call(self, args, kwargs, scopes)
+        plan = _context.plan.get()
+        if plan is not None:
+            with plan.transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
+                r = tx._call(self, args, kwargs, scopes)
+        else:
+            with self._outside_engine().transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
+                r = tx._call(self, args, kwargs, scopes)
         return r.result if isinstance(r, Held) else r
 
     def __repr__(self) -> str:
@@ -281,11 +286,15 @@ class AsyncTool(Tool):
         tx = _context.current.get()
         if tx is not None:
             return await tx.acall(self, *args, **kwargs)
-        engine = self._outside_engine()
         args, kwargs = self._bind(args, kwargs)
         scopes = self._scopes(args, kwargs)
-        async with engine.transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
-            r = await tx._acall(self, args, kwargs, scopes)
+        plan = _context.plan.get()
+        if plan is not None:
+            async with plan.transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
+                r = await tx._acall(self, args, kwargs, scopes)
+        else:
+            async with self._outside_engine().transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
+                r = await tx._acall(self, args, kwargs, scopes)
         return r.result if isinstance(r, Held) else r
 
 
