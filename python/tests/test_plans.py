@@ -155,6 +155,13 @@ def test_the_deadline_fails_the_plan_and_fires_the_compensations(tg, sink):
     with pytest.raises(tidegate.PlanError) as e:
         plan.commit()
     assert e.value.kind == "plan_state"
+    # A block whose plan's deadline passed inside it cannot commit: leaving it raises.
+    with pytest.raises(tidegate.PlanError) as e2:
+        with tg.plan("ops", deadline=timedelta(milliseconds=300)) as late:
+            step(late, "x1")
+            late.wait(10)
+    assert e2.value.kind == "plan_state" and late.detail().outcome == "unwound"
+    assert sink.keys()[-1] == "book-x1#compensate"
 
 
 def test_a_reversible_call_in_a_plan_without_a_descriptor_is_refused_naming_the_tool(tg, sink):
