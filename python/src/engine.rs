@@ -94,7 +94,8 @@ fn parse_descriptor(py: Python<'_>, tool: &str, d: &Bound<'_, PyAny>) -> PyResul
             &format!("{{capability, args, key?, probe?, forward_probe?}} ({e})"),
         )
     })?;
-    desc.validate().map_err(|e| to_pyerr(py, &Error::Plan(e), None))?;
+    desc.validate()
+        .map_err(|e| invalid(py, "compensate", &format!("the descriptor of tool `{tool}`"), &e.to_string()))?;
     Ok(desc)
 }
 
@@ -309,8 +310,8 @@ impl Engine {
     #[pyo3(signature = (name, handler, is_async=false))]
     fn capability(&self, py: Python<'_>, name: String, handler: Py<PyAny>, is_async: bool) -> PyResult<()> {
         is_callable(py, "handler", &handler, false)?;
-        if name.is_empty() || name.chars().count() > 128 {
-            return Err(invalid(py, "name", &format!("{name:?}"), "a capability name of 1 to 128 characters"));
+        if name.is_empty() || name.len() > 128 {
+            return Err(invalid(py, "name", &format!("{name:?}"), "a capability name of 1 to 128 bytes (UTF-8)"));
         }
         let tg = self.tg(py)?;
         let f = PyFn { f: Arc::new(handler), is_async, wants_id: false };

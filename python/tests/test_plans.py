@@ -305,6 +305,9 @@ def test_bad_arguments_are_refused_naming_them(tg):
         (lambda: tg.capability("", lambda r: None), "name"),
         (lambda: tg.capability("x", 3), "handler"),  # type: ignore[arg-type]
         (lambda: Compensate(""), "capability"),
+        (lambda: Compensate("é" * 65), "capability"),
+        (lambda: tidegate.tool(lambda trip: trip, scope="t:x", effect="reversible",
+                               compensate=Compensate("c", args="x" * 70_000)).on(tg)("y"), "compensate"),
         (lambda: Compensate("c", args={"x": object()}), "args"),
         (lambda: Compensate.output("booking"), "pointer"),
         (lambda: tg.plan_by_id(-1), "plan"),

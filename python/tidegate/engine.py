@@ -393,9 +393,9 @@ class Tidegate:
         on an event loop of their own (the executor serves no caller's loop). Register
         every capability before :meth:`recover`: the executor starts there and fires what is
         due at once. Replaces an earlier handler of the same name."""
-        if not isinstance(name, str) or not 1 <= len(name) <= 128:
+        if not isinstance(name, str) or not 1 <= len(name.encode("utf-8", "surrogatepass")) <= 128:
             raise InvalidArgument(
-                f"invalid `name` = {name!r}: expected a capability name of 1 to 128 characters",
+                f"invalid `name` = {name!r}: expected a capability name of 1 to 128 bytes (UTF-8)",
                 kind="invalid_argument",
                 argument="name",
             )

@@ -67,8 +67,8 @@ def _bad(argument: str, value: Any, expected: str) -> InvalidArgument:
 
 
 def _name(value: Any, argument: str) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= 128:
-        raise _bad(argument, value, "a capability name of 1 to 128 characters")
+    if not isinstance(value, str) or not 1 <= len(value.encode("utf-8", "surrogatepass")) <= 128:
+        raise _bad(argument, value, "a capability name of 1 to 128 bytes (UTF-8)")
     return value
 
 
