@@ -14,6 +14,7 @@ use tidegate_runtime::{Error, FileTrace, Isolation, Level, Ordering, RetryPolicy
 use crate::calls::{CallCtx, is_callable};
 use crate::errors::{invalid, to_pyerr};
 use crate::hooks::PyHook;
+use crate::plan::{AioArgs, Caps, Plan, detail_to_py, drive, predicate, run_for_executor, views_to_py};
 use crate::rt::{block, runtime};
 use crate::spec::Spec;
 use crate::tool::{Declared, PyFn, ToolHandle, WantsId, build, parse_class};
@@ -71,6 +72,33 @@ fn registry(py: Python<'_>, types: Vec<(String, String, String)>) -> PyResult<Sc
     Ok(reg)
 }
 
+/// A `tidegate.Compensate` descriptor (its dict form) as the engine's `Descriptor`.
+fn parse_descriptor(py: Python<'_>, tool: &str, d: &Bound<'_, PyAny>) -> PyResult<tidegate_runtime::Descriptor> {
+    let json = crate::convert::to_json(d).map_err(|e| {
+        invalid(
+            py,
+            "compensate",
+            &format!(
+                "{} = <{}> in the descriptor of tool `{tool}`",
+                if e.path.is_empty() { "?" } else { &e.path },
+                e.type_name
+            ),
+            e.why,
+        )
+    })?;
+    let desc: tidegate_runtime::Descriptor = serde_json::from_value(json).map_err(|e| {
+        invalid(
+            py,
+            "compensate",
+            &format!("the descriptor of tool `{tool}`"),
+            &format!("{{capability, args, key?, probe?, forward_probe?}} ({e})"),
+        )
+    })?;
+    desc.validate()
+        .map_err(|e| invalid(py, "compensate", &format!("the descriptor of tool `{tool}`"), &e.to_string()))?;
+    Ok(desc)
+}
+
 /// Opens the embedded SQLite ledger in `dir`. (The one place that names the SQLite store.)
 fn open_store(dir: &std::path::Path) -> Result<Arc<dyn tidegate_storage::LedgerStore>, Error> {
     Ok(Arc::new(tidegate_sqlite::SqliteStore::open(dir).map_err(Error::Store)?))
@@ -84,6 +112,7 @@ pub(crate) struct Engine {
     scopes: ScopeRegistry,
     level: Level,
     isolation: Isolation,
+    caps: Caps,
 }
 
 impl Engine {
@@ -166,13 +195,13 @@ impl Engine {
         }
         let tg = b.build().map_err(|e| to_pyerr(py, &e, None))?;
         tg.spawn_reaper();
-        Ok(Engine { tg: RwLock::new(Some(tg)), trace, scopes, level, isolation })
+        Ok(Engine { tg: RwLock::new(Some(tg)), trace, scopes, level, isolation, caps: Caps::default() })
     }
 
     /// Declares a tool with this engine. All arguments are validated before anything is
     /// registered. `wants_call_id` says which of (call, compensate, probe) take `call_id`.
     #[pyo3(signature = (name, effect, call, names, call_async=false, compensate=None, compensate_async=false,
-                        probe=None, probe_async=false, wants_call_id=(false, false, false)))]
+                        probe=None, probe_async=false, wants_call_id=(false, false, false), descriptor=None))]
     #[allow(clippy::too_many_arguments)]
     fn tool(
         &self,
@@ -187,8 +216,29 @@ impl Engine {
         probe: Option<Py<PyAny>>,
         probe_async: bool,
         wants_call_id: (bool, bool, bool),
+        descriptor: Option<Bound<'_, PyAny>>,
     ) -> PyResult<ToolHandle> {
         let class = parse_class(py, effect)?;
+        let descriptor = match &descriptor {
+            Some(d) => Some(parse_descriptor(py, &name, d)?),
+            None => None,
+        };
+        if descriptor.is_some() && compensate.is_some() {
+            return Err(invalid(
+                py,
+                "compensate",
+                &format!("both a function and a descriptor for tool `{name}`"),
+                "one of them: a tidegate.Compensate descriptor or a function",
+            ));
+        }
+        if descriptor.is_some() && class == tidegate_runtime::EffectClass::Gated {
+            return Err(invalid(
+                py,
+                "compensate",
+                &format!("a descriptor for gated tool `{name}`"),
+                "no compensation: a gated effect is irreversible",
+            ));
+        }
         is_callable(py, "call", &call, false)?;
         if let Some(c) = &compensate {
             is_callable(py, "compensate", c, true)?;
@@ -210,10 +260,12 @@ impl Engine {
                 wants_id: wants.compensate,
             }),
             probe: probe.map(|f| PyFn { f: Arc::new(f), is_async: probe_async, wants_id: wants.probe }),
+            descriptor: descriptor.clone(),
+            caps: self.caps.clone(),
         };
         let tool = build(declared).map_err(|e| to_pyerr(py, &e, None))?;
         tg.register(&tool).map_err(|e| to_pyerr(py, &e, None))?;
-        Ok(ToolHandle { tool, names, wants, name, effect: effect.to_owned() })
+        Ok(ToolHandle { tool, names, wants, name, effect: effect.to_owned(), descriptor })
     }
 
     /// Begins a transaction.
@@ -250,6 +302,78 @@ impl Engine {
         }
         let spec = tg.speculate(opts, branches).map_err(|e| to_pyerr(py, &e, None))?;
         Spec::new(py, spec)
+    }
+
+    /// Registers the handler of capability `name`: the plan executor sends it every
+    /// compensation and probe of that name, and a descriptor tool's in-process compensation
+    /// (an aborted transaction) runs it. Replaces an earlier handler of the same name.
+    #[pyo3(signature = (name, handler, is_async=false))]
+    fn capability(&self, py: Python<'_>, name: String, handler: Py<PyAny>, is_async: bool) -> PyResult<()> {
+        is_callable(py, "handler", &handler, false)?;
+        if name.is_empty() || name.len() > 128 {
+            return Err(invalid(py, "name", &format!("{name:?}"), "a capability name of 1 to 128 bytes (UTF-8)"));
+        }
+        let tg = self.tg(py)?;
+        let f = PyFn { f: Arc::new(handler), is_async, wants_id: false };
+        self.caps.write().insert(name.clone(), f.clone());
+        tg.capability(name, move |req| run_for_executor(f.clone(), req));
+        Ok(())
+    }
+
+    /// Opens a plan. `deadline` in seconds from now; `triggers` JSON predicates.
+    #[pyo3(signature = (owner, deadline=None, cascade_limit=None, triggers=Vec::new(), aio=None))]
+    fn plan(
+        &self,
+        py: Python<'_>,
+        owner: String,
+        deadline: Option<f64>,
+        cascade_limit: Option<u32>,
+        triggers: Vec<Bound<'_, PyAny>>,
+        aio: Option<AioArgs>,
+    ) -> PyResult<Py<PyAny>> {
+        let mut opts = tidegate_runtime::PlanOptions::owner(owner);
+        if let Some(d) = deadline {
+            opts = opts.deadline(duration(py, "deadline", d)?);
+        }
+        opts.cascade_limit = cascade_limit;
+        for (i, t) in triggers.iter().enumerate() {
+            opts = opts.trigger(predicate(py, &format!("triggers[{i}]"), t)?);
+        }
+        let tg = self.tg(py)?;
+        drive(py, aio, async move { tg.plan(opts).await }, |py, plan| Ok(Py::new(py, Plan { plan })?.into_any()))
+    }
+
+    /// A handle on an existing plan (refused if this engine has none of that id).
+    fn plan_by_id(&self, py: Python<'_>, id: u64) -> PyResult<Py<PyAny>> {
+        let tg = self.tg(py)?;
+        drive(py, None, async move { tg.plan_by_id(id).await }, |py, plan| Ok(Py::new(py, Plan { plan })?.into_any()))
+    }
+
+    /// Every plan of this engine (dicts), by id.
+    fn plans(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let tg = self.tg(py)?;
+        drive(py, None, async move { tg.plan_list().await }, |py, v| views_to_py(py, &v))
+    }
+
+    /// One plan in full (a dict), or `None`.
+    fn plan_detail(&self, py: Python<'_>, id: u64) -> PyResult<Py<PyAny>> {
+        let tg = self.tg(py)?;
+        drive(py, None, async move { tg.plan_detail(id).await }, |py, d| detail_to_py(py, d.as_ref()))
+    }
+
+    /// The owner-intervention queue: `[(plan id, reason dict)]`.
+    fn stuck_plans(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let tg = self.tg(py)?;
+        drive(py, None, async move { tg.stuck_plans().await }, |py, v| {
+            let v: Vec<serde_json::Value> =
+                v.iter().map(|(id, r)| serde_json::json!([id, serde_json::to_value(r).unwrap_or_default()])).collect();
+            Ok(crate::convert::to_py(py, &serde_json::Value::Array(v))?.unbind())
+        })
+    }
+
+    /// The tenant the plan executor serves.
+    fn plan_tenant(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.tg(py)?.plan_tenant().to_owned())
     }
 
     /// Finishes what a previous process left unfinished (register every tool first).

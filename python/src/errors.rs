@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule};
-use tidegate_runtime::{EngineError, Error};
+use tidegate_runtime::{EngineError, Error, PlanError};
 
 use crate::convert::to_py;
 
@@ -63,8 +63,30 @@ fn classify(err: &Error) -> (&'static str, String) {
         // operation does not fit the ticket's state; nothing was recorded.
         Error::TicketMisuse { .. } => ("WrongState", "ticket_misuse".into()),
         Error::Trace { .. } => ("TidegateError", "trace".into()),
+        Error::MissingDescriptor { .. } => ("MissingDescriptor", "missing_descriptor".into()),
+        Error::Plan(p) => match p {
+            PlanError::Invalid { .. } => ("InvalidArgument", "invalid_argument".into()),
+            PlanError::CrossTenant { .. } => ("CrossTenant", "cross_tenant".into()),
+            PlanError::UnknownPlan { .. } => ("PlanError", "unknown_plan".into()),
+            PlanError::WrongState { .. } => ("PlanError", "plan_state".into()),
+            PlanError::StepUnsettled { .. } => ("PlanError", "step_unsettled".into()),
+            PlanError::NewerFormat { .. } => ("PlanError", "newer_format".into()),
+            PlanError::Log(_) => ("StoreError", "plan_log".into()),
+        },
         // Error is non-exhaustive: a variant added later is a plain TidegateError.
         _ => ("TidegateError", "engine".into()),
+    }
+}
+
+/// The message of `err` for Python callers (the engine's own names Rust API).
+fn message(err: &Error) -> String {
+    match err {
+        Error::MissingDescriptor { tool, plan } => format!(
+            "tool `{tool}` is reversible and its call is a step of plan {plan}: declare it with \
+             @tidegate.tool(compensate=tidegate.Compensate(\"<capability>\", ...)) so that a plan failure can undo \
+             it after this process is gone; nothing was recorded"
+        ),
+        e => e.to_string(),
     }
 }
 
@@ -75,6 +97,8 @@ fn argument_of(err: &Error) -> Option<String> {
         Error::Engine(EngineError::InvalidArgument { field, .. }) | Error::InvalidArgument { field, .. } => field,
         Error::Engine(EngineError::KeyReused { .. }) => "key",
         Error::Engine(EngineError::ArgsTooLarge { .. }) => "args",
+        Error::Plan(PlanError::Invalid { field, .. } | PlanError::CrossTenant { field, .. }) => field.as_str(),
+        Error::MissingDescriptor { .. } => "compensate",
         _ => return None,
     };
     Some(field.split(['[', ' ']).next().unwrap_or(field).to_owned())
@@ -102,7 +126,23 @@ fn build(py: Python<'_>, err: &Error, cause: Option<Py<PyAny>>) -> PyResult<PyEr
     if let Some(field) = argument_of(err) {
         kw.set_item("argument", field)?;
     }
-    let exc = cls.call((err.to_string(),), Some(&kw))?;
+    let exc = cls.call((message(err),), Some(&kw))?;
+    match err {
+        Error::MissingDescriptor { tool, plan } => {
+            exc.setattr("tool", tool)?;
+            exc.setattr("plan", *plan)?;
+        }
+        Error::Plan(p) => {
+            let plan = match p {
+                PlanError::UnknownPlan { plan }
+                | PlanError::WrongState { plan, .. }
+                | PlanError::StepUnsettled { plan, .. } => Some(*plan),
+                _ => None,
+            };
+            exc.setattr("plan", plan)?;
+        }
+        _ => {}
+    }
     if let Some(c) = cause {
         exc.setattr("__cause__", c)?;
     }

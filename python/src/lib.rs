@@ -9,6 +9,7 @@
 //! | `hooks` | Python pre-commit hooks |
 //! | `calls` | the per-operation call context and how a Python callback is run (inline, on the caller's loop, on the blocking pool) |
 //! | `live` | the live Python side of an eager call, carried as its handle to its compensation |
+//! | `plan` | plans (`Engine.plan`, `Plan`), their views, and capability handlers for compensation descriptors |
 //! | `rt` | the tokio runtime; driving an engine future from sync or asyncio callers |
 //! | `interp` | the extension's threads and the interpreter's exit |
 //! | `ack`, `view`, `convert`, `errors` | values and errors handed to Python |
@@ -26,6 +27,7 @@ mod errors;
 mod hooks;
 mod interp;
 mod live;
+mod plan;
 mod rt;
 mod spec;
 mod tool;
@@ -64,6 +66,7 @@ fn _exiting() -> bool {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Engine>()?;
     m.add_class::<tx::Tx>()?;
+    m.add_class::<plan::Plan>()?;
     m.add_class::<spec::Spec>()?;
     m.add_class::<tool::ToolHandle>()?;
     m.add_class::<ack::Ack>()?;

@@ -5,13 +5,17 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use serde_json::Value;
-use tidegate_runtime::{CallHandle, Compensation, EffectClass, Probe, ToolError};
+use tidegate_runtime::plans::{Operation, resolve_args};
+use tidegate_runtime::{
+    CallHandle, CallResult, Compensation, Descriptor, DispatchRequest, EffectClass, Probe, ToolError,
+};
 
 use crate::calls::{ArgBuilder, CallCtx, current, describe, invoke, is_error};
 use crate::convert::{output_to_json, to_py, unbind_args};
 use crate::errors::invalid;
 use crate::interp;
 use crate::live::LiveCall;
+use crate::plan::{Caps, run_capability};
 
 /// Which of a tool's functions take the call id (a `call_id` keyword).
 #[derive(Debug, Clone, Copy, Default)]
@@ -40,6 +44,9 @@ pub(crate) struct ToolHandle {
     /// Its effect class.
     #[pyo3(get)]
     pub(crate) effect: String,
+    /// Its compensation descriptor (`@tidegate.tool(compensate=tidegate.Compensate(...))`),
+    /// sent with every call (the engine keeps it only inside a plan step).
+    pub(crate) descriptor: Option<Descriptor>,
 }
 
 #[pymethods]
@@ -83,11 +90,16 @@ pub(crate) struct Declared {
     pub(crate) call: PyFn,
     pub(crate) compensate: Option<PyFn>,
     pub(crate) probe: Option<PyFn>,
+    /// The compensation descriptor, when `compensate` is one instead of a function.
+    pub(crate) descriptor: Option<Descriptor>,
+    /// The engine's capability handlers (a descriptor's in-process compensation runs one).
+    pub(crate) caps: Caps,
 }
 
 /// Builds the engine tool. Scopes and keys are computed in Python and passed with every call.
 pub(crate) fn build(d: Declared) -> Result<tidegate_runtime::Tool, tidegate_runtime::Error> {
     let tool_name = d.name.clone();
+    let comp_tool = d.name.clone();
     let names = d.names.clone();
     let call = d.call;
     let mut builder = tidegate_runtime::Tool::builder(d.name, d.class)
@@ -99,7 +111,20 @@ pub(crate) fn build(d: Declared) -> Result<tidegate_runtime::Tool, tidegate_runt
             let live = LiveCall::in_ctx(&engine);
             async move { run_call(f, args, names, ctx, live).await }
         });
-    let builder_lacks_compensation = d.compensate.is_none();
+    let builder_lacks_compensation = d.compensate.is_none() && d.descriptor.is_none();
+    if let (None, Some(desc)) = (&d.compensate, &d.descriptor) {
+        // An aborted transaction (a plan step too: the plan executor leaves aborted steps to
+        // the engine) is compensated in this process by the descriptor's capability handler.
+        let desc = desc.clone();
+        let caps = d.caps.clone();
+        let tool = comp_tool;
+        builder =
+            builder.compensate_ctx(move |engine: tidegate_runtime::CallCtx, args: Arc<Value>, output: Arc<Value>| {
+                let ctx = current();
+                let (desc, caps, tool) = (desc.clone(), caps.clone(), tool.clone());
+                async move { compensate_by_capability(desc, caps, tool, engine, args, output, ctx).await }
+            });
+    }
     if let Some(comp) = d.compensate {
         let names = d.names.clone();
         builder =
@@ -250,6 +275,51 @@ async fn run_compensation(
             }
             e
         })),
+    }
+}
+
+/// The in-process compensation of a tool declared with a descriptor: the descriptor's
+/// arguments resolved against the recorded call (as the plan executor resolves them), sent to
+/// this engine's handler for its capability with the key `<forward key>#compensate` (or the
+/// descriptor's own). The forward key is the call's idempotency key, else the engine's
+/// derived `<tool>:<tx>:<effect>` (docs/plans.md); a recovery in a later process knows no
+/// adapter key (`CallCtx::bare`), so a keyed tool's compensation run by recovery gets the
+/// derived one.
+async fn compensate_by_capability(
+    desc: Descriptor,
+    caps: Caps,
+    tool: String,
+    engine: tidegate_runtime::CallCtx,
+    args: Arc<Value>,
+    output: Arc<Value>,
+    ctx: Option<Arc<CallCtx>>,
+) -> Result<Compensation, ToolError> {
+    let forward_key = match &engine.key {
+        Some(k) => k.to_string(),
+        None => format!("{tool}:{}:{}", engine.tx.0, engine.effect.0),
+    };
+    let resolved = resolve_args(&desc.args, &args, Some(&output))
+        .map_err(|e| ToolError::failed(format!("the compensation descriptor of tool `{tool}`: {e}")))?;
+    let Some(handler) = caps.read().get(&desc.capability).cloned() else {
+        return Err(ToolError::failed(format!(
+            "no handler for capability `{}` (the compensation of tool `{tool}`) is registered on this engine: \
+             register one with @tg.capability({:?})",
+            desc.capability, desc.capability
+        )));
+    };
+    let request = DispatchRequest {
+        capability: desc.capability.clone(),
+        operation: Operation::Compensate,
+        tool,
+        key: desc.key_for(&forward_key),
+        args: resolved,
+        output: Some((*output).clone()),
+    };
+    match run_capability(handler, request, ctx).await {
+        CallResult::Done { residue: Some(r), .. } => Ok(Compensation::with_residue(r)),
+        CallResult::Done { .. } => Ok(Compensation::clean()),
+        CallResult::NotApplied(m) => Err(ToolError::failed(m)),
+        CallResult::Unknown(m) => Err(ToolError::unknown(m)),
     }
 }
 

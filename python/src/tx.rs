@@ -59,6 +59,7 @@ impl Tx {
         if scopes.is_empty() {
             return Err(invalid(py, "scope", "[]", &format!("at least one scope for tool `{}`", handle.name)));
         }
+        let handle_descriptor = handle.descriptor.clone();
         let call_id = if handle.wants.any() { call_id } else { None };
         if let (Some(id), Value::Object(map)) = (&call_id, &mut json) {
             map.insert(CALL_ID.to_owned(), Value::String(id.clone()));
@@ -69,7 +70,9 @@ impl Tx {
             let kwargs = kwargs.map(|k| k.clone().unbind());
             LiveCall { args: args.clone().unbind(), kwargs, call_id, output: Mutex::new(None) }.handle()
         });
-        let opts = CallOptions { key, scopes: Some(scopes), handle, ..CallOptions::default() };
+        // The descriptor rides every call; the engine records it only inside a plan step.
+        let compensate = handle_descriptor;
+        let opts = CallOptions { key, scopes: Some(scopes), handle, compensate, ..CallOptions::default() };
         Ok((json, opts, CallCtx::default()))
     }
 

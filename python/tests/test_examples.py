@@ -30,3 +30,16 @@ def test_langgraph_ordering():
     stock = [line for line in out.splitlines() if line.startswith("stock ToolNode")]
     assert len(ours) == 3 and all(f"world saw {issued}" in line for line in ours)
     assert all(f"world saw {issued}" not in line for line in stock)
+
+
+def test_trip_plan():
+    out = run("trip_plan.py")
+    act1, rest = out.split("Act 2")
+    act2, act3 = rest.split("Act 3")
+    assert "cancels" not in act1 and "COMMITTED" in act1  # held cancellations retired unrun
+    assert act2.index("cancels car") < act2.index("cancels hotel") < act2.index("cancels flight")
+    assert act2.count("cancels") == 3 and "UNWOUND" in act2
+    assert "leaves with the plan open" in act3
+    after = act3.split("process exited")[1]  # the cancellations ran in the later process
+    assert after.index("cancels hotel HOT-T3") < after.index("cancels flight FLI-T3")
+    assert act3.count("cancels") == 2 and "UNWOUND (deadline) by another process" in act3

@@ -4,10 +4,25 @@ annotations a user sees must let typed code use the package without casts."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import List, Optional
 
 import tidegate
-from tidegate import Held, Outcome, PartialCommit, RunResult, ScopeType, SpeculationOutcome, Tidegate, Tool
+from tidegate import (
+    CapabilityRequest,
+    Compensate,
+    Held,
+    Outcome,
+    PartialCommit,
+    PlanDetail,
+    PlanInfo,
+    RunResult,
+    ScopeType,
+    SpeculationOutcome,
+    StuckPlan,
+    Tidegate,
+    Tool,
+)
 
 
 def refund(order_id: str, amount: int) -> str:
@@ -38,6 +53,34 @@ def sync_client(tg: Tidegate) -> Outcome:
     return tx.outcome
 
 
+def book(trip: str) -> dict[str, str]:
+    return {"id": f"B-{trip}"}
+
+
+book_tool: Tool = tidegate.tool(
+    book,
+    scope=lambda trip, **_: f"travel:booking:{trip}",
+    effect="reversible",
+    compensate=Compensate("cancel_booking", args={"booking": Compensate.output("/id"), "trip": Compensate.arg("trip")}),
+)
+
+
+def plan_client(tg: Tidegate) -> PlanDetail:
+    @tg.capability("cancel_booking")
+    def cancel_booking(req: CapabilityRequest) -> Optional[str]:
+        return None
+
+    with tg.plan("ops", deadline=timedelta(minutes=5), cascade_limit=2) as plan:
+        with plan.transaction(agent="planner", may_touch=["travel:booking:t1"]) as tx:
+            tx.call(book_tool, "t1")
+        held: PlanDetail = plan.detail()
+        assert [r.tool for r in held.held_compensations] == ["book"]
+    infos: List[PlanInfo] = tg.plans()
+    stuck: List[StuckPlan] = tg.stuck_plans()
+    assert infos[-1].status == "ended" and not stuck
+    return plan.detail()
+
+
 def run_client(tg: Tidegate) -> int:
     result: RunResult[int] = tg.run(lambda tx: 3, agent="runner", attempts=2)
     return result.value + result.attempts
@@ -59,5 +102,6 @@ def main() -> List[str]:
         assert e.outcome is not None
         outcome = e.outcome
     run_client(tg)
+    assert plan_client(tg).outcome == "committed"
     won = asyncio.run(async_client(tg))
     return [e.tag for e in outcome.effects] + [won.winner.agent, tg.canonical_scope("Shop:order:W1")]

@@ -19,7 +19,8 @@ tagged. This package binds the Rust engine (``tidegate._native``) and adds a Pyt
     print(tx.outcome.is_clean)
 
 Modules: :mod:`tidegate.engine` (``open``, ``Tidegate``), :mod:`tidegate.transaction`,
-:mod:`tidegate.tools` (``tool``), :mod:`tidegate.speculation`, :mod:`tidegate.outcome`,
+:mod:`tidegate.tools` (``tool``), :mod:`tidegate.plans` (``Plan``, ``Compensate``),
+:mod:`tidegate.speculation`, :mod:`tidegate.outcome`,
 :mod:`tidegate.errors`; :mod:`tidegate.langgraph` for the LangGraph ``ToolNode`` drop-in;
 :mod:`tidegate.client` (``connect``) for the same API against ``tidegate serve``;
 :mod:`tidegate.review` (``ReviewClient``) for its review middleware (``/v1/review``).
@@ -51,7 +52,11 @@ from .errors import (
     Vetoed,
     WaitTimeout,
     WrongState,
+    PlanError,
+    CrossTenant,
+    MissingDescriptor,
 )
+from .plans import CapabilityRequest, Compensate, Plan, PlanDetail, PlanInfo, Registration, StuckPlan, Trigger
 from .outcome import EffectOutcome, Happened, Held, Outcome, ReadResult, RunResult, SpeculationOutcome
 from .review import ReviewClient
 from .speculation import Speculation
@@ -65,6 +70,17 @@ __all__ = [
     "LEVELS",
     "ISOLATIONS",
     "AsyncTool",
+    "CapabilityRequest",
+    "Compensate",
+    "Plan",
+    "PlanDetail",
+    "PlanInfo",
+    "Registration",
+    "StuckPlan",
+    "Trigger",
+    "PlanError",
+    "CrossTenant",
+    "MissingDescriptor",
     "Client",
     "RemoteTransaction",
     "ReviewClient",

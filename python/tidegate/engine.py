@@ -6,12 +6,14 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+import datetime as _dt
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, overload
 
 from . import _context
 from . import _native
 from .errors import InvalidArgument, TidegateError
 from .outcome import RunResult
+from .plans import Plan, PlanDetail, PlanInfo, StuckPlan, _new_plan
 from .speculation import Speculation
 from .tools import Tool, _check_callable, _is_async
 from .transaction import Transaction, _check_agent, _scopes_arg
@@ -19,6 +21,7 @@ from .transaction import Transaction, _check_agent, _scopes_arg
 __all__ = ["LEVELS", "ISOLATIONS", "ScopeType", "Tidegate", "open", "default_engine"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: The consistency levels (docs/levels.md): each adds one discipline to the one before.
 LEVELS: Tuple[str, ...] = ("L0", "L1", "L2", "L3", "L4")
@@ -170,6 +173,7 @@ class Tidegate:
                 probe=t.probe,
                 probe_async=_is_async(t.probe),
                 wants_call_id=t._wants_call_id,
+                descriptor=None if t.descriptor is None else t.descriptor._to_dict(),
             )
             self._names[t.name] = t
         self._handles[t] = h
@@ -293,6 +297,123 @@ class Tidegate:
                     await tx.aabort(f"transaction body failed: {type(e).__name__}: {e}")
                 raise
 
+    # -- plans -----------------------------------------------------------------------------------
+
+    def plan(
+        self,
+        owner: str,
+        *,
+        deadline: Union[_dt.timedelta, float, None] = None,
+        cascade_limit: Optional[int] = None,
+        triggers: Optional[Sequence[Mapping[str, Any]]] = None,
+        unwind_wait: Optional[float] = 30.0,
+    ) -> Plan:
+        """A plan (:class:`tidegate.Plan`), opened when its ``with`` / ``async with`` block is
+        entered: run its steps with ``plan.transaction(...)``. Leaving the block commits it
+        (every held compensation retired); an exception fails it: the held compensations run
+        last-in-first-out, and the block waits up to ``unwind_wait`` seconds for that before
+        the exception propagates (``None`` or ``0``: no wait).
+
+        * ``owner``: who answers for the plan (1 to 256 characters).
+        * ``deadline``: a ``timedelta`` or seconds from now; the plan fails if it has not
+          committed by then, also if this process is gone (the next process that opens the
+          data directory fires it).
+        * ``cascade_limit``: how deep a cascade of compensations triggering other plans may
+          go before this plan waits for its owner instead (0 to 64, default 3).
+        * ``triggers``: predicate triggers (JSON, docs/plans.md "Predicates").
+        """
+        return _new_plan(self, owner, deadline, cascade_limit, triggers, unwind_wait)
+
+    def open_plan(
+        self,
+        owner: str,
+        *,
+        deadline: Union[_dt.timedelta, float, None] = None,
+        cascade_limit: Optional[int] = None,
+        triggers: Optional[Sequence[Mapping[str, Any]]] = None,
+    ) -> Plan:
+        """Opens a plan now (for an explicit ``commit()``/``fail()`` without ``with``); the
+        arguments are :meth:`plan`'s."""
+        p = _new_plan(self, owner, deadline, cascade_limit, triggers, None)
+        p._open()
+        return p
+
+    async def aopen_plan(
+        self,
+        owner: str,
+        *,
+        deadline: Union[_dt.timedelta, float, None] = None,
+        cascade_limit: Optional[int] = None,
+        triggers: Optional[Sequence[Mapping[str, Any]]] = None,
+    ) -> Plan:
+        """The asyncio form of :meth:`open_plan`."""
+        p = _new_plan(self, owner, deadline, cascade_limit, triggers, None)
+        await p._aopen()
+        return p
+
+    def plan_by_id(self, plan: int) -> Plan:
+        """A handle on plan ``plan`` of this engine (opened by this process or an earlier
+        one): to resolve, signal or inspect it. Raises :class:`PlanError` if there is none."""
+        if isinstance(plan, bool) or not isinstance(plan, int) or plan < 0:
+            raise InvalidArgument(
+                f"invalid `plan` = {plan!r}: expected a plan id (an int)", kind="invalid_argument", argument="plan"
+            )
+        native = self._native.plan_by_id(plan)
+        d = PlanDetail._from_dict(native.detail())
+        return Plan(self, d.owner, None, d.cascade_limit, [], None, native=native)
+
+    def plans(self) -> List[PlanInfo]:
+        """Every plan of this engine (in its data directory), by id."""
+        return [PlanInfo._from_dict(d) for d in self._native.plans()]
+
+    def stuck_plans(self) -> List[StuckPlan]:
+        """The owner-intervention queue: plans the executor will not finish on its own (a
+        non-compensable effect fired before the plan failed, a compensation failed or has an
+        unknown outcome, a cascade went too deep), with why. Resolve each with
+        ``tg.plan_by_id(p.plan).resolve("retry" | "accept" | "unwind")``."""
+        return [StuckPlan(int(p), dict(r)) for p, r in self._native.stuck_plans()]
+
+    @overload
+    def capability(self, name: str) -> Callable[[F], F]: ...
+
+    @overload
+    def capability(self, name: str, handler: F) -> F: ...
+
+    def capability(self, name: str, handler: Optional[F] = None) -> Any:
+        """Registers the handler of capability ``name`` (a decorator, or called with the
+        handler)::
+
+            @tg.capability("cancel_booking")
+            def cancel_booking(req: tidegate.CapabilityRequest) -> None: ...
+
+        The plan executor sends it the compensations and probes of descriptors naming
+        ``name`` (:class:`tidegate.Compensate`); calls of a descriptor tool that abort are
+        compensated through it too. ``handler(req)`` gets a :class:`tidegate.CapabilityRequest`
+        (see there for what to return and raise); coroutine functions are run to completion
+        on an event loop of their own (the executor serves no caller's loop). Register
+        every capability before :meth:`recover`: the executor starts there and fires what is
+        due at once. Replaces an earlier handler of the same name."""
+        if not isinstance(name, str) or not 1 <= len(name.encode("utf-8", "surrogatepass")) <= 128:
+            raise InvalidArgument(
+                f"invalid `name` = {name!r}: expected a capability name of 1 to 128 bytes (UTF-8)",
+                kind="invalid_argument",
+                argument="name",
+            )
+
+        def register(fn: F) -> F:
+            if not callable(fn):
+                raise InvalidArgument(
+                    f"invalid `handler` = {fn!r} for capability `{name}`: expected a callable",
+                    kind="invalid_argument",
+                    argument="handler",
+                )
+            self._native.capability(name, fn, _is_async(fn))
+            return fn
+
+        if handler is not None:
+            return register(handler)
+        return register
+
     # -- hooks, recovery, inspection ----------------------------------------------------------
 
     def add_hook(self, hook: Callable[[Dict[str, Any]], Any], name: Optional[str] = None) -> None:
@@ -307,7 +428,9 @@ class Tidegate:
         """Registers ``tools`` and finishes what a previous process left in this engine's data
         directory: in-doubt calls are resolved through probes (never re-executed), interrupted
         commits and aborts completed, orphaned open transactions aborted (compensated).
-        Register every tool the ledger names first. Returns a report."""
+        Register every tool the ledger names first, and every capability plans use
+        (:meth:`capability`): if the ledger holds plans, their executor starts here and runs
+        what is due (deadlines that passed while no process was running). Returns a report."""
         for t in tools:
             self.register(t)
         return dict(self._native.recover())

@@ -46,6 +46,9 @@ __all__ = [
     "SpeculationError",
     "StoreError",
     "UnknownTool",
+    "PlanError",
+    "CrossTenant",
+    "MissingDescriptor",
     "NotApplied",
     "TransientError",
     "OutcomeUnknown",
@@ -203,3 +206,27 @@ class OutcomeUnknown(Exception):
     exception other than :class:`NotApplied` and :class:`TransientError` is taken the same way;
     this one says so explicitly. The engine asks the tool's probe; without an answer the effect
     is compensated blind (reversible) or tagged ``unresolved`` (gated)."""
+
+
+class PlanError(TidegateError):
+    """A plan operation was refused: ``kind`` is ``"unknown_plan"`` (no such plan),
+    ``"plan_state"`` (the plan is not in a state that allows it: committing a plan that
+    already failed, failing one that ended), ``"step_unsettled"`` (committing a plan while a
+    step is still open) or ``"newer_format"`` (a ledger written by a newer Tidegate).
+    ``plan`` is the plan's id when the refusal names one. Not retryable as such."""
+
+    plan: Optional[int] = None
+
+
+class CrossTenant(PlanError, InvalidArgument):
+    """A trigger or command named another tenant than the one the plan executor serves;
+    refused, never evaluated. ``argument`` names the field."""
+
+
+class MissingDescriptor(InvalidArgument):
+    """A reversible tool was called inside a plan step without a compensation descriptor:
+    declare it with ``@tidegate.tool(compensate=tidegate.Compensate(...))``. ``tool`` names
+    the tool, ``plan`` the plan. Nothing was recorded; the step stays open."""
+
+    tool: Optional[str] = None
+    plan: Optional[int] = None

@@ -24,6 +24,7 @@ from .outcome import Held
 
 if TYPE_CHECKING:
     from .engine import Tidegate
+    from .plans import Compensate
 
 __all__ = ["EFFECTS", "ScopeSpec", "Tool", "AsyncTool", "tool"]
 
@@ -86,7 +87,8 @@ class Tool:
     Called inside a ``with tg.transaction(...)`` block, the call is routed through the engine:
     executed now and its compensation registered (reversible, idempotent), or held until
     commit (bufferable: staged, gated: queued; the call returns a :class:`Held`). Called
-    outside any transaction, it runs as a one-call transaction on :func:`default_engine`
+    outside any transaction, it runs as a one-call transaction: a step of the plan of the
+    enclosing ``with tg.plan(...)`` block if there is one, else on :func:`default_engine`
     (or the engine given to :meth:`on`).
     """
 
@@ -95,6 +97,8 @@ class Tool:
     effect: str
     scope: ScopeSpec
     compensate: Optional[Callable[..., Any]]
+    #: The compensation descriptor (``compensate=tidegate.Compensate(...)``), else ``None``.
+    descriptor: Optional["Compensate"]
     key: Optional[Callable[..., str]]
     probe: Optional[Callable[..., Any]]
 
@@ -104,11 +108,13 @@ class Tool:
         *,
         scope: ScopeSpec,
         effect: str,
-        compensate: Optional[Callable[..., Any]] = None,
+        compensate: Union[Callable[..., Any], "Compensate", None] = None,
         key: Optional[Callable[..., str]] = None,
         probe: Optional[Callable[..., Any]] = None,
         name: Optional[str] = None,
     ) -> None:
+        from .plans import Compensate
+
         if not callable(fn):
             raise InvalidArgument(f"invalid `fn` = {fn!r}: expected a callable", kind="invalid_argument", argument="fn")
         tool_name = name if name is not None else getattr(fn, "__name__", None)
@@ -142,7 +148,23 @@ class Tool:
                 kind="invalid_argument",
                 argument="scope",
             )
-        _check_callable(compensate, "compensate", tool_name)
+        descriptor: Optional[Compensate] = None
+        if isinstance(compensate, Compensate):
+            if effect == "gated":
+                raise InvalidArgument(
+                    f"invalid `compensate` = {compensate!r} for gated tool `{tool_name}`: expected none, a gated "
+                    "effect is irreversible (inside a plan it is recorded as non-compensable)",
+                    kind="invalid_argument",
+                    argument="compensate",
+                )
+            descriptor, compensate = compensate, None
+        elif compensate is not None and not callable(compensate):
+            raise InvalidArgument(
+                f"invalid `compensate` = {compensate!r} for tool `{tool_name}`: expected a callable, "
+                "a tidegate.Compensate descriptor, or None",
+                kind="invalid_argument",
+                argument="compensate",
+            )
         _check_callable(key, "key", tool_name)
         _check_callable(probe, "probe", tool_name)
         self.fn = fn
@@ -150,6 +172,7 @@ class Tool:
         self.effect = effect
         self.scope = scope
         self.compensate = compensate
+        self.descriptor = descriptor
         self.key = key
         self.probe = probe
         self._const_scopes = const
@@ -241,11 +264,15 @@ class Tool:
         tx = _context.current.get()
         if tx is not None:
             return tx.call(self, *args, **kwargs)
-        engine = self._outside_engine()
         args, kwargs = self._bind(args, kwargs)
         scopes = self._scopes(args, kwargs)
-        with engine.transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
-            r = tx._call(self, args, kwargs, scopes)
+        plan = _context.plan.get()
+        if plan is not None:
+            with plan.transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
+                r = tx._call(self, args, kwargs, scopes)
+        else:
+            with self._outside_engine().transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
+                r = tx._call(self, args, kwargs, scopes)
         return r.result if isinstance(r, Held) else r
 
     def __repr__(self) -> str:
@@ -259,11 +286,15 @@ class AsyncTool(Tool):
         tx = _context.current.get()
         if tx is not None:
             return await tx.acall(self, *args, **kwargs)
-        engine = self._outside_engine()
         args, kwargs = self._bind(args, kwargs)
         scopes = self._scopes(args, kwargs)
-        async with engine.transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
-            r = await tx._acall(self, args, kwargs, scopes)
+        plan = _context.plan.get()
+        if plan is not None:
+            async with plan.transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
+                r = await tx._acall(self, args, kwargs, scopes)
+        else:
+            async with self._outside_engine().transaction(agent=f"tool:{self.name}", may_touch=scopes) as tx:
+                r = await tx._acall(self, args, kwargs, scopes)
         return r.result if isinstance(r, Held) else r
 
 
@@ -273,7 +304,7 @@ def tool(
     *,
     scope: ScopeSpec,
     effect: str,
-    compensate: Optional[Callable[..., Any]] = ...,
+    compensate: Union[Callable[..., Any], "Compensate", None] = ...,
     key: Optional[Callable[..., str]] = ...,
     probe: Optional[Callable[..., Any]] = ...,
     name: Optional[str] = ...,
@@ -286,7 +317,7 @@ def tool(
     *,
     scope: ScopeSpec,
     effect: str,
-    compensate: Optional[Callable[..., Any]] = ...,
+    compensate: Union[Callable[..., Any], "Compensate", None] = ...,
     key: Optional[Callable[..., str]] = ...,
     probe: Optional[Callable[..., Any]] = ...,
     name: Optional[str] = ...,
@@ -298,7 +329,7 @@ def tool(
     *,
     scope: ScopeSpec,
     effect: str,
-    compensate: Optional[Callable[..., Any]] = None,
+    compensate: Union[Callable[..., Any], "Compensate", None] = None,
     key: Optional[Callable[..., str]] = None,
     probe: Optional[Callable[..., Any]] = None,
     name: Optional[str] = None,
@@ -315,6 +346,11 @@ def tool(
     * ``effect``: one of :data:`EFFECTS`.
     * ``compensate``: undoes an executed call; called as ``compensate(result, *args, **kwargs)``.
       Return ``None`` for a clean undo or a str describing residue (a fee); raise if it failed.
+      Or a :class:`tidegate.Compensate` descriptor: the undo as data (a capability name and
+      JSON arguments that may reference the call's output), which a plan holds in the ledger
+      and runs after this process is gone; calls of a reversible tool inside a plan step need
+      one (:class:`MissingDescriptor` otherwise). Outside plans the engine runs it in this
+      process through the capability's handler (:meth:`Tidegate.capability`).
     * ``key``: the idempotency key, a function of the tool's arguments returning a str. Keys
       are engine-wide: a key that already committed (in any transaction, also after a restart
       with a data directory) returns the recorded output instead of calling the tool again.

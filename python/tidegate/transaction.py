@@ -14,6 +14,7 @@ from .tools import Tool, _check_callable, _is_async
 
 if TYPE_CHECKING:
     from .engine import Tidegate
+    from .plans import Plan
 
 __all__ = ["Transaction", "current_transaction"]
 
@@ -83,6 +84,7 @@ class Transaction:
         wait_timeout: Optional[float],
         native: Any = None,
         branch: bool = False,
+        plan: Optional["Plan"] = None,
     ) -> None:
         _check_agent(agent)
         self._engine = engine
@@ -96,6 +98,7 @@ class Transaction:
         self._wait_timeout = wait_timeout
         self._native = native
         self._branch = branch
+        self._plan = plan
         self._held: List[Held] = []
         self._tokens: List["contextvars.Token[Optional[Transaction]]"] = []
         self.outcome = None
@@ -105,7 +108,18 @@ class Transaction:
     def _begin(self) -> None:
         if self._native is not None:
             raise WrongState("the transaction has already begun; use a new tg.transaction(...)", kind="wrong_state")
-        self._native = self._engine._native.begin(self._agent, self._may_touch, self._lease)
+        if self._plan is not None:
+            self._native = self._plan._begin_native(self._agent, self._may_touch, self._lease)
+        else:
+            self._native = self._engine._native.begin(self._agent, self._may_touch, self._lease)
+
+    async def _abegin(self) -> None:
+        if self._native is not None:
+            raise WrongState("the transaction has already begun; use a new tg.transaction(...)", kind="wrong_state")
+        if self._plan is not None:
+            self._native = await self._plan._abegin_native(self._agent, self._may_touch, self._lease)
+        else:
+            self._native = self._engine._native.begin(self._agent, self._may_touch, self._lease)
 
     def _tx(self) -> Any:
         n = self._native
@@ -115,6 +129,11 @@ class Transaction:
                 kind="wrong_state",
             )
         return n
+
+    @property
+    def plan(self) -> Optional["Plan"]:
+        """The plan this transaction is a step of, if any."""
+        return self._plan
 
     @property
     def id(self) -> int:
@@ -161,7 +180,11 @@ class Transaction:
                 pass  # the engine settled it meanwhile (a protocol violation aborts at once)
 
     async def __aenter__(self) -> "Transaction":
-        return self.__enter__()
+        if self._plan is None or self._branch:
+            return self.__enter__()
+        await self._abegin()
+        self._tokens.append(_context.current.set(self))
+        return self
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
         _context.current.reset(self._tokens.pop())
