@@ -553,7 +553,9 @@ impl tidegate_runtime::PlanDispatch for PlanDispatcher {
             };
             match d.dispatch(req).await {
                 DispatchOutcome::Done { output, residue } => CallResult::Done { output, residue },
-                DispatchOutcome::Failed(e) => CallResult::NotApplied(e),
+                // Transient: the capability's attempts ran out without the effect taking
+                // place; to the plan it is not applied (it stays stuck until retried).
+                DispatchOutcome::Failed(e) | DispatchOutcome::Transient(e) => CallResult::NotApplied(e),
                 DispatchOutcome::Unknown(e) => CallResult::Unknown(e),
             }
         })
