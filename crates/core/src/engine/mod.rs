@@ -28,6 +28,7 @@ mod ops;
 mod recover;
 mod registry;
 mod settle;
+mod waits;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,6 +52,7 @@ pub use group::GroupStart;
 pub use ops::{BeginRequest, Begun, EffectView, ReadResult, Recorded, SealedView};
 pub use recover::{InDoubt, RecoverError, Recovery, ReplayRule};
 pub use registry::ToolVersion;
+pub use waits::{WaitCause, WaitsFor};
 pub use settle::{AbortPlan, CompensationTask, Decision, ExecResult, ReleasePlan, ReleaseTask, Settlement};
 
 /// How commits are ordered among transactions on overlapping scopes.
