@@ -55,6 +55,8 @@ async fn a_waiting_transaction_names_the_earlier_one_and_the_overlapping_scope()
     let (_, k) = h.tenant("acme");
     let early = begin(&h, &k.agent, "planner", &["kv:hotel:*"]).await;
     let late = begin(&h, &k.agent, "booker", &["kv:hotel:7"]).await;
+    let r = h.req("POST", &format!("/v1/transactions/{late}/reads"), Some(&k.agent), Some(json!({"scope": "kv:hotel:7"}))).await;
+    assert_eq!(r.status, 200, "{r:?}");
     let r = h.req("POST", &format!("/v1/transactions/{late}/commit"), Some(&k.agent), Some(json!({"seal": true, "wait_ms": 0}))).await;
     assert_eq!(r.status, 202, "{r:?}");
     let r = h.req("GET", &format!("/v1/transactions/{late}"), Some(&k.reviewer), None).await;
