@@ -251,6 +251,8 @@ mod tests {
         assert!(Role::Admin.grants(Permission::KeysManage));
         assert!(Role::Reviewer.grants(Permission::Review) && !Role::Operator.grants(Permission::Review));
         assert!(Role::Operator.grants(Permission::AttentionResolve));
-        assert!(!Role::Reviewer.grants(Permission::AttentionResolve) && !Role::Agent.grants(Permission::AttentionResolve));
+        assert!(
+            !Role::Reviewer.grants(Permission::AttentionResolve) && !Role::Agent.grants(Permission::AttentionResolve)
+        );
     }
 }

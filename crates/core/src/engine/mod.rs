@@ -52,8 +52,8 @@ pub use group::GroupStart;
 pub use ops::{BeginRequest, Begun, EffectView, ReadResult, Recorded, SealedView};
 pub use recover::{InDoubt, RecoverError, Recovery, ReplayRule};
 pub use registry::ToolVersion;
-pub use waits::{WaitCause, WaitsFor};
 pub use settle::{AbortPlan, CompensationTask, Decision, ExecResult, ReleasePlan, ReleaseTask, Settlement};
+pub use waits::{WaitCause, WaitsFor};
 
 /// How commits are ordered among transactions on overlapping scopes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

@@ -214,10 +214,8 @@ pub async fn resolve(
         lsn: 0,
     };
     t.engine.append_extension(OPERATOR_STREAM, r.body()).await.map_err(from_runtime)?;
-    let entry = t
-        .index
-        .attention_entry(tx, EffectId(n))
-        .ok_or_else(|| ApiError::internal("the attention entry vanished"))?;
+    let entry =
+        t.index.attention_entry(tx, EffectId(n)).ok_or_else(|| ApiError::internal("the attention entry vanished"))?;
     Ok(Json(attention_out(t, &entry)))
 }
 
@@ -259,7 +257,10 @@ pub async fn series(caller: Caller<TxRead>) -> ApiResult<Json<SeriesOut>> {
     ),
     security(("bearer" = []))
 )]
-pub async fn export(caller: Caller<LedgerRead>, ApiQuery(q): ApiQuery<LedgerEventsQuery>) -> ApiResult<impl IntoResponse> {
+pub async fn export(
+    caller: Caller<LedgerRead>,
+    ApiQuery(q): ApiQuery<LedgerEventsQuery>,
+) -> ApiResult<impl IntoResponse> {
     let limit = match q.limit {
         None => MAX_EXPORT,
         Some(n) if (1..=MAX_EXPORT).contains(&n) => n,

@@ -155,10 +155,7 @@ impl TxFilter {
     }
 
     fn is_empty(&self) -> bool {
-        self.transaction.is_none()
-            && self.outcome.is_none()
-            && !self.unfinished
-            && !self.needs_view()
+        self.transaction.is_none() && self.outcome.is_none() && !self.unfinished && !self.needs_view()
     }
 
     fn needs_view(&self) -> bool {
@@ -172,7 +169,7 @@ impl TxFilter {
             return false;
         }
         let phase = t.index.phase(tx);
-        if self.outcome.is_some_and(|o| phase != Some(o)) || (self.unfinished && !phase.is_some_and(|p| !p.settled())) {
+        if self.outcome.is_some_and(|o| phase != Some(o)) || (self.unfinished && phase.is_none_or(|p| p.settled())) {
             return false;
         }
         if !self.needs_view() {

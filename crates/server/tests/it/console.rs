@@ -21,9 +21,7 @@ async fn open_stream(h: &Harness, key: &str) -> (reqwest::Response, String) {
 }
 
 /// The next event `(name, data)` of a stream, within `wait`.
-async fn next_event(body: &mut reqwest::Response, buf: &mut String,
-    wait: Duration,
-) -> Option<(String, Value)> {
+async fn next_event(body: &mut reqwest::Response, buf: &mut String, wait: Duration) -> Option<(String, Value)> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         if let Some(i) = buf.find("\n\n") {
@@ -55,9 +53,18 @@ async fn a_waiting_transaction_names_the_earlier_one_and_the_overlapping_scope()
     let (_, k) = h.tenant("acme");
     let early = begin(&h, &k.agent, "planner", &["kv:hotel:*"]).await;
     let late = begin(&h, &k.agent, "booker", &["kv:hotel:7"]).await;
-    let r = h.req("POST", &format!("/v1/transactions/{late}/reads"), Some(&k.agent), Some(json!({"scope": "kv:hotel:7"}))).await;
+    let r = h
+        .req("POST", &format!("/v1/transactions/{late}/reads"), Some(&k.agent), Some(json!({"scope": "kv:hotel:7"})))
+        .await;
     assert_eq!(r.status, 200, "{r:?}");
-    let r = h.req("POST", &format!("/v1/transactions/{late}/commit"), Some(&k.agent), Some(json!({"seal": true, "wait_ms": 0}))).await;
+    let r = h
+        .req(
+            "POST",
+            &format!("/v1/transactions/{late}/commit"),
+            Some(&k.agent),
+            Some(json!({"seal": true, "wait_ms": 0})),
+        )
+        .await;
     assert_eq!(r.status, 202, "{r:?}");
     let r = h.req("GET", &format!("/v1/transactions/{late}"), Some(&k.reviewer), None).await;
     assert_eq!(r.body["state"], "waiting", "{r:?}");
@@ -114,12 +121,14 @@ async fn the_tenant_stream_sends_a_snapshot_then_changes_of_its_own_tenant_only(
         assert_eq!(name, "changes");
         seen_new = ev["data"].as_array().unwrap().iter().any(|t| t["id"] == new.as_str());
     }
-    let r = h.req("POST", &format!("/v1/transactions/{before}/commit"), Some(&a.agent), Some(json!({"seal": true}))).await;
+    let r =
+        h.req("POST", &format!("/v1/transactions/{before}/commit"), Some(&a.agent), Some(json!({"seal": true}))).await;
     assert_eq!(r.body["state"], "committed", "{r:?}");
     let mut settled = false;
     while !settled {
         let (_, ev) = next_event(&mut body, &mut buf, Duration::from_secs(5)).await.expect("the commit");
-        settled = ev["data"].as_array().unwrap().iter().any(|t| t["id"] == before.as_str() && t["state"] == "committed");
+        settled =
+            ev["data"].as_array().unwrap().iter().any(|t| t["id"] == before.as_str() && t["state"] == "committed");
     }
     // The other tenant's stream carried none of it; its own begin arrives.
     let own = begin(&h, &b.agent, "b1", &["kv:s:1"]).await;
@@ -143,8 +152,13 @@ async fn an_operator_resolves_an_unresolved_effect_and_the_ledger_records_who() 
     h.webhook_tool(&k.admin, &sink, "fax", "gated", false, false).await;
     sink.script("fax/call", &[503, 503]);
     let tx = begin(&h, &k.agent, "faxer", &["kv:fax:*"]).await;
-    h.req("POST", &format!("/v1/transactions/{tx}/effects"), Some(&k.agent), Some(json!({"tool": "fax", "args": {"id": "f1"}})))
-        .await;
+    h.req(
+        "POST",
+        &format!("/v1/transactions/{tx}/effects"),
+        Some(&k.agent),
+        Some(json!({"tool": "fax", "args": {"id": "f1"}})),
+    )
+    .await;
     let r = h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&k.agent), Some(json!({"seal": true}))).await;
     assert_eq!(r.body["effects"][0]["tag"], "unresolved", "{r:?}");
     let a = h.req("GET", "/v1/ledger/attention?resolved=false", Some(&k.operator), None).await;
@@ -207,8 +221,13 @@ async fn a_resolution_survives_a_restart() {
     h.webhook_tool(&k.admin, &sink, "fax", "gated", false, false).await;
     sink.script("fax/call", &[503, 503]);
     let tx = begin(&h, &k.agent, "faxer", &["kv:fax:*"]).await;
-    h.req("POST", &format!("/v1/transactions/{tx}/effects"), Some(&k.agent), Some(json!({"tool": "fax", "args": {"id": "f1"}})))
-        .await;
+    h.req(
+        "POST",
+        &format!("/v1/transactions/{tx}/effects"),
+        Some(&k.agent),
+        Some(json!({"tool": "fax", "args": {"id": "f1"}})),
+    )
+    .await;
     h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&k.agent), Some(json!({"seal": true}))).await;
     let r = h
         .req(
@@ -234,7 +253,8 @@ async fn the_series_counts_this_tenants_commits_and_aborts_by_reason() {
     let (_, b) = h.tenant("other");
     for i in 0..3 {
         let tx = begin(&h, &a.agent, "c", &[&format!("kv:c:{i}")]).await;
-        let r = h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&a.agent), Some(json!({"seal": true}))).await;
+        let r =
+            h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&a.agent), Some(json!({"seal": true}))).await;
         assert_eq!(r.body["state"], "committed", "{r:?}");
     }
     let tx = begin(&h, &a.agent, "c", &["kv:c:9"]).await;
@@ -267,8 +287,12 @@ async fn ledger_filters_select_transactions_and_the_export_is_json_lines() {
     let t3 = begin(&h, &k.agent, "bob", &["kv:shop:2"]).await;
 
     let txs = |r: &crate::common::Resp| -> Vec<String> {
-        let mut v: Vec<String> =
-            r.body["data"].as_array().unwrap().iter().filter_map(|e| e["transaction"].as_str().map(str::to_owned)).collect();
+        let mut v: Vec<String> = r.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["transaction"].as_str().map(str::to_owned))
+            .collect();
         v.dedup();
         v
     };
@@ -289,7 +313,12 @@ async fn ledger_filters_select_transactions_and_the_export_is_json_lines() {
     assert!(r.body["data"].as_array().unwrap().is_empty(), "{r:?}");
     let r = h.req("GET", &q("from_ms=0&to_ms=4000000000000"), Some(&k.operator), None).await;
     assert_eq!(txs(&r), vec![t1.clone(), t2.clone(), t3.clone()], "{r:?}");
-    for (bad, field) in [("outcome=maybe", "outcome"), ("from_ms=5&to_ms=1", "to_ms"), ("scope=", "scope"), ("transaction=tx_zz_1", "transaction")] {
+    for (bad, field) in [
+        ("outcome=maybe", "outcome"),
+        ("from_ms=5&to_ms=1", "to_ms"),
+        ("scope=", "scope"),
+        ("transaction=tx_zz_1", "transaction"),
+    ] {
         let r = h.req("GET", &q(bad), Some(&k.operator), None).await;
         assert_eq!((r.status, r.body["field"].as_str()), (400, Some(field)), "{bad}: {r:?}");
     }
