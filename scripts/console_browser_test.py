@@ -286,6 +286,13 @@ def test_attention(b: Browser, api: Api, w: World) -> None:
     row_id = f"att-{w.fax}-0"
     row = b.wait.until(ec.presence_of_element_located((By.ID, row_id)))
     check("unresolved" in row.text, f"the fax effect is listed unresolved: {row.text!r}")
+    # Retry first: the fax line still answers 503, so the retry is recorded and resolves nothing.
+    row.find_element(By.CSS_SELECTOR, "button[data-action=retry]").click()
+    b.wait.until(ec.visibility_of_element_located((By.ID, "confirm")))
+    b.d.find_element(By.ID, "confirm-ok").click()
+    b.wait.until(ec.text_to_be_present_in_element((By.ID, "message"), "retried release"))
+    check("done" not in b.text("#message"), f"the retry did not succeed: {b.text('#message')!r}")
+    row = b.wait.until(ec.presence_of_element_located((By.ID, row_id)))
     button = row.find_element(By.CSS_SELECTOR, "button[data-action=resolve]")
     b.d.execute_script("arguments[0].focus()", button)
     button.send_keys(Keys.ENTER)
@@ -300,6 +307,9 @@ def test_attention(b: Browser, api: Api, w: World) -> None:
     att = api.ok("GET", "/v1/ledger/attention", w.keys["operator"])["data"]
     mine = [a for a in att if a["transaction"] == w.fax]
     check(mine and mine[0]["resolution"] and mine[0]["resolution"]["action"] == "resolved", f"attention: {mine}")
+    ops = [e["data"]["body"] for e in api.ok("GET", "/v1/ledger/events?event=extension&limit=500", w.keys["operator"])["data"]
+           if e["data"]["stream"] == "operator"]
+    check([o["kind"] for o in ops] == ["retry_effect", "resolve_effect"], f"the ledger has the retry and the resolution: {ops}")
     check(w.keys["operator_id"] in mine[0]["resolution"]["by"], f"who: {mine[0]['resolution']}")
     lsn = mine[0]["resolution"]["lsn"]
     ev = api.ok("GET", f"/v1/ledger/events?after_lsn={lsn - 1}&limit=1", w.keys["operator"])["data"][0]

@@ -111,12 +111,15 @@ pub enum OperatorAction {
     Resolved,
     /// Accepted as it is (e.g. the leaked effect may stand).
     Accepted,
+    /// Retried from the console (`POST .../retry`) and the retry was confirmed done.
+    Retried,
 }
 
 /// An operator's resolution of one effect, as recorded on the `operator` stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resolution {
-    /// Always `resolve_effect` (the record's kind, for later kinds on the same stream).
+    /// `resolve_effect`, or `retry_effect` for a retry (which resolves the entry only when its
+    /// `outcome` is `done`).
     pub kind: String,
     /// The transaction's number (the `<n>` of `tx_<tag>_<n>`).
     pub tx: u64,
@@ -130,6 +133,12 @@ pub struct Resolution {
     pub by: String,
     /// When, Unix milliseconds.
     pub at_ms: u64,
+    /// A retry's operation (`call`, `release`, `compensate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    /// A retry's outcome (`done`, `failed`, `unknown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
     /// The record's LSN (filled when read back, not stored).
     #[serde(skip)]
     pub lsn: Lsn,
@@ -153,7 +162,12 @@ impl Resolutions {
     /// the stream is this server's, but a ledger is input).
     pub fn apply(&mut self, lsn: Lsn, body: &Value) {
         let Ok(mut r) = serde_json::from_value::<Resolution>(body.clone()) else { return };
-        if r.kind != "resolve_effect" {
+        let resolves = match r.kind.as_str() {
+            "resolve_effect" => true,
+            "retry_effect" => r.outcome.as_deref() == Some("done"),
+            _ => false,
+        };
+        if !resolves {
             return;
         }
         r.lsn = lsn;
@@ -205,9 +219,24 @@ mod tests {
             note: "refunded".into(),
             by: "key_ab".into(),
             at_ms: 5,
+            operation: None,
+            outcome: None,
             lsn: 0,
         };
         r.apply(9, &ok.body());
         assert_eq!(r.get(TxId(1), EffectId(0)).map(|r| (r.lsn, r.note.as_str())), Some((9, "refunded")));
+        // A failed retry is recorded but resolves nothing; a done one does.
+        let retry = |outcome: &str| Resolution {
+            kind: "retry_effect".into(),
+            tx: 2,
+            action: OperatorAction::Retried,
+            operation: Some("release".into()),
+            outcome: Some(outcome.into()),
+            ..ok.clone()
+        };
+        r.apply(10, &retry("failed").body());
+        assert!(r.get(TxId(2), EffectId(0)).is_none());
+        r.apply(11, &retry("done").body());
+        assert_eq!(r.get(TxId(2), EffectId(0)).map(|r| r.lsn), Some(11));
     }
 }

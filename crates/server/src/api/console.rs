@@ -72,7 +72,7 @@ fn snapshot_event(t: &Tenant, sent: &mut HashMap<TxId, String>) -> SseEvent {
 #[utoipa::path(
     get, path = "/v1/transactions/stream", tag = "transactions", operation_id = "stream_transactions",
     responses(
-        (status = 200, description = "`text/event-stream` of `snapshot`, `changes` and `resync` events", content_type = "text/event-stream", body = String),
+        (status = 200, description = "`text/event-stream` of `snapshot`, `changes` and `resync` events", content_type = "text/event-stream", body = SseEventOut),
         (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -193,6 +193,13 @@ pub async fn resolve(
     let n: u32 = effect
         .parse()
         .map_err(|_| ApiError::invalid("effect", &effect, "an effect's issuance position (0, 1, ...)"))?;
+    if body.action == crate::console::OperatorAction::Retried {
+        return Err(ApiError::invalid(
+            "action",
+            "retried",
+            "resolved or accepted (a retry is POST /v1/ledger/attention/{tx}/{effect}/retry)",
+        ));
+    }
     let note = body.note.trim();
     if note.is_empty() || note.len() > 2000 {
         return Err(ApiError::invalid("note", &body.note, "1 to 2000 bytes saying what was done"));
@@ -211,12 +218,115 @@ pub async fn resolve(
         note: note.to_owned(),
         by: format!("key_{} ({})", caller.key_id, caller.role),
         at_ms: now_ms(),
+        operation: None,
+        outcome: None,
         lsn: 0,
     };
     t.engine.append_extension(OPERATOR_STREAM, r.body()).await.map_err(from_runtime)?;
     let entry =
         t.index.attention_entry(tx, EffectId(n)).ok_or_else(|| ApiError::internal("the attention entry vanished"))?;
     Ok(Json(attention_out(t, &entry)))
+}
+
+/// Retry an effect of the attention list through its tool's capability, with the same
+/// idempotency key as before (a receiver that deduplicates by key applies it at most once): for
+/// a committed transaction the forward operation (the release of a held effect, the call of an
+/// eager one), for an aborted one the compensation (`409 no_compensation` when the tool has
+/// none). Every retry is recorded in the ledger (stream `operator`, kind `retry_effect`, with
+/// its outcome and who); a retry confirmed `done` resolves the entry (`resolution.action`
+/// `retried`).
+#[utoipa::path(
+    post, path = "/v1/ledger/attention/{tx}/{effect}/retry", tag = "ledger", operation_id = "retry_attention",
+    params(("tx" = String, Path, description = "Transaction id"),
+           ("effect" = u32, Path, description = "The effect's issuance position")),
+    request_body = RetryIn,
+    responses(
+        (status = 200, description = "Retried (see `outcome`) and recorded", body = RetryOut),
+        (status = 409, description = "Not in the attention list, or nothing to retry it with", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn retry(
+    caller: Caller<AttentionResolve>,
+    ApiPath((id, effect)): ApiPath<(String, String)>,
+    ApiJson(body): ApiJson<RetryIn>,
+) -> ApiResult<Json<RetryOut>> {
+    use crate::dispatch::{DispatchOutcome, DispatchRequest, Operation};
+    let t = &caller.tenant;
+    let tx = parse_tx(t, &id)?;
+    if t.index.phase(tx).is_none() {
+        return Err(ApiError::not_found("transaction", &id));
+    }
+    let n: u32 = effect
+        .parse()
+        .map_err(|_| ApiError::invalid("effect", &effect, "an effect's issuance position (0, 1, ...)"))?;
+    let note = body.note.as_deref().map(str::trim).unwrap_or_default().to_owned();
+    if note.len() > 2000 {
+        return Err(ApiError::invalid("note", &note, "at most 2000 bytes"));
+    }
+    let Some(entry) = t.index.attention_entry(tx, EffectId(n)) else {
+        return Err(ApiError::conflict(
+            "not_in_attention",
+            format!("effect {n} of {id} did not settle unresolved, leaked or partial-commit"),
+        ));
+    };
+    let e = &entry.effect;
+    let Some(tool) = t.tool(&e.tool) else {
+        return Err(ApiError::conflict(
+            "no_tool",
+            format!("tool `{}` is no longer registered; nothing to retry with", e.tool),
+        ));
+    };
+    let (args, key) = crate::tools::open_envelope(&e.args);
+    let key = if key.is_empty() { e.key.to_string() } else { key };
+    let (operation, capability, send_key, output) = if entry.committed {
+        let op = if e.class.executes_eagerly() { Operation::Call } else { Operation::Release };
+        (op, tool.def.call.clone(), key.clone(), None)
+    } else {
+        let Some(cap) = tool.def.compensate.clone() else {
+            return Err(ApiError::conflict(
+                "no_compensation",
+                format!("{id} aborted and tool `{}` has no compensate capability: resolve or accept it", e.tool),
+            ));
+        };
+        (Operation::Compensate, cap, crate::tools::compensation_key(&key), Some(e.output.clone().unwrap_or_default()))
+    };
+    let req = DispatchRequest {
+        capability,
+        operation,
+        tool: e.tool.to_string(),
+        key: send_key,
+        effect_key: key,
+        args: Arc::new(args),
+        output,
+    };
+    let (outcome, detail) = match t.dispatcher.dispatch(req).await {
+        DispatchOutcome::Done { .. } => ("done", None),
+        DispatchOutcome::Failed(m) => ("failed", Some(m)),
+        DispatchOutcome::Unknown(m) => ("unknown", Some(m)),
+    };
+    let text = match (&detail, note.is_empty()) {
+        (None, true) => format!("retried {}: done", operation.as_str()),
+        (None, false) => format!("retried {}: done; {note}", operation.as_str()),
+        (Some(d), true) => format!("retried {}: {outcome}: {d}", operation.as_str()),
+        (Some(d), false) => format!("retried {}: {outcome}: {d}; {note}", operation.as_str()),
+    };
+    let r = Resolution {
+        kind: "retry_effect".into(),
+        tx: tx.0,
+        effect: n,
+        action: crate::console::OperatorAction::Retried,
+        note: text,
+        by: format!("key_{} ({})", caller.key_id, caller.role),
+        at_ms: now_ms(),
+        operation: Some(operation.as_str().to_owned()),
+        outcome: Some(outcome.to_owned()),
+        lsn: 0,
+    };
+    t.engine.append_extension(OPERATOR_STREAM, r.body()).await.map_err(from_runtime)?;
+    let entry = attention_out(t, &entry);
+    Ok(Json(RetryOut { operation: operation.as_str().to_owned(), outcome: outcome.to_owned(), detail, entry }))
 }
 
 /// The tenant's commits, aborts by reason and commit waits per minute over the last hour

@@ -101,6 +101,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(ledger::events))
         .routes(routes!(ledger::attention))
         .routes(routes!(console::resolve))
+        .routes(routes!(console::retry))
         .routes(routes!(console::export))
         .routes(routes!(console::series))
         .routes(routes!(review::register_templates, review::list_templates))

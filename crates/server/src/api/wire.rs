@@ -319,6 +319,38 @@ pub struct SeriesOut {
     pub minutes: Vec<MinuteOut>,
 }
 
+/// One server-sent event of a `text/event-stream` response, as a client parses it: its name
+/// and its data (a JSON text; what it holds is said per endpoint).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SseEventOut {
+    /// The event's name (`state`, `snapshot`, `changes`, `resync`).
+    pub event: String,
+    /// The event's data: a JSON text.
+    pub data: String,
+}
+
+/// Retry an attention entry.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryIn {
+    /// Why, for the next person (at most 2000 bytes).
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+/// A retry's result.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RetryOut {
+    /// `call`, `release` or `compensate`.
+    pub operation: String,
+    /// `done` (the entry is resolved), `failed` or `unknown`.
+    pub outcome: String,
+    /// The capability's error, if any.
+    pub detail: Option<String>,
+    /// The attention entry after the retry.
+    pub entry: AttentionOut,
+}
+
 /// Resolve an attention entry.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -691,7 +723,7 @@ pub struct AttentionOut {
 /// An operator's resolution of an attention entry, as the ledger's `operator` stream holds it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ResolutionOut {
-    /// `resolved` or `accepted`.
+    /// `resolved`, `accepted`, or `retried` (a retry confirmed done).
     pub action: crate::console::OperatorAction,
     /// The operator's note.
     pub note: String,

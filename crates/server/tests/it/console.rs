@@ -356,3 +356,54 @@ async fn the_console_page_is_served_with_its_assets_and_no_external_resource() {
     assert!(!r.text.contains("https://"), "the page refers to nothing outside the server");
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_redelivers_with_the_same_key_is_recorded_and_resolves_only_when_done() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "fax", "gated", false, false).await;
+    sink.script("fax/call", &[503, 503]);
+    let tx = begin(&h, &k.agent, "faxer", &["kv:fax:*"]).await;
+    h.req(
+        "POST",
+        &format!("/v1/transactions/{tx}/effects"),
+        Some(&k.agent),
+        Some(json!({"tool": "fax", "args": {"id": "f1"}})),
+    )
+    .await;
+    let r = h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&k.agent), Some(json!({"seal": true}))).await;
+    assert_eq!(r.body["effects"][0]["tag"], "unresolved", "{r:?}");
+    let first_key = sink.on("fax/call")[0].key.clone();
+    let path = format!("/v1/ledger/attention/{tx}/0/retry");
+    assert_eq!(h.req("POST", &path, Some(&k.reviewer), Some(json!({}))).await.status, 403);
+
+    // The far side still fails: recorded, not resolved.
+    sink.script("fax/call", &[503, 503]);
+    let r = h.req("POST", &path, Some(&k.operator), Some(json!({"note": "first try"}))).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["operation"], "release");
+    assert_ne!(r.body["outcome"], "done", "{r:?}");
+    assert!(r.body["entry"]["resolution"].is_null(), "{r:?}");
+    // Now it answers: done, resolved as retried, with the same idempotency key every time.
+    let r = h.req("POST", &path, Some(&k.operator), Some(json!({}))).await;
+    assert_eq!((r.status, r.body["outcome"].as_str()), (200, Some("done")), "{r:?}");
+    assert_eq!(r.body["entry"]["resolution"]["action"], "retried", "{r:?}");
+    let calls = sink.on("fax/call");
+    assert!(calls.len() >= 5, "{calls:?}");
+    assert!(calls.iter().all(|d| d.key == first_key), "every retry carries the effect's key");
+    assert_eq!(calls.iter().filter(|d| d.applied).count(), 1, "applied once");
+    // Both retries are in the ledger with who did them.
+    let ev = h.req("GET", "/v1/ledger/events?event=extension", Some(&k.operator), None).await;
+    let kinds: Vec<(&str, &str)> = ev.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["data"]["stream"] == "operator")
+        .map(|e| (e["data"]["body"]["kind"].as_str().unwrap(), e["data"]["body"]["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(kinds.len(), 2, "{ev:?}");
+    assert!(kinds.iter().all(|(k, _)| *k == "retry_effect"));
+    assert_eq!(kinds[1].1, "done");
+    h.stop().await;
+}

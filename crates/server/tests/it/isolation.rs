@@ -38,6 +38,7 @@ fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
         "review_request" => Some(json!({"template": "acme-only-template", "params": {}, "suspicious": true})),
         "review_accept" | "review_remove" => Some(json!({})),
         "resolve_attention" => Some(json!({"action": "resolved", "note": "checked"})),
+        "retry_attention" => Some(json!({})),
         "review_list_templates" | "review_get" | "review_queue" => None,
         "seal_transaction"
         | "get_transaction"

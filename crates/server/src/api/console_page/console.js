@@ -475,6 +475,7 @@
           actions.append(
             el("div", { class: "bar" },
               el("button", { type: "button", dataset: { action: "resolve", tx: a.transaction, effect: a.effect.effect }, onclick: () => act(a, "resolved") }, "Mark resolved"),
+              el("button", { type: "button", dataset: { action: "retry", tx: a.transaction, effect: a.effect.effect }, onclick: () => retry(a), "aria-label": "Retry " + label }, "Retry"),
               el("button", { type: "button", dataset: { action: "accept", tx: a.transaction, effect: a.effect.effect }, onclick: () => act(a, "accepted"), "aria-label": "Accept " + label }, "Accept")));
           actions.querySelector("[data-action=resolve]").setAttribute("aria-label", "Mark " + label + " resolved");
         }
@@ -517,6 +518,21 @@
       try {
         await api("POST", "/v1/ledger/attention/" + encodeURIComponent(a.transaction) + "/" + a.effect.effect + "/resolve", { action, note });
         msg(label + " " + action + "; recorded in the ledger.");
+        await load();
+      } catch (e) { err(e.message); }
+    }
+    async function retry(a) {
+      const label = a.transaction + " effect " + a.effect.effect + " (" + a.effect.tool + ", " + a.tag + ")";
+      const what = a.committed ? "its " + (a.effect.class === "reversible" || a.effect.class === "reversible_with_cost" || a.effect.class === "idempotent" ? "call" : "release") : "its compensation";
+      const ok = await confirmDialog({
+        title: "Retry: " + label,
+        text: "Send " + what + " again through the tool's capability, with the same idempotency key. The retry and its outcome are recorded in the tenant's ledger; a retry that is confirmed done resolves the entry.",
+        okLabel: "Retry",
+      });
+      if (ok === null) return;
+      try {
+        const r = await api("POST", "/v1/ledger/attention/" + encodeURIComponent(a.transaction) + "/" + a.effect.effect + "/retry", {});
+        msg(label + ": retried " + r.operation + ", " + r.outcome + (r.detail ? " (" + r.detail + ")" : "") + "; recorded in the ledger.");
         await load();
       } catch (e) { err(e.message); }
     }
