@@ -321,6 +321,9 @@
       status, tbl);
     let pending = false;
     let first = true;
+    // Rows are rebuilt only for transactions that changed (a change replaces the object) and
+    // on the lease tick; 1,000 unchanged rows are moved, not rebuilt.
+    let rowCache = new Map();
     function render() {
       pending = false;
       const rows = [];
@@ -330,8 +333,12 @@
         counts[tx.state] = (counts[tx.state] || 0) + 1;
         if (filterState && tx.state !== filterState) continue;
         if (filterAgent && !tx.agent.includes(filterAgent)) continue;
-        rows.push(liveRow(tx));
+        const hit = rowCache.get(tx.id);
+        const tr = hit && hit.tx === tx ? hit.tr : liveRow(tx);
+        rowCache.set(tx.id, { tx, tr });
+        rows.push(tr);
       }
+      for (const id of rowCache.keys()) if (!txs.has(id)) rowCache.delete(id);
       tbody.replaceChildren(...rows);
       const summary = Object.entries(counts).map(([k, n]) => n + " " + k).join(", ");
       status.textContent = txs.size + " unfinished" + (summary ? ": " + summary : "") + (rows.length !== txs.size ? " (showing " + rows.length + ")" : "");
@@ -363,7 +370,7 @@
       }
     }, (s, detail) => { if (s === "error") status.textContent = "Stream interrupted (" + detail + "); reconnecting…"; });
     // Lease countdowns move without events.
-    const tick = setInterval(schedule, 5000);
+    const tick = setInterval(() => { rowCache = new Map(); schedule(); }, 5000);
     stopView = () => { stop(); clearInterval(tick); };
   }
 
