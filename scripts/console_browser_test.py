@@ -371,7 +371,7 @@ def test_registry_ledger_picture_plans(b: Browser, api: Api, w: World) -> None:
     b.go("#/picture")
     totals = b.wait.until(ec.presence_of_element_located((By.ID, "picture-totals")))
     check(b.d.find_elements(By.CSS_SELECTOR, "#picture-svg polyline"), "the picture has its lines")
-    check(" commits" in totals.text and "aborts" in totals.text, f"totals: {totals.text!r}")
+    check(" commit(s)" in totals.text and "abort(s)" in totals.text, f"totals: {totals.text!r}")
     commits = int(totals.text.split(" ")[0])
     check(commits >= 2, f"the picture counts this tenant's commits: {totals.text!r}")
     b.shot("picture")
@@ -455,12 +455,14 @@ def test_speed(b: Browser, api: Api, key2: str) -> float:
     )
     wall = (time.monotonic() - started) * 1000
     rows = int(b.d.find_element(By.ID, "live-table").get_attribute("data-rendered"))
-    page_ms = b.d.execute_script("return window.__tidegateConsole.liveFirstRenderMs")
+    dom_ms = b.d.execute_script("return window.__tidegateConsole.liveFirstRenderMs")
+    paint_ms = b.d.execute_script("return window.__tidegateConsole.liveFirstPaintMs")
     check(rows >= 1000, f"the live view renders every open transaction: {rows}")
     b.shot("live-1000")
-    print(f"live view with {rows} open transactions: rendered in {page_ms:.0f} ms (page: view start to rows in the DOM, "
-          f"including the stream's snapshot); {wall:.0f} ms seen by the driver (target: <= 1000 ms)")
-    return page_ms
+    print(f"live view with {rows} open transactions: painted {paint_ms:.0f} ms after the route changed "
+          f"(rows in the DOM at {dom_ms:.0f} ms; includes opening the stream and its snapshot); "
+          f"{wall:.0f} ms as seen through WebDriver (round trips included); target <= 1000 ms")
+    return paint_ms
 
 
 def main() -> int:
