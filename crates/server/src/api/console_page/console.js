@@ -439,9 +439,11 @@
             el("td", null, [e.error ? "error: " + e.error : "", e.outcome_unknown ? " (outcome unknown)" : "", e.residue ? " residue: " + e.residue : ""].join("")))))
           : el("p", { class: "muted" }, "No effects."),
         el("h2", null, "Releases, compensations and hook calls"),
-        attempts.length ? table("Dispatch attempts", ["Effect key", "Operation", "Attempt", "Kind", "Outcome", "Started", "Detail"],
-          attempts.map((a) => el("tr", null, el("td", null, code(a.key || "")), el("td", null, a.operation || ""), el("td", { class: "num" }, String(a.attempt ?? "")),
-            el("td", null, a.kind || ""), el("td", null, a.outcome || ""), el("td", null, fmtTime(a.started_at_ms)), el("td", null, a.error || a.status || ""))))
+        attempts.length ? table("Dispatch attempts (releases, compensations, probes; operator retries included)", ["Key sent", "Operation", "Capability", "Attempt", "Kind", "Result", "Started", "Took", "Detail"],
+          attempts.map((a) => el("tr", null, el("td", null, code(a.key || "")), el("td", null, a.operation || ""), el("td", null, a.capability || ""),
+            el("td", { class: "num" }, String(a.attempt ?? "")), el("td", null, a.kind || ""), el("td", null, a.result || ""),
+            el("td", null, fmtTime(a.started_at_ms)), el("td", { class: "num" }, a.finished_at_ms ? (a.finished_at_ms - a.started_at_ms) + " ms" : "running"),
+            el("td", null, a.detail || ""))))
           : el("p", { class: "muted" }, "No dispatch attempts recorded by this server."),
         el("h2", null, "Ledger events"),
         table("Every ledger event of the transaction (hook verdicts appear in the decision's reason)", ["LSN", "Event", "What"],
