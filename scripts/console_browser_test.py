@@ -417,6 +417,10 @@ def test_axe(b: Browser, w: World) -> list[str]:
         b.wait.until(ec.presence_of_element_located((By.ID, ready)))
         time.sleep(0.3)
         bad += b.axe(view)
+        text = b.d.find_element(By.ID, "view").text
+        for junk in ("[object ", "undefined", "NaN", "\nnull"):
+            if junk in text:
+                bad.append(f"{view}: the page shows {junk.strip()!r}")
     b.sign_in(w.keys["reviewer"], "reviewer")
     b.go("#/review")
     b.wait.until(ec.presence_of_element_located((By.ID, "review-summary")))

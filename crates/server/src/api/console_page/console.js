@@ -38,7 +38,7 @@
         else e.setAttribute(k, v === true ? "" : v);
       }
     }
-    for (const c of children.flat()) {
+    for (const c of children.flat(Infinity)) {
       if (c === null || c === undefined || c === false) continue;
       e.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
     }
@@ -751,7 +751,7 @@
         rows.length ? table(rows.length + " event(s)" + (page.has_more ? ", more follow" : ""), ["LSN", "Event", "Transaction", "What"],
           rows.map((e) => el("tr", null, el("td", { class: "num" }, String(e.lsn)), el("td", null, e.event), el("td", null, e.transaction ? txLink(e.transaction) : ""), el("td", null, eventSummary(e)))), { id: "ledger-table" })
           : el("p", null, "No event matches."),
-        more);
+        ...(more ? [more] : []));
     }
     form.addEventListener("submit", (ev) => { ev.preventDefault(); load().catch((e) => err(e.message)); });
     form.querySelector("#ledger-export").addEventListener("click", async () => {
