@@ -407,3 +407,37 @@ async fn a_retry_redelivers_with_the_same_key_is_recorded_and_resolves_only_when
     assert_eq!(kinds[1].1, "done");
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_resends_a_waiting_transaction_when_what_it_waits_for_changes() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let a1 = begin(&h, &k.agent, "a1", &["kv:w:*"]).await;
+    let a2 = begin(&h, &k.agent, "a2", &["kv:w:1"]).await;
+    let b = begin(&h, &k.agent, "b", &["kv:w:1"]).await;
+    h.req("POST", &format!("/v1/transactions/{b}/reads"), Some(&k.agent), Some(json!({"scope": "kv:w:1"}))).await;
+    let r = h
+        .req("POST", &format!("/v1/transactions/{b}/commit"), Some(&k.agent), Some(json!({"seal": true, "wait_ms": 0})))
+        .await;
+    assert_eq!(r.status, 202, "{r:?}");
+    let (mut body, _) = open_stream(&h, &k.reviewer).await;
+    let mut buf = String::new();
+    let (_, snap) = next_event(&mut body, &mut buf, Duration::from_secs(5)).await.unwrap();
+    let sb = snap["data"].as_array().unwrap().iter().find(|t| t["id"] == b.as_str()).unwrap().clone();
+    let waits: Vec<&str> =
+        sb["waits_for"].as_array().unwrap().iter().map(|w| w["transaction"].as_str().unwrap()).collect();
+    assert_eq!(waits, vec![a1.as_str(), a2.as_str()], "{sb}");
+    // The first blocker aborts: `b` itself has no new ledger event, but what it waits for moved.
+    h.req("POST", &format!("/v1/transactions/{a1}/abort"), Some(&k.agent), Some(json!({}))).await;
+    let mut resent = None;
+    while resent.is_none() {
+        let (_, ev) = next_event(&mut body, &mut buf, Duration::from_secs(5)).await.expect("a change of b");
+        resent = ev["data"].as_array().unwrap().iter().find(|t| t["id"] == b.as_str()).cloned();
+    }
+    let resent = resent.unwrap();
+    assert_eq!(resent["state"], "waiting", "{resent}");
+    let waits: Vec<&str> =
+        resent["waits_for"].as_array().unwrap().iter().map(|w| w["transaction"].as_str().unwrap()).collect();
+    assert_eq!(waits, vec![a2.as_str()], "{resent}");
+    h.stop().await;
+}
