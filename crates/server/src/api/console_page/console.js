@@ -564,28 +564,38 @@
     await load();
   }
 
-  // HOOK(issue 15, stuck plans): the lead wires this after merging plans. It asks
-  // GET /v1/plans?state=stuck and shows each stuck plan with its reason and the choices retry /
-  // accept / unwind (POST /v1/plans/{id}/resolve {choice}); on 404 it says plans are not
-  // available on this server.
+  // HOOK(issue 15, stuck plans): wired to the plan API of issue 15 as it stands on its branch
+  // (GET /v1/plans/stuck → {stuck: [{id, owner, reason: {kind, ..}, choices}]}, POST
+  // /v1/plans/{plan}/resolve {choice}); the lead checks it after merging plans. On a server
+  // without plans (404) it says plans are not available.
   async function stuckPlans() {
     let res;
     try {
-      res = await api("GET", "/v1/plans?state=stuck");
+      res = await api("GET", "/v1/plans/stuck");
     } catch (e) {
       if (e.status === 404) return el("p", { class: "muted", id: "stuck-plans-unavailable" }, "Plans are not available on this server.");
       return el("p", { class: "error" }, e.message);
     }
-    const plans = res.data || [];
-    if (!plans.length) return el("p", { class: "muted" }, "No stuck plan.");
-    return table("Stuck plans", ["Plan", "Reason", "Action"], plans.map((p) => el("tr", null,
+    const plans = res.stuck || res.data || [];
+    if (!plans.length) return el("p", { class: "muted", id: "stuck-plans-none" }, "No stuck plan.");
+    return table("Stuck plans (the owner-intervention queue)", ["Plan", "Owner", "Why", "Action"], plans.map((p) => el("tr", { id: "stuck-" + p.id },
       el("td", null, el("a", { href: "#/plans/" + encodeURIComponent(p.id) }, p.id)),
-      el("td", null, p.stuck_reason || p.reason || ""),
-      el("td", null, ["retry", "accept", "unwind"].map((c) => el("button", { type: "button", onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id))))));
+      el("td", null, p.owner || ""),
+      el("td", null, reasonText(p.reason)),
+      el("td", null, el("div", { class: "bar" }, (p.choices || ["retry", "accept", "unwind"]).map((c) =>
+        el("button", { type: "button", dataset: { choice: c }, onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id)))))));
+  }
+
+  function reasonText(r) {
+    if (!r) return "";
+    if (typeof r === "string") return r;
+    const rest = Object.entries(r).filter(([k]) => k !== "kind").map(([k, v]) => k + ": " + (typeof v === "object" ? JSON.stringify(v) : v));
+    return [r.kind || "", rest.length ? " (" + rest.join(", ") + ")" : ""].join("");
   }
 
   async function resolvePlan(p, choice) {
-    const ok = await confirmDialog({ title: choice + " " + p.id + "?", text: "The choice is recorded in the plan's log.", okLabel: choice + " " + p.id });
+    const what = { retry: "reopen the plan", accept: "end it accepted, retiring what is left", unwind: "unwind what can be compensated, last first" }[choice] || choice;
+    const ok = await confirmDialog({ title: choice + " " + p.id + "?", text: "This will " + what + ". The choice is recorded in the plan's log.", okLabel: choice + " " + p.id });
     if (ok === null) return;
     try {
       await api("POST", "/v1/plans/" + encodeURIComponent(p.id) + "/resolve", { choice });
@@ -595,10 +605,10 @@
   }
 
   // ---- 4. plans ----------------------------------------------------------------------------
-  // Against the shape of docs/console.md "Plans": GET /v1/plans → {data: [{id, state, owner,
-  // deadline_ms?}]}, GET /v1/plans/{id} → {id, state, owner, deadline_ms?, steps: [{step,
-  // transaction?, state}], compensations: [{step, tool, key?, state}] (in unwind order),
-  // triggers: [{trigger, predicate, value: true|false|"unknown"}]}.
+  // Against the plan API of issue 15 (docs/console.md "Plans"): GET /v1/plans → {plans:
+  // [Plan]}, GET /v1/plans/{plan} → Plan {id, owner, state, stuck?, failure?, steps: [tx id],
+  // held, deadline_ms?, cascade_limit, registrations: [..] (unwind order), triggers: [{kind,
+  // value: "true" | "unknown" | "false", detail}]}.
   async function viewPlans(v, [id]) {
     v.append(el("h1", null, id ? "Plan " + id : "Plans"));
     let data;
@@ -612,24 +622,40 @@
       throw e;
     }
     const deadlineCell = (ms) => ms ? el("span", { class: ms < Date.now() ? "expired" : "", dataset: { deadline: ms } }, fmtTime(ms) + " (" + countdown(ms) + ")") : el("span", { class: "muted" }, "none");
+    const stepLink = (s) => (typeof s === "string" ? txLink(s) : s.transaction ? txLink(s.transaction) : String(s.step ?? ""));
     if (!id) {
-      const plans = data.data || [];
-      v.append(plans.length ? table(plans.length + " plan(s)", ["Plan", "State", "Owner", "Steps", "Deadline"], plans.map((p) => el("tr", null,
-        el("td", null, el("a", { href: "#/plans/" + encodeURIComponent(p.id) }, p.id)), el("td", null, p.state || ""), el("td", null, p.owner || ""),
-        el("td", { class: "num" }, String((p.steps || []).length || p.step_count || "")), el("td", null, deadlineCell(p.deadline_ms)))))
-        : el("p", null, "No plans."));
+      const plans = data.plans || data.data || [];
+      v.append(plans.length ? table(plans.length + " plan(s), oldest first", ["Plan", "State", "Owner", "Steps", "Held compensations", "Deadline"], plans.map((p) => el("tr", { id: "plan-" + p.id },
+        el("td", null, el("a", { href: "#/plans/" + encodeURIComponent(p.id) }, p.id)), el("td", null, el("span", { class: "state" }, p.state || "")), el("td", null, p.owner || ""),
+        el("td", { class: "num" }, String((p.steps || []).length)), el("td", { class: "num" }, String(p.held ?? "")), el("td", null, deadlineCell(p.deadline_ms)))), { id: "plans-table" })
+        : el("p", { id: "plans-none" }, "No plans."));
     } else {
       const p = data;
-      const val = (x) => (x === true ? "true" : x === false ? "false" : "unknown");
+      const val = (x) => (x === true || x === "true" ? "true" : x === false || x === "false" ? "false" : "unknown");
+      const regs = p.registrations || p.compensations || [];
       v.append(
-        facts([["State", p.state || ""], ["Owner", p.owner || ""], ["Deadline", deadlineCell(p.deadline_ms)]]),
+        facts([
+          ["State", el("span", { class: "state", id: "plan-state" }, p.state || "")],
+          ["Owner", p.owner || ""],
+          ["Deadline", deadlineCell(p.deadline_ms)],
+          ["Cascade limit", p.cascade_limit === undefined ? undefined : String(p.cascade_limit)],
+          ["Failed because", p.failure ? code(JSON.stringify(p.failure)) : undefined],
+          ["Stuck because", p.stuck ? reasonText(p.stuck) : undefined],
+        ]),
+        p.state === "stuck" ? el("div", { class: "bar" }, ["retry", "accept", "unwind"].map((c) => el("button", { type: "button", onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id))) : null,
         el("h2", null, "Steps"),
-        el("ol", { class: "steps" }, (p.steps || []).map((s) => el("li", null, s.name || "step " + s.step, s.transaction ? [" — ", txLink(s.transaction)] : "", " (", s.state || "", ")"))),
-        el("h2", null, "Held compensations, in the order they would unwind"),
-        el("ol", { class: "steps" }, (p.compensations || []).map((c) => el("li", null, c.tool || c.capability || "", c.key ? [" ", code(c.key)] : "", " — step ", String(c.step ?? ""), " (", c.state || "held", ")"))),
+        (p.steps || []).length ? el("ol", { class: "steps", id: "plan-steps" }, p.steps.map((s) => el("li", null, stepLink(s)))) : el("p", { class: "muted" }, "No steps yet."),
+        el("h2", null, "Compensations, in the order they would unwind"),
+        regs.length ? table((p.held ?? regs.length) + " held; the unwind runs top to bottom", ["Seq", "Step", "Effect", "Tool", "Key", "Compensation", "Forward", "State", "Verdict", "Attempts"],
+          regs.map((r) => el("tr", null, el("td", { class: "num" }, String(r.seq ?? "")), el("td", null, r.transaction ? txLink(r.transaction) : ""), el("td", { class: "num" }, String(r.effect ?? "")),
+            el("td", null, r.tool || ""), el("td", null, r.key ? code(r.key) : ""), el("td", null, r.compensation ? code(JSON.stringify(r.compensation)) : el("span", { class: "muted" }, "none (not compensable)")),
+            el("td", null, r.forward || ""), el("td", null, r.state || ""), el("td", null, r.verdict || ""), el("td", { class: "num" }, String(r.attempts ?? "")))), { id: "plan-registrations" })
+          : el("p", { class: "muted" }, "No compensation held."),
         el("h2", null, "Triggers"),
-        table("Triggers and their current value", ["Trigger", "Predicate", "Value"], (p.triggers || []).map((t) => el("tr", null,
-          el("td", null, String(t.trigger ?? t.name ?? "")), el("td", null, code(JSON.stringify(t.predicate ?? ""))), el("td", null, el("strong", null, val(t.value)))))),
+        (p.triggers || []).length ? table("Triggers and their current value", ["Kind", "Detail", "Value"], p.triggers.map((t) => el("tr", null,
+          el("td", null, t.kind || t.name || ""), el("td", null, t.kind === "deadline" && typeof t.detail === "number" ? deadlineCell(t.detail) : code(JSON.stringify(t.detail ?? t.predicate ?? ""))),
+          el("td", null, el("strong", { class: "trigger-" + val(t.value) }, val(t.value))))), { id: "plan-triggers" })
+          : el("p", { class: "muted" }, "No triggers."),
       );
     }
     const tick = setInterval(() => {
