@@ -116,7 +116,6 @@ pub async fn stream(
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     s.rx = s.t.index.changes();
-                    let _ = snapshot_event(&s.t, &mut s.sealed);
                     // The client drops what it has on `resync`; the snapshot follows.
                     s.first = true;
                     return Some((Ok(SseEvent::default().event("resync").data("{}")), s));
