@@ -279,6 +279,18 @@ def test_timeline(b: Browser, api: Api, w: World) -> None:
     b.wait.until(ec.text_to_be_present_in_element((By.ID, "tx-body"), "Waits for"))
     check(w.open in b.text("#tx-body"), "the waiting transaction's page names what it waits for")
     b.shot("timeline-waiting")
+    # A transaction's page follows it live: begun, read, committed, without a reload.
+    agent = w.keys["agent"]
+    live = api.ok("POST", "/v1/transactions", agent, {"agent": "watched", "may_touch": ["kv:ok:*"], "lease_ms": 3_600_000})["id"]
+    b.go("#/tx/" + live)
+    b.wait.until(ec.text_to_be_present_in_element((By.ID, "tx-state"), "open"))
+    b.d.execute_script("window.__noReload = 2")
+    api.ok("POST", f"/v1/transactions/{live}/reads", agent, {"scope": "kv:ok:5"})
+    WebDriverWait(b.d, 10).until(ec.text_to_be_present_in_element((By.ID, "tx-body"), "kv:ok:5"))
+    api.ok("POST", f"/v1/transactions/{live}/commit", agent, {"seal": True, "wait_ms": 5000})
+    WebDriverWait(b.d, 10).until(ec.text_to_be_present_in_element((By.ID, "tx-state"), "committed"))
+    check(b.d.execute_script("return window.__noReload") == 2, "the page was not reloaded")
+    b.shot("timeline-live")
 
 
 def test_attention(b: Browser, api: Api, w: World) -> None:

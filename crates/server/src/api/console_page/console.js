@@ -454,15 +454,25 @@
     }
     const tx = await load();
     if (!tx.outcome) {
-      // Refresh while it is unfinished: the tenant stream says when it changed.
+      // Refresh while it is unfinished: its own event stream says when it changed (and what it
+      // waits for is re-read with it); the stream ends after the settlement.
       let timer = null;
-      const stop = sse("/v1/transactions/stream", (name, data) => {
-        if (name === "changes" && data.data.some((t) => t.id === id)) {
-          clearTimeout(timer);
-          timer = setTimeout(() => load().catch((e) => err(e.message)), 100);
-        }
+      let last = JSON.stringify(tx);
+      let stop = () => {};
+      stop = sse("/v1/transactions/" + encodeURIComponent(id) + "/events", (name, data) => {
+        if (name !== "state") return;
+        if (data.outcome) stop();
+        const now = JSON.stringify(data);
+        if (now === last) return;
+        last = now;
+        clearTimeout(timer);
+        timer = setTimeout(() => load().catch((e) => err(e.message)), 100);
       });
-      stopView = () => { stop(); clearTimeout(timer); };
+      // What it waits for can change without an event of its own: re-read it while it waits.
+      const poll = setInterval(() => {
+        if (["sealed", "waiting"].includes(($("tx-state") || {}).textContent)) load().catch((e) => err(e.message));
+      }, 3000);
+      stopView = () => { stop(); clearTimeout(timer); clearInterval(poll); };
     }
   }
 
