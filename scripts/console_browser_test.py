@@ -488,22 +488,28 @@ def test_speed(b: Browser, api: Api, key2: str) -> float:
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(begin, range(1000)))
     b.sign_in(key2, "admin")
-    b.go("#/picture")
-    b.wait.until(ec.presence_of_element_located((By.ID, "picture-totals")))
-    started = time.monotonic()
-    b.go("#/live")
-    WebDriverWait(b.d, 30, poll_frequency=0.02).until(
-        lambda d: (d.find_element(By.ID, "live-table").get_attribute("data-rendered") or "0") != "0"
-    )
-    wall = (time.monotonic() - started) * 1000
-    rows = int(b.d.find_element(By.ID, "live-table").get_attribute("data-rendered"))
-    dom_ms = b.d.execute_script("return window.__tidegateConsole.liveFirstRenderMs")
-    paint_ms = b.d.execute_script("return window.__tidegateConsole.liveFirstPaintMs")
-    check(rows >= 1000, f"the live view renders every open transaction: {rows}")
+    runs = []
+    for _ in range(3):
+        b.go("#/picture")
+        b.wait.until(ec.presence_of_element_located((By.ID, "picture-totals")))
+        started = time.monotonic()
+        b.go("#/live")
+        WebDriverWait(b.d, 30, poll_frequency=0.02).until(
+            lambda d: (d.find_element(By.ID, "live-table").get_attribute("data-rendered") or "0") != "0"
+        )
+        wall = (time.monotonic() - started) * 1000
+        rows = int(b.d.find_element(By.ID, "live-table").get_attribute("data-rendered"))
+        dom_ms = b.d.execute_script("return window.__tidegateConsole.liveFirstRenderMs")
+        paint_ms = b.d.execute_script("return window.__tidegateConsole.liveFirstPaintMs")
+        check(rows >= 1000, f"the live view renders every open transaction: {rows}")
+        runs.append((paint_ms, dom_ms, wall))
     b.shot("live-1000")
-    print(f"live view with {rows} open transactions: painted {paint_ms:.0f} ms after the route changed "
+    runs.sort()
+    paint_ms, dom_ms, wall = runs[1]
+    print(f"live view with {rows} open transactions (median of 3): painted {paint_ms:.0f} ms after the route changed "
           f"(rows in the DOM at {dom_ms:.0f} ms; includes opening the stream and its snapshot); "
-          f"{wall:.0f} ms as seen through WebDriver (round trips included); target <= 1000 ms")
+          f"{wall:.0f} ms as seen through WebDriver (round trips included); target <= 1000 ms; "
+          f"painted per run: {', '.join(f'{r[0]:.0f}' for r in runs)} ms")
     return paint_ms
 
 

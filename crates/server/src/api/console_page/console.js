@@ -311,6 +311,7 @@
     const tbody = el("tbody", { id: "live-rows" });
     const tbl = el("table", { id: "live-table" },
       el("caption", null, "Unfinished transactions, oldest first; updated live"),
+      el("colgroup", null, ["c-tx", "c-agent", "c-state", "c-epoch", "c-foot", "c-lease", "c-waits"].map((c) => el("col", { class: c }))),
       el("thead", null, el("tr", null, ["Transaction", "Agent", "State", "Epoch", "Footprint", "Lease", "Waits for"].map((h) => el("th", { scope: "col" }, h)))),
       tbody);
     v.append(
