@@ -16,3 +16,6 @@ TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/fuzz-api.sh
 # The reviewer web page in headless Chromium (Debian's chromium and chromium-driver, installed
 # by the script when missing and run as root; selenium in .venv/browser/; about 20 s).
 TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/review-browser-test.sh
+# The operator console in headless Chromium: two tenants, real agents, every view, axe-core
+# (npm, into .venv/axe/), the live view's render time with 1,000 open transactions (about 60 s).
+TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/console-browser-test.sh

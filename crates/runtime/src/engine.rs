@@ -677,6 +677,13 @@ impl Tidegate {
         )
     }
 
+    /// What the commit of `tx` waits for now, oldest first (see [`Core::waits_for`]): the
+    /// earlier transactions, why, and the overlapping scopes. Empty when it would decide at
+    /// once or is past deciding; an error for an unknown or settled transaction.
+    pub fn waits_for(&self, tx: TxId) -> Result<Vec<tidegate_core::engine::WaitsFor>> {
+        Ok(self.inner.shared.lock().core.waits_for(tx)?)
+    }
+
     /// The engine's full integrity check (see [`Core::check_integrity`]).
     pub fn check_integrity(&self) -> std::result::Result<(), String> {
         self.inner.shared.lock().core.check_integrity()

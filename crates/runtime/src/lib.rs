@@ -60,7 +60,7 @@ pub use read::Read;
 pub use recover::RecoveryReport;
 pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};
 pub use ticket::{Step, Ticket, TicketAction};
-pub use tidegate_core::engine::{EffectView, ReadResult, SealedView};
+pub use tidegate_core::engine::{EffectView, ReadResult, SealedView, WaitCause, WaitsFor};
 pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};
 pub use tidegate_core::{
     Ablation, AbortReason, CallOutcome, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, GroupId,

@@ -53,6 +53,7 @@ impl Role {
             P::TasksWork => matches!(self, R::Agent | R::Operator | R::Admin),
             P::LedgerRead => matches!(self, R::Reviewer | R::Operator | R::Admin),
             P::Review => matches!(self, R::Reviewer | R::Admin),
+            P::AttentionResolve => matches!(self, R::Operator | R::Admin),
             P::KeysManage => matches!(self, R::Admin),
         }
     }
@@ -96,6 +97,8 @@ pub enum Permission {
     LedgerRead,
     /// The review middleware (issue 16).
     Review,
+    /// Resolve or accept an effect of the attention list (recorded in the ledger).
+    AttentionResolve,
     /// Create, list and revoke keys.
     KeysManage,
     /// Any authenticated key.
@@ -115,6 +118,7 @@ impl Permission {
             Permission::TasksRead => "tasks.read",
             Permission::LedgerRead => "ledger.read",
             Permission::Review => "review",
+            Permission::AttentionResolve => "attention.resolve",
             Permission::KeysManage => "keys.manage",
             Permission::Any => "any",
         }
@@ -149,6 +153,7 @@ needs!(
     TasksRead,
     LedgerRead,
     Review,
+    AttentionResolve,
     KeysManage,
     Any
 );
@@ -245,5 +250,9 @@ mod tests {
         assert!(!Role::Operator.grants(Permission::KeysManage));
         assert!(Role::Admin.grants(Permission::KeysManage));
         assert!(Role::Reviewer.grants(Permission::Review) && !Role::Operator.grants(Permission::Review));
+        assert!(Role::Operator.grants(Permission::AttentionResolve));
+        assert!(
+            !Role::Reviewer.grants(Permission::AttentionResolve) && !Role::Agent.grants(Permission::AttentionResolve)
+        );
     }
 }

@@ -19,7 +19,9 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tidegate_core::{AbortReason, Disposition, EffectClass, EffectId, Epoch, Event, GroupId, Tag, Timestamp, TxId};
 use tidegate_storage::{LedgerStore, Lsn, StoreError};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
+
+use crate::console::{OPERATOR_STREAM, Resolution, Resolutions, Series, now_ms};
 
 use crate::metrics::{Metrics, ReasonLabel, TagLabel};
 
@@ -321,6 +323,10 @@ struct State {
     attention: Vec<AttentionEntry>,
     groups: HashMap<u64, Vec<TxId>>,
     last_lsn: Lsn,
+    /// Operator resolutions of attention entries (the ledger's `operator` stream).
+    resolutions: Resolutions,
+    /// Per-minute figures for the console's picture.
+    series: Series,
 }
 
 /// The ledger index of one tenant.
@@ -328,6 +334,8 @@ pub struct LedgerIndex {
     state: Mutex<State>,
     retain: usize,
     metrics: Arc<Metrics>,
+    /// Every change of a transaction's record (tenant-wide stream of the console).
+    changes: broadcast::Sender<TxId>,
 }
 
 impl std::fmt::Debug for LedgerIndex {
@@ -355,7 +363,8 @@ pub enum ListFilter {
 impl LedgerIndex {
     /// An empty index keeping `retain` settled transactions in memory.
     pub fn new(retain: usize, metrics: Arc<Metrics>) -> LedgerIndex {
-        LedgerIndex { state: Mutex::new(State::default()), retain, metrics }
+        let (changes, _) = broadcast::channel(4096);
+        LedgerIndex { state: Mutex::new(State::default()), retain, metrics, changes }
     }
 
     /// Applies an appended batch whose last event has LSN `last`. `live`: count metrics.
@@ -374,15 +383,22 @@ impl LedgerIndex {
         s.last_lsn = s.last_lsn.max(lsn);
         let tx = e.tx();
         if tx.0 == 0 {
+            if let Event::Extension { stream, body } = e
+                && &**stream == OPERATOR_STREAM
+            {
+                s.resolutions.apply(lsn, body);
+            }
             return;
         }
         if live {
             match e {
                 Event::Decided { commit: true, .. } => {
                     self.metrics.commits.inc();
+                    s.series.commit(now_ms());
                 }
                 Event::Decided { commit: false, reason, .. } => {
                     let reason = reason.as_ref().map_or("unknown", AbortReason::kind).to_owned();
+                    s.series.abort(now_ms(), &reason);
                     self.metrics.aborts.get_or_create(&ReasonLabel { reason }).inc();
                 }
                 Event::Settled { effects, .. } => {
@@ -408,12 +424,18 @@ impl LedgerIndex {
             if let Some(slot) = s.slots.get_mut(n - 1) {
                 *slot = Slot { first: lsn, last: lsn, phase: Phase::Open.code() };
             }
+            if live {
+                let _ = self.changes.send(tx);
+            }
             return;
         }
         let mut settled = None;
         if let Some(rec) = s.records.get_mut(&tx) {
             rec.view.apply(lsn, e);
             rec.notify.send_modify(|v| *v += 1);
+            if live {
+                let _ = self.changes.send(tx);
+            }
             if let Event::Settled { committed, effects, .. } = e {
                 let entries: Vec<AttentionEntry> = effects
                     .iter()
@@ -519,6 +541,7 @@ impl LedgerIndex {
         {
             r.view.waiting = waiting;
             r.notify.send_modify(|v| *v += 1);
+            let _ = self.changes.send(tx);
         }
     }
 
@@ -553,14 +576,24 @@ impl LedgerIndex {
         (out, false)
     }
 
-    /// Attention entries after position `after` with tag `tag` (all with `None`): up to
-    /// `limit`, the position of the last one returned, and whether more follow.
-    pub fn attention(&self, after: usize, limit: usize, tag: Option<Tag>) -> (Vec<AttentionEntry>, usize, bool) {
+    /// Attention entries after position `after` with tag `tag` (all with `None`) and, with
+    /// `resolved`, only those an operator resolved (`true`) or not (`false`): up to `limit`,
+    /// the position of the last one returned, and whether more follow.
+    pub fn attention(
+        &self,
+        after: usize,
+        limit: usize,
+        tag: Option<Tag>,
+        resolved: Option<bool>,
+    ) -> (Vec<AttentionEntry>, usize, bool) {
         let s = self.state.lock();
         let mut out = Vec::new();
         let mut pos = after;
         for (i, a) in s.attention.iter().enumerate().skip(after) {
             if tag.is_some_and(|t| t != a.tag) {
+                continue;
+            }
+            if resolved.is_some_and(|r| r != s.resolutions.get(a.tx, a.effect.id).is_some()) {
                 continue;
             }
             if out.len() == limit {
@@ -589,6 +622,38 @@ impl LedgerIndex {
         let s = self.state.lock();
         let i = usize::try_from(tx.0).ok()?.checked_sub(1)?;
         s.slots.get(i).filter(|sl| sl.first != 0).map(|sl| (sl.first, sl.last))
+    }
+
+    /// A receiver of every transaction whose record changes from now on (begun, an event
+    /// applied, the waiting flag set or cleared). A receiver that falls more than 4096
+    /// changes behind gets `Lagged` and should re-read the unfinished transactions.
+    pub fn changes(&self) -> broadcast::Receiver<TxId> {
+        self.changes.subscribe()
+    }
+
+    /// The attention entry of an effect, if it settled with a tag other than `clean`.
+    pub fn attention_entry(&self, tx: TxId, effect: EffectId) -> Option<AttentionEntry> {
+        self.state.lock().attention.iter().find(|a| a.tx == tx && a.effect.id == effect).cloned()
+    }
+
+    /// The agent of a transaction in memory.
+    pub fn agent(&self, tx: TxId) -> Option<Arc<str>> {
+        self.state.lock().records.get(&tx).map(|r| r.view.agent.clone())
+    }
+
+    /// The operator's resolution of an effect, if any.
+    pub fn resolution(&self, tx: TxId, effect: EffectId) -> Option<Resolution> {
+        self.state.lock().resolutions.get(tx, effect).cloned()
+    }
+
+    /// Samples the engine's commit-wait counter and waiting gauge into the per-minute series.
+    pub fn sample_waits(&self, waits_total: u64, waiting: u64) {
+        self.state.lock().series.sample_waits(now_ms(), waits_total, waiting);
+    }
+
+    /// The per-minute figures of the last hour, oldest first.
+    pub fn last_hour(&self) -> Vec<crate::console::Minute> {
+        self.state.lock().series.last_hour(now_ms())
     }
 
     /// The last LSN applied.

@@ -26,6 +26,7 @@ pub mod auth;
 pub mod bench;
 pub mod catalog;
 pub mod config;
+pub mod console;
 pub mod dispatch;
 pub mod error;
 pub mod idempotency;

@@ -286,6 +286,8 @@ impl Tenant {
                 let attempts = t.dispatcher.attempts().clone();
                 t.dispatcher.queue().sweep(&attempts);
                 t.prune();
+                // The console's per-minute wait figures (crate::console::Series).
+                t.index.sample_waits(t.engine.wait_stats().0, t.engine.stats().waiting as u64);
                 let next = t.dispatcher.queue().next_expiry();
                 drop(t);
                 let cap = tokio::time::Instant::now() + Duration::from_millis(250);

@@ -28,6 +28,7 @@ mod ops;
 mod recover;
 mod registry;
 mod settle;
+mod waits;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -52,6 +53,7 @@ pub use ops::{BeginRequest, Begun, EffectView, ReadResult, Recorded, SealedView}
 pub use recover::{InDoubt, RecoverError, Recovery, ReplayRule};
 pub use registry::ToolVersion;
 pub use settle::{AbortPlan, CompensationTask, Decision, ExecResult, ReleasePlan, ReleaseTask, Settlement};
+pub use waits::{WaitCause, WaitsFor};
 
 /// How commits are ordered among transactions on overlapping scopes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

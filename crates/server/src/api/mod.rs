@@ -6,6 +6,7 @@
 //!          ─► idempotency (POST + Idempotency-Key) ─► handler (Caller<P> extractor: 401/403)
 //! ```
 
+mod console;
 pub mod effects;
 pub mod extract;
 mod groups;
@@ -75,6 +76,7 @@ impl Modify for BearerAuth {
 pub fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(transactions::begin, transactions::list))
+        .routes(routes!(console::stream))
         .routes(routes!(transactions::get))
         .routes(routes!(transactions::read))
         .routes(routes!(transactions::effect))
@@ -100,6 +102,10 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(tasks::list))
         .routes(routes!(ledger::events))
         .routes(routes!(ledger::attention))
+        .routes(routes!(console::resolve))
+        .routes(routes!(console::retry))
+        .routes(routes!(console::export))
+        .routes(routes!(console::series))
         .routes(routes!(review::register_templates, review::list_templates))
         .routes(routes!(review::request))
         .routes(routes!(review::get_one))
@@ -140,5 +146,5 @@ pub fn openapi_json() -> String {
 /// get the same middleware and use the same `Caller` extractor), fallbacks and middleware.
 pub fn app(state: AppState, extra: Router<AppState>) -> Router {
     let (router, _) = api_router().split_for_parts();
-    middleware::wrap(router.merge(review::page_routes()).merge(extra), state)
+    middleware::wrap(router.merge(review::page_routes()).merge(console::page_routes()).merge(extra), state)
 }

@@ -545,7 +545,7 @@ pub async fn outcome(
     get, path = "/v1/transactions/{tx}/events", tag = "transactions", operation_id = "stream_transaction",
     params(("tx" = String, Path, description = "Transaction id")),
     responses(
-        (status = 200, description = "`text/event-stream` of `state` events whose data is a Transaction", content_type = "text/event-stream", body = String),
+        (status = 200, description = "`text/event-stream` of `state` events whose data is a Transaction", content_type = "text/event-stream", body = SseEventOut),
         (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))

@@ -122,6 +122,31 @@ pub struct OutcomeOut {
     pub clean: bool,
 }
 
+/// One earlier transaction a commit waits for, from the engine's commit-order rule
+/// (`Tidegate::waits_for`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WaitOut {
+    /// The transaction waited for.
+    pub transaction: String,
+    /// Its agent (empty if no longer in the index).
+    pub agent: String,
+    /// Its epoch.
+    pub epoch: u64,
+    /// Its state (`open`, `sealed`, `waiting`, `committing`, `aborting`).
+    pub state: String,
+    /// Why: `overlap` (earlier epoch, overlapping scope), `undeclared` (earlier, open, no
+    /// may-touch set: may touch anything), `predecessor` (this one read its write, whose commit
+    /// is still releasing), `releasing` (first-committer-wins: an overlapping commit still
+    /// releasing), `frontier` (global-frontier ablation).
+    pub cause: String,
+    /// This transaction's scope that overlaps (none: every scope).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// The other transaction's scope it overlaps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub theirs: Option<String>,
+}
+
 /// A transaction.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TransactionOut {
@@ -148,6 +173,10 @@ pub struct TransactionOut {
     pub reads: Vec<ReadOut>,
     /// Effects.
     pub effects: Vec<EffectOut>,
+    /// For a sealed or waiting transaction: what its commit waits (or would wait) for now,
+    /// oldest first (omitted when nothing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits_for: Vec<WaitOut>,
     /// The outcome, once settled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<OutcomeOut>,
@@ -219,12 +248,30 @@ pub fn tx_out(tenant: &Tenant, v: &TxView) -> TransactionOut {
         resumable: !settled && (tenant.live(v.tx).is_some() || tenant.engine.transaction(v.tx).is_ok()),
         reads: v.reads.iter().map(|(s, ver)| ReadOut { scope: s.to_string(), version: *ver }).collect(),
         effects: v.effects.iter().map(effect_out).collect(),
+        waits_for: if v.phase == crate::index::Phase::Sealed { waits_out(tenant, v) } else { Vec::new() },
         outcome: settled.then(|| OutcomeOut {
             committed: v.phase == crate::index::Phase::Committed,
             reason: v.reason.as_ref().map(reason_out),
             clean: v.effects.iter().all(|e| e.settled.as_ref().is_none_or(|(_, t)| *t == Tag::Clean)),
         }),
     }
+}
+
+/// What a sealed or waiting transaction's commit waits for, from the engine.
+pub fn waits_out(tenant: &Tenant, v: &TxView) -> Vec<WaitOut> {
+    let Ok(waits) = tenant.engine.waits_for(v.tx) else { return Vec::new() };
+    waits
+        .into_iter()
+        .map(|w| WaitOut {
+            transaction: ids::tx(&tenant.tag, w.tx),
+            agent: tenant.index.agent(w.tx).map(|a| a.to_string()).unwrap_or_default(),
+            epoch: w.epoch.0,
+            state: w.state.to_string(),
+            cause: w.cause.as_str().to_owned(),
+            scope: w.scope.map(|s| s.to_string()),
+            theirs: w.theirs.map(|s| s.to_string()),
+        })
+        .collect()
 }
 
 macro_rules! list_type {
@@ -249,6 +296,70 @@ list_type!(TaskList, TaskView, "Unsettled worker tasks.");
 list_type!(KeyList, KeyOut, "The tenant's keys.");
 list_type!(LedgerEventList, LedgerEventOut, "A page of ledger events.");
 list_type!(AttentionList, AttentionOut, "A page of effects needing attention.");
+
+/// One minute of the console's picture.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct MinuteOut {
+    /// The minute's start, Unix milliseconds.
+    pub start_ms: u64,
+    /// Commit decisions.
+    pub commits: u64,
+    /// Abort decisions by reason kind (`stale_read`, `lease_expired`, ...).
+    pub aborts: std::collections::BTreeMap<String, u64>,
+    /// Commits that had to wait for earlier transactions.
+    pub waits: u64,
+    /// The most transactions waiting to commit at one sample in the minute.
+    pub waiting_max: u64,
+}
+
+/// The tenant's figures of the last hour, one entry per minute, oldest first.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SeriesOut {
+    /// 60 minutes, the current one last.
+    pub minutes: Vec<MinuteOut>,
+}
+
+/// One server-sent event of a `text/event-stream` response, as a client parses it: its name
+/// and its data (a JSON text; what it holds is said per endpoint).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SseEventOut {
+    /// The event's name (`state`, `snapshot`, `changes`, `resync`).
+    pub event: String,
+    /// The event's data: a JSON text.
+    pub data: String,
+}
+
+/// Retry an attention entry.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryIn {
+    /// Why, for the next person (at most 2000 bytes).
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+/// A retry's result.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RetryOut {
+    /// `call`, `release` or `compensate`.
+    pub operation: String,
+    /// `done` (the entry is resolved), `failed` or `unknown`.
+    pub outcome: String,
+    /// The capability's error, if any.
+    pub detail: Option<String>,
+    /// The attention entry after the retry.
+    pub entry: AttentionOut,
+}
+
+/// Resolve an attention entry.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveIn {
+    /// `resolved` (set right outside Tidegate) or `accepted` (may stand as it is).
+    pub action: crate::console::OperatorAction,
+    /// What was done, for the next person (1 to 2000 bytes).
+    pub note: String,
+}
 
 /// Begin a transaction.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -565,6 +676,43 @@ pub struct AttentionQuery {
     pub limit: Option<usize>,
     /// `unresolved`, `leaked` or `partial-commit` (default: all three).
     pub tag: Option<String>,
+    /// `true`: only entries an operator resolved; `false`: only the others (default: both).
+    pub resolved: Option<bool>,
+}
+
+/// Query of the ledger's events (and of its JSON Lines export). The transaction filters
+/// select transactions; their events are returned, and engine-wide events (registry changes,
+/// extension records) only when no transaction filter is given.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LedgerEventsQuery {
+    /// Events after this LSN (default 0).
+    pub after_lsn: Option<u64>,
+    /// Page size (default 50; the export: every matching event, at most 100000).
+    pub limit: Option<usize>,
+    /// Only events of this transaction (`tx_<tag>_<n>`).
+    pub transaction: Option<String>,
+    /// Only events of transactions begun by this agent.
+    pub agent: Option<String>,
+    /// Only events of transactions whose may-touch set, reads or effects overlap this scope.
+    pub scope: Option<String>,
+    /// Only events of transactions that `committed`, `aborted` or are `unfinished`.
+    pub outcome: Option<String>,
+    /// Only events of transactions whose begin-time lease deadline (`lease_expires_at_ms`,
+    /// the one clock reading the ledger keeps) is at or after this Unix millisecond.
+    pub from_ms: Option<u64>,
+    /// ... and at or before this one.
+    pub to_ms: Option<u64>,
+    /// Only events of this kind (`begin`, `read`, `effect_recorded`, `decided`, `settled`, ...).
+    pub event: Option<String>,
+}
+
+impl LedgerEventsQuery {
+    /// The first LSN to return (as [`LedgerQuery::from_lsn`]).
+    pub fn from_lsn(&self) -> Result<u64, crate::api::problem::ApiError> {
+        LedgerQuery { after_lsn: self.after_lsn, limit: None }.from_lsn()
+    }
 }
 
 /// One ledger event.
@@ -613,6 +761,29 @@ pub struct AttentionOut {
     pub disposition: String,
     /// The effect.
     pub effect: EffectOut,
+    /// An operator's resolution, if one was recorded (`POST .../resolve`).
+    pub resolution: Option<ResolutionOut>,
+}
+
+/// An operator's resolution of an attention entry, as the ledger's `operator` stream holds it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ResolutionOut {
+    /// `resolved`, `accepted`, or `retried` (a retry confirmed done).
+    pub action: crate::console::OperatorAction,
+    /// The operator's note.
+    pub note: String,
+    /// Who: `key_<id> (<role>)`.
+    pub by: String,
+    /// When, Unix milliseconds.
+    pub at_ms: u64,
+    /// The extension record's LSN.
+    pub lsn: u64,
+}
+
+impl From<crate::console::Resolution> for ResolutionOut {
+    fn from(r: crate::console::Resolution) -> Self {
+        ResolutionOut { action: r.action, note: r.note, by: r.by, at_ms: r.at_ms, lsn: r.lsn }
+    }
 }
 
 /// A tool.

@@ -38,6 +38,8 @@ fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
         "review_register_templates" => Some(json!({"set": {"templates": []}})),
         "review_request" => Some(json!({"template": "acme-only-template", "params": {}, "suspicious": true})),
         "review_accept" | "review_remove" => Some(json!({})),
+        "resolve_attention" => Some(json!({"action": "resolved", "note": "checked"})),
+        "retry_attention" => Some(json!({})),
         "review_list_templates" | "review_get" | "review_queue" => None,
         "open_plan" => Some(json!({"owner": "b"})),
         "fail_plan" | "signal_plan" => Some(json!({"reason": "x"})),
@@ -61,6 +63,9 @@ fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
         | "list_tasks"
         | "ledger_events"
         | "ledger_attention"
+        | "ledger_export"
+        | "console_series"
+        | "stream_transactions"
         | "list_keys"
         | "revoke_key"
         | "whoami"
@@ -109,7 +114,8 @@ fn normalise(r: &crate::common::Resp, ids: &Ids) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_tenant_gets_nothing_of_the_first_on_any_endpoint() {
-    let h = Harness::memory(|_| {}).await;
+    // Streams end quickly, so that the tenant-wide stream's whole answer can be read.
+    let h = Harness::memory(|c| c.limits.max_sse_ms = 1_000).await;
     let (a_tag, a) = h.tenant("acme");
     let (b_tag, b) = h.tenant("other");
 

@@ -6,6 +6,7 @@ mod api;
 mod bad_input;
 mod client_effects;
 mod common;
+mod console;
 mod crash;
 mod dispatch;
 mod isolation;
