@@ -302,7 +302,7 @@ pub async fn retry(
     };
     let (outcome, detail) = match t.dispatcher.dispatch(req).await {
         DispatchOutcome::Done { .. } => ("done", None),
-        DispatchOutcome::Failed(m) => ("failed", Some(m)),
+        DispatchOutcome::Failed(m) | DispatchOutcome::Transient(m) => ("failed", Some(m)),
         DispatchOutcome::Unknown(m) => ("unknown", Some(m)),
     };
     let text = match (&detail, note.is_empty()) {
