@@ -622,6 +622,7 @@ class RemoteTransaction(Transaction):
         self._lease = lease
         self._wait_timeout = wait_timeout
         self._branch = False
+        self._plan = None  # plans over HTTP are not in the client (use /v1/plans)
         self._held: List[Held] = []
         self._tokens = []
         self._view: Dict[str, Any] = {}
