@@ -8,6 +8,8 @@ cargo test --workspace
 # The CLI binary the workspace tests built: the Python tests check their trace with it.
 export TIDEGATE_BIN="$PWD/target/debug/tidegate"
 if [ -f python/run-tests.sh ]; then
+    # The binding's own Rust unit tests (error mapping); the extension module is not linked here.
+    (cd python && CARGO_TARGET_DIR=../target cargo test --lib --quiet)
     bash python/run-tests.sh
 fi
 # API fuzzing against a real `tidegate serve --memory` (about 50 s; the longer run is in the
