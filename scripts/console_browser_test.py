@@ -486,9 +486,11 @@ def test_registry_ledger_picture_plans(b: Browser, api: Api, w: World) -> None:
 
 def test_isolation(b: Browser, api: Api, w: World, key2: str) -> None:
     b.sign_in(key2, "admin")
-    secrets = [w.open, w.waiting, w.committing, w.fax, "planner", "booker", "faxer", "llm-agent-7", "kv:hotel"]
+    secrets = [w.open, w.waiting, w.committing, w.fax, "planner", "booker", "faxer", "llm-agent-7", "kv:hotel",
+               w.plan, w.stuck_plan, "trip-planner", "mailer"]
     for view, ready in (("#/live", "live-status"), ("#/attention", "attention-list"), ("#/review", "review-summary"),
-                        ("#/ledger", "ledger-out"), ("#/registry", "view"), ("#/picture", "picture-totals")):
+                        ("#/ledger", "ledger-out"), ("#/registry", "view"), ("#/picture", "picture-totals"),
+                        ("#/plans", "plans-none")):
         b.go(view)
         b.wait.until(ec.presence_of_element_located((By.ID, ready)))
         time.sleep(0.5)
@@ -503,6 +505,9 @@ def test_isolation(b: Browser, api: Api, w: World, key2: str) -> None:
     check("no transaction" in b.text("#error"), f"the first tenant's transaction is not found: {b.text('#error')!r}")
     check("faxer" not in b.text("#view") and "kv:fax" not in b.text("#view"), "nothing of it is shown")
     b.shot("isolation-tx")
+    b.go("#/plans/" + w.plan)
+    b.wait.until(ec.text_to_be_present_in_element((By.ID, "error"), "404"))
+    check("trip-planner" not in b.text("#view") and "kv:trip" not in b.text("#view"), "nothing of the plan is shown")
 
 
 def test_roles(b: Browser, api: Api, w: World) -> None:
