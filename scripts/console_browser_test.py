@@ -11,7 +11,8 @@ checks each view in the browser, one test per view, each saving a screenshot und
               the operator's key on the stream `operator` and the attention list shows it
   review      a reviewer removes a buffered payment after the confirmation names the shipment it
               takes along; the tenant's review database shows neither
-  attention   ... and an operator accepts a stuck plan from the owner-intervention queue; the
+  attention   ... and a stuck plan in the owner-intervention queue: the operator sees why (no
+              buttons: resolving needs tx.write), an admin accepts it through the page; the
               plan API then shows it accepted and the queue without it
   registry, ledger (filters, JSON Lines export), picture
   plans       the list (an open plan with two steps and a stuck one), the open plan's detail:
@@ -136,6 +137,7 @@ class World:
 
 def make_world(api: Api, admin: str, hooks: str) -> World:
     w = World()
+    w.keys["admin"] = admin
     for role in ("agent", "operator", "reviewer"):
         w.keys[role] = api.ok("POST", "/v1/keys", admin, {"role": role, "label": "console-" + role})["key"]
     w.keys["operator_id"] = api.ok("GET", "/v1/whoami", w.keys["operator"])["key_id"]
@@ -380,10 +382,15 @@ def test_attention(b: Browser, api: Api, w: World) -> None:
     row = b.wait.until(ec.presence_of_element_located((By.ID, row_id)))
     check("resolved" in row.text and "re-sent the fax" in row.text, f"the resolved entry: {row.text!r}")
     b.shot("attention-resolved")
-    # The stuck plan is in the owner-intervention queue; the operator accepts it through the page.
+    # The stuck plan is in the owner-intervention queue. Resolving is the owner's act (tx.write):
+    # the operator sees why, without buttons; an admin accepts it through the page.
     row = b.wait.until(ec.presence_of_element_located((By.ID, "stuck-" + w.stuck_plan)))
     check("irreversible" in row.text and "mailer" in row.text, f"the stuck plan says why and whose: {row.text!r}")
+    check("needs a key with tx.write" in row.text and not row.find_elements(By.TAG_NAME, "button"), f"no resolve button for the operator: {row.text!r}")
     check(w.plan not in b.text("#attention-list"), "the open plan is not in the queue")
+    b.sign_in(w.keys["admin"], "admin")
+    b.go("#/attention")
+    row = b.wait.until(ec.presence_of_element_located((By.ID, "stuck-" + w.stuck_plan)))
     row.find_element(By.CSS_SELECTOR, "button[data-choice=accept]").click()
     b.wait.until(ec.visibility_of_element_located((By.ID, "confirm")))
     b.d.find_element(By.ID, "confirm-ok").click()

@@ -23,6 +23,8 @@
     review: () => me && ["reviewer", "admin"].includes(me.role),
     resolve: () => me && ["operator", "admin"].includes(me.role),
     abort: () => me && ["agent", "operator", "admin"].includes(me.role),
+    // Resolving a stuck plan is its owner's act: `POST /v1/plans/{plan}/resolve` needs tx.write.
+    plan: () => me && ["agent", "admin"].includes(me.role),
   };
 
   // ---- small DOM helpers -------------------------------------------------------------------
@@ -592,8 +594,13 @@
       el("td", null, el("a", { href: "#/plans/" + encodeURIComponent(p.id) }, p.id)),
       el("td", null, p.owner || ""),
       el("td", null, reasonText(p.reason)),
-      el("td", null, el("div", { class: "bar" }, (p.choices || ["retry", "accept", "unwind"]).map((c) =>
-        el("button", { type: "button", dataset: { choice: c }, onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id)))))));
+      el("td", null, resolveBar(p, p.choices || ["retry", "accept", "unwind"])))));
+  }
+
+  function resolveBar(p, choices) {
+    if (!can.plan()) return el("span", { class: "muted" }, "Resolving needs a key with tx.write (the agent or admin role).");
+    return el("div", { class: "bar" }, choices.map((c) =>
+      el("button", { type: "button", dataset: { choice: c }, onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id)));
   }
 
   function reasonText(r) {
@@ -652,7 +659,7 @@
           ["Failed because", p.failure ? failure(p.failure) : undefined],
           ["Stuck because", p.stuck ? reasonText(p.stuck) : undefined],
         ]),
-        p.state === "stuck" ? el("div", { class: "bar", id: "plan-resolve" }, ["retry", "accept", "unwind"].map((c) => el("button", { type: "button", dataset: { choice: c }, onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id))) : null,
+        ...(p.state === "stuck" ? [el("div", { id: "plan-resolve" }, resolveBar(p, ["retry", "accept", "unwind"]))] : []),
         el("h2", null, "Steps"),
         (p.steps || []).length ? el("ol", { class: "steps", id: "plan-steps" }, p.steps.map((s) => el("li", null, txLink(s)))) : el("p", { class: "muted" }, "No steps yet."),
         el("h2", null, "Compensations, in the order they would unwind"),
