@@ -388,6 +388,12 @@ def test_attention(b: Browser, api: Api, w: World) -> None:
     check("irreversible" in row.text and "mailer" in row.text, f"the stuck plan says why and whose: {row.text!r}")
     check("needs a key with tx.write" in row.text and not row.find_elements(By.TAG_NAME, "button"), f"no resolve button for the operator: {row.text!r}")
     check(w.plan not in b.text("#attention-list"), "the open plan is not in the queue")
+    b.go("#/plans/" + w.stuck_plan)
+    regs = b.wait.until(ec.presence_of_element_located((By.ID, "plan-registrations")))
+    check("not compensable" in regs.text and "ok" in regs.text, f"the gated effect is held without compensation: {regs.text!r}")
+    check(b.text("#plan-state") == "stuck" and "irreversible" in b.text("#view"), f"stuck, and why: {b.text('#view')!r}")
+    check("needs a key with tx.write" in b.text("#plan-resolve"), "the operator's detail view has no resolve buttons")
+    b.shot("plan-stuck")
     b.sign_in(w.keys["admin"], "admin")
     b.go("#/attention")
     row = b.wait.until(ec.presence_of_element_located((By.ID, "stuck-" + w.stuck_plan)))
@@ -487,7 +493,7 @@ def test_registry_ledger_picture_plans(b: Browser, api: Api, w: World) -> None:
     check("the customer cancelled" in text and "signal" in text, f"the accepted plan says why it failed: {text!r}")
     seen = [t.find_elements(By.TAG_NAME, "td")[2].text for t in b.d.find_elements(By.CSS_SELECTOR, "#plan-triggers tbody tr")]
     check("true" in seen, f"the signal trigger reads true: {seen}")
-    check("not compensable" in b.text("#plan-registrations"), "the gated effect is shown without compensation")
+    check(b.text("#plan-state") == "accepted" and "No compensation held" in text, f"accepting retired what was left: {text!r}")
     b.shot("plan-stuck-accepted")
 
 

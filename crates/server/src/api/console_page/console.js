@@ -616,8 +616,8 @@
     if (ok === null) return;
     try {
       await api("POST", "/v1/plans/" + encodeURIComponent(p.id) + "/resolve", { choice });
+      await route();
       msg(p.id + ": " + choice);
-      route();
     } catch (e) { err(e.message); }
   }
 
