@@ -11,7 +11,12 @@ checks each view in the browser, one test per view, each saving a screenshot und
               the operator's key on the stream `operator` and the attention list shows it
   review      a reviewer removes a buffered payment after the confirmation names the shipment it
               takes along; the tenant's review database shows neither
-  registry, ledger (filters, JSON Lines export), picture, plans (404: "not available")
+  attention   ... and a stuck plan in the owner-intervention queue: the operator sees why (no
+              buttons: resolving needs tx.write), an admin accepts it through the page; the
+              plan API then shows it accepted and the queue without it
+  registry, ledger (filters, JSON Lines export), picture
+  plans       the list (an open plan with two steps and a stuck one), the open plan's detail:
+              compensations newest first, the deadline countdown, trigger values
   isolation   the second tenant's key sees nothing of the first on any view
   axe         axe-core finds no serious or critical violation on any view
   speed       the live view with 1,000 open transactions (second tenant): render time reported
@@ -124,12 +129,15 @@ class World:
 
     def __init__(self) -> None:
         self.open = self.waiting = self.committing = self.fax = self.committed = ""
+        self.plan = self.stuck_plan = ""
+        self.plan_steps: list[str] = []
         self.pay = self.ship = {}
         self.keys: dict[str, str] = {}
 
 
 def make_world(api: Api, admin: str, hooks: str) -> World:
     w = World()
+    w.keys["admin"] = admin
     for role in ("agent", "operator", "reviewer"):
         w.keys[role] = api.ok("POST", "/v1/keys", admin, {"role": role, "label": "console-" + role})["key"]
     w.keys["operator_id"] = api.ok("GET", "/v1/whoami", w.keys["operator"])["key_id"]
@@ -178,7 +186,48 @@ def make_world(api: Api, admin: str, hooks: str) -> World:
     w.pay = req("pay", {"order_id": 9, "amount": 5}, True)
     w.ship = req("ship", {"order_id": 9}, False)
     check(w.ship["status"] == "held", f"ship: {w.ship}")
+    make_plans(api, admin, w)
     return w
+
+
+def make_plans(api: Api, admin: str, w: World) -> None:
+    """Plans (docs/plans.md) through the real API: an open one with two committed steps whose
+    effects carry compensation descriptors, a deadline a day away and a predicate trigger that
+    its second step makes false; and a stuck one (a gated effect without compensation fired in
+    its step, then the plan failed: nothing can be compensated, so it waits for its owner)."""
+    agent = w.keys["agent"]
+    api.ok("PUT", "/v1/tools/trip", admin,
+           {"class": "reversible", "scopes": ["kv:trip:{id}"], "call": "ok-call", "compensate": "ok-call", "description": "the trip tool"})
+
+    def step(plan: str, tool: str, item: str, compensate: bool) -> str:
+        body = {"agent": "traveller", "plan": plan, "may_touch": [f"kv:{tool}:{item}"], "lease_ms": 3_600_000}
+        tx = api.ok("POST", "/v1/transactions", agent, body)["id"]
+        effect: dict = {"tool": tool, "args": {"id": item}}
+        if compensate:
+            effect["compensate"] = {"capability": "ok-call", "args": {"id": item, "undo": True}}
+        api.ok("POST", f"/v1/transactions/{tx}/effects", agent, effect)
+        out = api.ok("POST", f"/v1/transactions/{tx}/commit", agent, {"seal": True, "wait_ms": 20000})
+        check(out["outcome"]["committed"], f"the step {tx} committed: {out}")
+        return tx
+
+    far = int(time.time() * 1000) + 86_400_000
+    opened = api.ok("POST", "/v1/plans", agent, {
+        "owner": "trip-planner", "deadline_in_ms": 86_400_000,
+        "triggers": [{"no_commit": {"scope": "kv:trip:hotel", "before_ms": far}}],
+    })
+    w.plan = opened["id"]
+    w.plan_steps = [step(w.plan, "trip", "flight", True), step(w.plan, "trip", "hotel", True)]
+    plan = api.ok("GET", f"/v1/plans/{w.plan}", agent)
+    check(plan["state"] == "open" and plan["held"] == 2, f"the open plan holds two compensations: {plan}")
+    check([r["seq"] for r in plan["registrations"]] == [1, 0], f"registrations in unwind order: {plan}")
+    stuck = api.ok("POST", "/v1/plans", agent, {"owner": "mailer"})
+    w.stuck_plan = stuck["id"]
+    step(w.stuck_plan, "ok", "mail-1", False)
+    api.ok("POST", f"/v1/plans/{w.stuck_plan}/fail", agent, {"reason": "the customer cancelled"})
+    deadline = time.monotonic() + 20
+    while not any(p["id"] == w.stuck_plan for p in api.ok("GET", "/v1/plans/stuck", agent)["stuck"]):
+        check(time.monotonic() < deadline, f"the plan {w.stuck_plan} goes stuck: {api.ok('GET', f'/v1/plans/{w.stuck_plan}', agent)}")
+        time.sleep(0.1)
 
 
 class Browser:
@@ -332,8 +381,33 @@ def test_attention(b: Browser, api: Api, w: World) -> None:
     b.d.find_element(By.ID, "att-open").click()
     row = b.wait.until(ec.presence_of_element_located((By.ID, row_id)))
     check("resolved" in row.text and "re-sent the fax" in row.text, f"the resolved entry: {row.text!r}")
-    check("Plans are not available" in b.text("#attention-list"), "the stuck-plans hook answers on a server without plans")
     b.shot("attention-resolved")
+    # The stuck plan is in the owner-intervention queue. Resolving is the owner's act (tx.write):
+    # the operator sees why, without buttons; an admin accepts it through the page.
+    row = b.wait.until(ec.presence_of_element_located((By.ID, "stuck-" + w.stuck_plan)))
+    check("irreversible" in row.text and "mailer" in row.text, f"the stuck plan says why and whose: {row.text!r}")
+    check("needs a key with tx.write" in row.text and not row.find_elements(By.TAG_NAME, "button"), f"no resolve button for the operator: {row.text!r}")
+    check(w.plan not in b.text("#attention-list"), "the open plan is not in the queue")
+    b.go("#/plans/" + w.stuck_plan)
+    regs = b.wait.until(ec.presence_of_element_located((By.ID, "plan-registrations")))
+    check("not compensable" in regs.text and "ok" in regs.text, f"the gated effect is held without compensation: {regs.text!r}")
+    check(b.text("#plan-state") == "stuck" and "irreversible" in b.text("#view"), f"stuck, and why: {b.text('#view')!r}")
+    check("needs a key with tx.write" in b.text("#plan-resolve"), "the operator's detail view has no resolve buttons")
+    b.shot("plan-stuck")
+    b.sign_in(w.keys["admin"], "admin")
+    b.go("#/attention")
+    row = b.wait.until(ec.presence_of_element_located((By.ID, "stuck-" + w.stuck_plan)))
+    row.find_element(By.CSS_SELECTOR, "button[data-choice=accept]").click()
+    b.wait.until(ec.visibility_of_element_located((By.ID, "confirm")))
+    b.d.find_element(By.ID, "confirm-ok").click()
+    b.wait.until(ec.text_to_be_present_in_element((By.ID, "message"), w.stuck_plan + ": accept"))
+    b.wait.until(ec.presence_of_element_located((By.ID, "stuck-plans-none")))
+    check(b.d.find_element(By.ID, "error").text == "", "no error shown")
+    plan = api.ok("GET", f"/v1/plans/{w.stuck_plan}", w.keys["operator"])
+    check(plan["state"] == "accepted" and "stuck" not in plan, f"the plan is resolved (accepted): {plan}")
+    queue = api.ok("GET", "/v1/plans/stuck", w.keys["operator"])["stuck"]
+    check(all(p["id"] != w.stuck_plan for p in queue), f"the queue no longer lists it: {queue}")
+    b.shot("attention-plan-accepted")
 
 
 def test_review(b: Browser, api: Api, w: World, review_db: str) -> None:
@@ -392,15 +466,44 @@ def test_registry_ledger_picture_plans(b: Browser, api: Api, w: World) -> None:
     check(commits >= 2, f"the picture counts this tenant's commits: {totals.text!r}")
     b.shot("picture")
     b.go("#/plans")
-    b.wait.until(ec.presence_of_element_located((By.ID, "plans-unavailable")))
+    table = b.wait.until(ec.presence_of_element_located((By.ID, "plans-table")))
+    for plan, state, owner in ((w.plan, "open", "trip-planner"), (w.stuck_plan, "", "mailer")):
+        row = b.d.find_element(By.ID, "plan-" + plan)
+        check(owner in row.text and state in row.text, f"the plans list shows {plan} ({owner}, {state}): {row.text!r}")
+    check("in 23 h" in b.text("#plan-" + w.plan), f"the open plan's deadline counts down: {table.text!r}")
     b.shot("plans")
+    b.go("#/plans/" + w.plan)
+    regs = b.wait.until(ec.presence_of_element_located((By.ID, "plan-registrations")))
+    rows = regs.find_elements(By.CSS_SELECTOR, "tbody tr")
+    check([r.get_attribute("data-seq") for r in rows] == ["1", "0"], f"newest registration first: {regs.text!r}")
+    check(w.plan_steps[1] in rows[0].text and w.plan_steps[0] in rows[1].text, f"the unwind starts at the last step: {regs.text!r}")
+    check(all("ok-call" in r.text and "held" in r.text and "externalised" in r.text for r in rows), f"held compensations: {regs.text!r}")
+    steps = b.text("#plan-steps")
+    check(steps.index(w.plan_steps[0]) < steps.index(w.plan_steps[1]), f"the steps in order: {steps!r}")
+    check(b.text("#plan-state") == "open", "the plan is open")
+    triggers = b.d.find_elements(By.CSS_SELECTOR, "#plan-triggers tbody tr")
+    seen = {t.find_elements(By.TAG_NAME, "td")[0].text: t.find_elements(By.TAG_NAME, "td")[2].text for t in triggers}
+    check(seen == {"deadline": "unknown", "predicate": "false"}, f"trigger values: {seen}")
+    before = b.d.find_element(By.CSS_SELECTOR, "#view [data-deadline]").text
+    check("in 23 h" in before, f"the deadline countdown: {before!r}")
+    b.shot("plan-detail")
+    b.go("#/plans/" + w.stuck_plan)
+    b.wait.until(ec.presence_of_element_located((By.ID, "plan-triggers")))
+    text = b.text("#view")
+    check("the customer cancelled" in text and "signal" in text, f"the accepted plan says why it failed: {text!r}")
+    seen = [t.find_elements(By.TAG_NAME, "td")[2].text for t in b.d.find_elements(By.CSS_SELECTOR, "#plan-triggers tbody tr")]
+    check("true" in seen, f"the signal trigger reads true: {seen}")
+    check(b.text("#plan-state") == "accepted" and "No compensation held" in text, f"accepting retired what was left: {text!r}")
+    b.shot("plan-stuck-accepted")
 
 
 def test_isolation(b: Browser, api: Api, w: World, key2: str) -> None:
     b.sign_in(key2, "admin")
-    secrets = [w.open, w.waiting, w.committing, w.fax, "planner", "booker", "faxer", "llm-agent-7", "kv:hotel"]
+    secrets = [w.open, w.waiting, w.committing, w.fax, "planner", "booker", "faxer", "llm-agent-7", "kv:hotel",
+               w.plan, w.stuck_plan, "trip-planner", "mailer"]
     for view, ready in (("#/live", "live-status"), ("#/attention", "attention-list"), ("#/review", "review-summary"),
-                        ("#/ledger", "ledger-out"), ("#/registry", "view"), ("#/picture", "picture-totals")):
+                        ("#/ledger", "ledger-out"), ("#/registry", "view"), ("#/picture", "picture-totals"),
+                        ("#/plans", "plans-none")):
         b.go(view)
         b.wait.until(ec.presence_of_element_located((By.ID, ready)))
         time.sleep(0.5)
@@ -415,6 +518,9 @@ def test_isolation(b: Browser, api: Api, w: World, key2: str) -> None:
     check("no transaction" in b.text("#error"), f"the first tenant's transaction is not found: {b.text('#error')!r}")
     check("faxer" not in b.text("#view") and "kv:fax" not in b.text("#view"), "nothing of it is shown")
     b.shot("isolation-tx")
+    b.go("#/plans/" + w.plan)
+    b.wait.until(ec.text_to_be_present_in_element((By.ID, "error"), "404"))
+    check("trip-planner" not in b.text("#view") and "kv:trip" not in b.text("#view"), "nothing of the plan is shown")
 
 
 def test_roles(b: Browser, api: Api, w: World) -> None:
@@ -449,7 +555,7 @@ def test_axe(b: Browser, w: World) -> list[str]:
     bad += b.axe("sign-in")
     b.sign_in(w.keys["operator"], "operator")
     for view, ready in (("#/live", "row-" + w.open), ("#/tx/" + w.fax, "tx-body"), ("#/attention", "attention-list"),
-                        ("#/plans", "plans-unavailable"), ("#/registry", "tools-table"), ("#/ledger", "ledger-table"),
+                        ("#/plans", "plans-table"), ("#/plans/" + w.plan, "plan-registrations"), ("#/registry", "tools-table"), ("#/ledger", "ledger-table"),
                         ("#/picture", "picture-totals")):
         b.go(view)
         b.wait.until(ec.presence_of_element_located((By.ID, ready)))

@@ -23,6 +23,8 @@
     review: () => me && ["reviewer", "admin"].includes(me.role),
     resolve: () => me && ["operator", "admin"].includes(me.role),
     abort: () => me && ["agent", "operator", "admin"].includes(me.role),
+    // Resolving a stuck plan is its owner's act: `POST /v1/plans/{plan}/resolve` needs tx.write.
+    plan: () => me && ["agent", "admin"].includes(me.role),
   };
 
   // ---- small DOM helpers -------------------------------------------------------------------
@@ -575,10 +577,9 @@
     await load();
   }
 
-  // HOOK(issue 15, stuck plans): wired to the plan API of issue 15 as it stands on its branch
-  // (GET /v1/plans/stuck → {stuck: [{id, owner, reason: {kind, ..}, choices}]}, POST
-  // /v1/plans/{plan}/resolve {choice}); the lead checks it after merging plans. On a server
-  // without plans (404) it says plans are not available.
+  // The owner-intervention queue (crates/server/src/api/plans.rs): GET /v1/plans/stuck →
+  // {stuck: [{id, owner, reason: {kind, ..}, choices}]}; POST /v1/plans/{plan}/resolve {choice}.
+  // On a server without plans (404) it says plans are not available.
   async function stuckPlans() {
     let res;
     try {
@@ -587,14 +588,19 @@
       if (e.status === 404) return el("p", { class: "muted", id: "stuck-plans-unavailable" }, "Plans are not available on this server.");
       return el("p", { class: "error" }, e.message);
     }
-    const plans = res.stuck || res.data || [];
+    const plans = res.stuck || [];
     if (!plans.length) return el("p", { class: "muted", id: "stuck-plans-none" }, "No stuck plan.");
     return table("Stuck plans (the owner-intervention queue)", ["Plan", "Owner", "Why", "Action"], plans.map((p) => el("tr", { id: "stuck-" + p.id },
       el("td", null, el("a", { href: "#/plans/" + encodeURIComponent(p.id) }, p.id)),
       el("td", null, p.owner || ""),
       el("td", null, reasonText(p.reason)),
-      el("td", null, el("div", { class: "bar" }, (p.choices || ["retry", "accept", "unwind"]).map((c) =>
-        el("button", { type: "button", dataset: { choice: c }, onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id)))))));
+      el("td", null, resolveBar(p, p.choices || ["retry", "accept", "unwind"])))));
+  }
+
+  function resolveBar(p, choices) {
+    if (!can.plan()) return el("span", { class: "muted" }, "Resolving needs a key with tx.write (the agent or admin role).");
+    return el("div", { class: "bar" }, choices.map((c) =>
+      el("button", { type: "button", dataset: { choice: c }, onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id)));
   }
 
   function reasonText(r) {
@@ -610,13 +616,13 @@
     if (ok === null) return;
     try {
       await api("POST", "/v1/plans/" + encodeURIComponent(p.id) + "/resolve", { choice });
+      await route();
       msg(p.id + ": " + choice);
-      route();
     } catch (e) { err(e.message); }
   }
 
   // ---- 4. plans ----------------------------------------------------------------------------
-  // Against the plan API of issue 15 (docs/console.md "Plans"): GET /v1/plans → {plans:
+  // Against crates/server/src/api/plans.rs (docs/console.md "Plans"): GET /v1/plans → {plans:
   // [Plan]}, GET /v1/plans/{plan} → Plan {id, owner, state, stuck?, failure?, steps: [tx id],
   // held, deadline_ms?, cascade_limit, registrations: [..] (unwind order), triggers: [{kind,
   // value: "true" | "unknown" | "false", detail}]}.
@@ -633,38 +639,38 @@
       throw e;
     }
     const deadlineCell = (ms) => ms ? el("span", { class: ms < Date.now() ? "expired" : "", dataset: { deadline: ms } }, fmtTime(ms) + " (" + countdown(ms) + ")") : el("span", { class: "muted" }, "none");
-    const stepLink = (s) => (typeof s === "string" ? txLink(s) : s.transaction ? txLink(s.transaction) : String(s.step ?? ""));
     if (!id) {
-      const plans = data.plans || data.data || [];
+      const plans = data.plans || [];
       v.append(plans.length ? table(plans.length + " plan(s), oldest first", ["Plan", "State", "Owner", "Steps", "Held compensations", "Deadline"], plans.map((p) => el("tr", { id: "plan-" + p.id },
         el("td", null, el("a", { href: "#/plans/" + encodeURIComponent(p.id) }, p.id)), el("td", null, el("span", { class: "state" }, p.state || "")), el("td", null, p.owner || ""),
         el("td", { class: "num" }, String((p.steps || []).length)), el("td", { class: "num" }, String(p.held ?? "")), el("td", null, deadlineCell(p.deadline_ms)))), { id: "plans-table" })
         : el("p", { id: "plans-none" }, "No plans."));
     } else {
       const p = data;
-      const val = (x) => (x === true || x === "true" ? "true" : x === false || x === "false" ? "false" : "unknown");
-      const regs = p.registrations || p.compensations || [];
+      const val = (x) => (x === "true" || x === "false" ? x : "unknown");
+      const regs = p.registrations || [];
+      const failure = (f) => reasonText(f.cause) + (f.depth ? " at cascade depth " + f.depth : "");
       v.append(
         facts([
           ["State", el("span", { class: "state", id: "plan-state" }, p.state || "")],
           ["Owner", p.owner || ""],
           ["Deadline", deadlineCell(p.deadline_ms)],
           ["Cascade limit", p.cascade_limit === undefined ? undefined : String(p.cascade_limit)],
-          ["Failed because", p.failure ? code(JSON.stringify(p.failure)) : undefined],
+          ["Failed because", p.failure ? failure(p.failure) : undefined],
           ["Stuck because", p.stuck ? reasonText(p.stuck) : undefined],
         ]),
-        p.state === "stuck" ? el("div", { class: "bar" }, ["retry", "accept", "unwind"].map((c) => el("button", { type: "button", onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id))) : null,
+        ...(p.state === "stuck" ? [el("div", { id: "plan-resolve" }, resolveBar(p, ["retry", "accept", "unwind"]))] : []),
         el("h2", null, "Steps"),
-        (p.steps || []).length ? el("ol", { class: "steps", id: "plan-steps" }, p.steps.map((s) => el("li", null, stepLink(s)))) : el("p", { class: "muted" }, "No steps yet."),
+        (p.steps || []).length ? el("ol", { class: "steps", id: "plan-steps" }, p.steps.map((s) => el("li", null, txLink(s)))) : el("p", { class: "muted" }, "No steps yet."),
         el("h2", null, "Compensations, in the order they would unwind"),
         regs.length ? table((p.held ?? regs.length) + " held; the unwind runs top to bottom", ["Seq", "Step", "Effect", "Tool", "Key", "Compensation", "Forward", "State", "Verdict", "Attempts"],
-          regs.map((r) => el("tr", null, el("td", { class: "num" }, String(r.seq ?? "")), el("td", null, r.transaction ? txLink(r.transaction) : ""), el("td", { class: "num" }, String(r.effect ?? "")),
+          regs.map((r) => el("tr", { dataset: { seq: r.seq } }, el("td", { class: "num" }, String(r.seq)), el("td", null, r.transaction ? txLink(r.transaction) : ""), el("td", { class: "num" }, String(r.effect ?? "")),
             el("td", null, r.tool || ""), el("td", null, r.key ? code(r.key) : ""), el("td", null, r.compensation ? code(JSON.stringify(r.compensation)) : el("span", { class: "muted" }, "none (not compensable)")),
             el("td", null, r.forward || ""), el("td", null, r.state || ""), el("td", null, r.verdict || ""), el("td", { class: "num" }, String(r.attempts ?? "")))), { id: "plan-registrations" })
           : el("p", { class: "muted" }, "No compensation held."),
         el("h2", null, "Triggers"),
         (p.triggers || []).length ? table("Triggers and their current value", ["Kind", "Detail", "Value"], p.triggers.map((t) => el("tr", null,
-          el("td", null, t.kind || t.name || ""), el("td", null, t.kind === "deadline" && typeof t.detail === "number" ? deadlineCell(t.detail) : code(JSON.stringify(t.detail ?? t.predicate ?? ""))),
+          el("td", null, t.kind), el("td", null, t.kind === "deadline" && typeof t.detail === "number" ? deadlineCell(t.detail) : typeof t.detail === "string" ? t.detail : code(JSON.stringify(t.detail))),
           el("td", null, el("strong", { class: "trigger-" + val(t.value) }, val(t.value))))), { id: "plan-triggers" })
           : el("p", { class: "muted" }, "No triggers."),
       );
