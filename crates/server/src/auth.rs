@@ -54,6 +54,7 @@ impl Role {
             P::LedgerRead => matches!(self, R::Reviewer | R::Operator | R::Admin),
             P::Review => matches!(self, R::Reviewer | R::Admin),
             P::AttentionResolve => matches!(self, R::Operator | R::Admin),
+            P::PlanResolve => matches!(self, R::Agent | R::Operator | R::Admin),
             P::KeysManage => matches!(self, R::Admin),
         }
     }
@@ -99,6 +100,9 @@ pub enum Permission {
     Review,
     /// Resolve or accept an effect of the attention list (recorded in the ledger).
     AttentionResolve,
+    /// Resolve a stuck plan (retry, accept, unwind): its owner's act, or an operator's from the
+    /// owner-intervention queue (recorded in the ledger with who did it).
+    PlanResolve,
     /// Create, list and revoke keys.
     KeysManage,
     /// Any authenticated key.
@@ -119,6 +123,7 @@ impl Permission {
             Permission::LedgerRead => "ledger.read",
             Permission::Review => "review",
             Permission::AttentionResolve => "attention.resolve",
+            Permission::PlanResolve => "plans.resolve",
             Permission::KeysManage => "keys.manage",
             Permission::Any => "any",
         }
@@ -154,6 +159,7 @@ needs!(
     LedgerRead,
     Review,
     AttentionResolve,
+    PlanResolve,
     KeysManage,
     Any
 );
@@ -251,6 +257,8 @@ mod tests {
         assert!(Role::Admin.grants(Permission::KeysManage));
         assert!(Role::Reviewer.grants(Permission::Review) && !Role::Operator.grants(Permission::Review));
         assert!(Role::Operator.grants(Permission::AttentionResolve));
+        assert!(Role::Operator.grants(Permission::PlanResolve) && Role::Agent.grants(Permission::PlanResolve));
+        assert!(!Role::Reviewer.grants(Permission::PlanResolve));
         assert!(
             !Role::Reviewer.grants(Permission::AttentionResolve) && !Role::Agent.grants(Permission::AttentionResolve)
         );

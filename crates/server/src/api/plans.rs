@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tidegate_runtime::plans::{Cause, Forward, PlanDetail, Status, StuckReason, Tri};
 use tidegate_runtime::{Choice, PlanError, PlanOptions, Predicate, TxId};
 use utoipa::ToSchema;
@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
 use super::transactions::parse_tx;
-use crate::auth::{TxRead, TxWrite};
+use crate::auth::{PlanResolve, TxRead, TxWrite};
 use crate::ids;
 use crate::tenant::Tenant;
 
@@ -81,7 +81,7 @@ pub struct ResolveIn {
 }
 
 /// An owner's choice.
-#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ChoiceKind {
     /// Reopen the plan, or try the stopped compensation again.
@@ -550,7 +550,7 @@ pub async fn arm(
     security(("bearer" = []))
 )]
 pub async fn resolve(
-    caller: Caller<TxWrite>,
+    caller: Caller<PlanResolve>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ResolveIn>,
 ) -> ApiResult<Json<PlanOut>> {
@@ -562,5 +562,15 @@ pub async fn resolve(
         ChoiceKind::Unwind => Choice::Unwind,
     };
     plan.resolve(choice).await.map_err(|e| runtime(e, t))?;
+    // Who resolved it, on the operator stream beside the effect resolutions (the plan's own
+    // record says what was chosen; this one says who chose it).
+    let by = json!({
+        "kind": "resolve_plan",
+        "plan": id,
+        "choice": body.choice,
+        "by": format!("key_{} ({})", caller.key_id, caller.role),
+        "at_ms": crate::console::now_ms(),
+    });
+    t.engine.append_extension(crate::console::OPERATOR_STREAM, by).await.map_err(|e| runtime(e, t))?;
     Ok(Json(detail_out(t, plan.id(), &id).await?))
 }

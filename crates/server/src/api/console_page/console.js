@@ -23,8 +23,9 @@
     review: () => me && ["reviewer", "admin"].includes(me.role),
     resolve: () => me && ["operator", "admin"].includes(me.role),
     abort: () => me && ["agent", "operator", "admin"].includes(me.role),
-    // Resolving a stuck plan is its owner's act: `POST /v1/plans/{plan}/resolve` needs tx.write.
-    plan: () => me && ["agent", "admin"].includes(me.role),
+    // Resolving a stuck plan (`POST /v1/plans/{plan}/resolve`) needs plans.resolve: its owner
+    // (agent) or an operator from the owner-intervention queue.
+    plan: () => me && ["agent", "operator", "admin"].includes(me.role),
   };
 
   // ---- small DOM helpers -------------------------------------------------------------------
@@ -598,7 +599,7 @@
   }
 
   function resolveBar(p, choices) {
-    if (!can.plan()) return el("span", { class: "muted" }, "Resolving needs a key with tx.write (the agent or admin role).");
+    if (!can.plan()) return el("span", { class: "muted" }, "Resolving needs a key with plans.resolve (the agent, operator or admin role).");
     return el("div", { class: "bar" }, choices.map((c) =>
       el("button", { type: "button", dataset: { choice: c }, onclick: () => resolvePlan(p, c) }, c[0].toUpperCase() + c.slice(1) + " " + p.id)));
   }
