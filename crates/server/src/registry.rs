@@ -213,31 +213,27 @@ impl CapabilitySpec {
                     return Err(("url".into(), w.url.clone(), "a host listed in dispatch.allowed_webhook_hosts"));
                 }
                 if w.timeout_ms.is_some_and(|t| t == 0 || t > 600_000) {
-                    return Err(("timeout_ms".into(), format!("{:?}", w.timeout_ms), "1 to 600000 milliseconds"));
+                    return Err(("timeout_ms".into(), shown(w.timeout_ms), "1 to 600000 milliseconds"));
                 }
                 if w.attempts.is_some_and(|a| a == 0 || a > 20) {
-                    return Err(("attempts".into(), format!("{:?}", w.attempts), "1 to 20 attempts"));
+                    return Err(("attempts".into(), shown(w.attempts), "1 to 20 attempts"));
                 }
                 if w.backoff_ms.is_some_and(|b| b > 60_000) {
-                    return Err(("backoff_ms".into(), format!("{:?}", w.backoff_ms), "at most 60000 milliseconds"));
+                    return Err(("backoff_ms".into(), shown(w.backoff_ms), "at most 60000 milliseconds"));
                 }
             }
             CapabilitySpec::Worker(w) => {
                 if w.task_lease_ms.is_some_and(|t| t == 0 || t > 86_400_000) {
-                    return Err((
-                        "task_lease_ms".into(),
-                        format!("{:?}", w.task_lease_ms),
-                        "1 to 86400000 milliseconds",
-                    ));
+                    return Err(("task_lease_ms".into(), shown(w.task_lease_ms), "1 to 86400000 milliseconds"));
                 }
                 if w.deadline_ms.is_some_and(|t| t == 0) {
                     return Err(("deadline_ms".into(), "0".into(), "a positive number of milliseconds"));
                 }
                 if w.attempts.is_some_and(|a| a == 0 || a > 20) {
-                    return Err(("attempts".into(), format!("{:?}", w.attempts), "1 to 20 attempts"));
+                    return Err(("attempts".into(), shown(w.attempts), "1 to 20 attempts"));
                 }
                 if w.backoff_ms.is_some_and(|b| b > 60_000) {
-                    return Err(("backoff_ms".into(), format!("{:?}", w.backoff_ms), "at most 60000 milliseconds"));
+                    return Err(("backoff_ms".into(), shown(w.backoff_ms), "at most 60000 milliseconds"));
                 }
             }
         }
@@ -362,6 +358,12 @@ pub fn kind_of(v: &Value) -> &'static str {
     }
 }
 
+/// An optional number as a client sent it (the value of a bad-input error names what was
+/// sent, never Rust's `Some(..)`).
+fn shown<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,5 +395,16 @@ mod tests {
         assert_eq!(bad.validate(&[]).unwrap_err().0, "url");
         let w: CapabilitySpec = serde_json::from_value(json!({"kind": "worker"})).unwrap();
         assert!(w.validate(&[]).is_ok());
+    }
+
+    #[test]
+    fn a_refused_number_is_named_as_sent() {
+        let long: CapabilitySpec =
+            serde_json::from_value(json!({"kind": "webhook", "url": "http://127.0.0.1:9/x", "timeout_ms": 900000}))
+                .unwrap();
+        let (field, value, _) = long.validate(&[]).unwrap_err();
+        assert_eq!((field.as_str(), value.as_str()), ("timeout_ms", "900000"));
+        let lease: CapabilitySpec = serde_json::from_value(json!({"kind": "worker", "task_lease_ms": 0})).unwrap();
+        assert_eq!(lease.validate(&[]).unwrap_err().1, "0");
     }
 }
