@@ -133,6 +133,14 @@ impl TxFilter {
             Some("unfinished") => (None, true),
             Some(other) => return Err(ApiError::invalid("outcome", other, "committed, aborted or unfinished")),
         };
+        // Times are Unix milliseconds in an int64 (the OpenAPI document says so).
+        for (field, v) in [("from_ms", q.from_ms), ("to_ms", q.to_ms)] {
+            if let Some(v) = v
+                && v > i64::MAX as u64
+            {
+                return Err(ApiError::invalid(field, v.to_string(), "Unix milliseconds, at most 9223372036854775807"));
+            }
+        }
         if let (Some(a), Some(b)) = (q.from_ms, q.to_ms)
             && a > b
         {

@@ -137,7 +137,7 @@ pub struct TriggerOut {
     /// `true`, `unknown` or `false`.
     pub value: String,
     /// The deadline (engine clock milliseconds), the signal's reason, or the predicate.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub detail: Value,
 }
 
@@ -359,7 +359,10 @@ pub async fn open(caller: Caller<TxWrite>, ApiJson(body): ApiJson<PlanIn>) -> Ap
 /// List the tenant's plans.
 #[utoipa::path(
     get, path = "/v1/plans", tag = "plans", operation_id = "list_plans",
-    responses((status = 200, description = "Every plan, oldest first", body = PlanListOut)),
+    responses(
+        (status = 200, description = "Every plan, oldest first", body = PlanListOut),
+        (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("bearer" = []))
 )]
 pub async fn list(caller: Caller<TxRead>) -> ApiResult<Json<PlanListOut>> {
@@ -376,7 +379,10 @@ pub async fn list(caller: Caller<TxRead>) -> ApiResult<Json<PlanListOut>> {
 /// The owner-intervention queue: stuck plans and their choices.
 #[utoipa::path(
     get, path = "/v1/plans/stuck", tag = "plans", operation_id = "list_stuck_plans",
-    responses((status = 200, description = "Stuck plans, by id", body = StuckListOut)),
+    responses(
+        (status = 200, description = "Stuck plans, by id", body = StuckListOut),
+        (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("bearer" = []))
 )]
 pub async fn stuck(caller: Caller<TxRead>) -> ApiResult<Json<StuckListOut>> {
@@ -406,6 +412,7 @@ fn choices(_reason: &StuckReason) -> Vec<String> {
     responses(
         (status = 200, description = "The plan", body = PlanOut),
         (status = 404, description = "No such plan in this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
