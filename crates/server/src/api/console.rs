@@ -163,6 +163,22 @@ pub async fn stream(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
+/// The transaction (of this tenant, known to its index) and effect position a path names.
+fn attention_target(t: &Tenant, id: &str, effect: &str) -> ApiResult<(TxId, u32)> {
+    let tx = parse_tx(t, id)?;
+    if t.index.phase(tx).is_none() {
+        return Err(ApiError::not_found("transaction", id));
+    }
+    let n =
+        effect.parse().map_err(|_| ApiError::invalid("effect", effect, "an effect's issuance position (0, 1, ...)"))?;
+    Ok((tx, n))
+}
+
+/// Who did an operator action, as the ledger's `operator` stream records it.
+pub(crate) fn operator_label<P: crate::auth::Needs>(caller: &Caller<P>) -> String {
+    format!("key_{} ({})", caller.key_id, caller.role)
+}
+
 /// Resolve (or accept) an effect of the attention list: recorded in the ledger as an extension
 /// record on the stream `operator` with the note and who did it; the attention list then shows
 /// it with its `resolution`. A later resolution of the same effect replaces the earlier one.
@@ -185,13 +201,7 @@ pub async fn resolve(
     ApiJson(body): ApiJson<ResolveIn>,
 ) -> ApiResult<Json<AttentionOut>> {
     let t = &caller.tenant;
-    let tx = parse_tx(t, &id)?;
-    if t.index.phase(tx).is_none() {
-        return Err(ApiError::not_found("transaction", &id));
-    }
-    let n: u32 = effect
-        .parse()
-        .map_err(|_| ApiError::invalid("effect", &effect, "an effect's issuance position (0, 1, ...)"))?;
+    let (tx, n) = attention_target(t, &id, &effect)?;
     if body.action == crate::console::OperatorAction::Retried {
         return Err(ApiError::invalid(
             "action",
@@ -215,7 +225,7 @@ pub async fn resolve(
         effect: n,
         action: body.action,
         note: note.to_owned(),
-        by: format!("key_{} ({})", caller.key_id, caller.role),
+        by: operator_label(&caller),
         at_ms: now_ms(),
         operation: None,
         outcome: None,
@@ -253,13 +263,7 @@ pub async fn retry(
 ) -> ApiResult<Json<RetryOut>> {
     use crate::dispatch::{DispatchOutcome, DispatchRequest, Operation};
     let t = &caller.tenant;
-    let tx = parse_tx(t, &id)?;
-    if t.index.phase(tx).is_none() {
-        return Err(ApiError::not_found("transaction", &id));
-    }
-    let n: u32 = effect
-        .parse()
-        .map_err(|_| ApiError::invalid("effect", &effect, "an effect's issuance position (0, 1, ...)"))?;
+    let (tx, n) = attention_target(t, &id, &effect)?;
     let note = body.note.as_deref().map(str::trim).unwrap_or_default().to_owned();
     if note.len() > 2000 {
         return Err(ApiError::invalid("note", &note, "at most 2000 bytes"));
@@ -317,7 +321,7 @@ pub async fn retry(
         effect: n,
         action: crate::console::OperatorAction::Retried,
         note: text,
-        by: format!("key_{} ({})", caller.key_id, caller.role),
+        by: operator_label(&caller),
         at_ms: now_ms(),
         operation: Some(operation.as_str().to_owned()),
         outcome: Some(outcome.to_owned()),

@@ -575,7 +575,7 @@ pub async fn resolve(
         "kind": "resolve_plan",
         "plan": id,
         "choice": body.choice,
-        "by": format!("key_{} ({})", caller.key_id, caller.role),
+        "by": super::console::operator_label(&caller),
         "at_ms": crate::console::now_ms(),
     });
     t.engine.append_extension(crate::console::OPERATOR_STREAM, by).await.map_err(|e| runtime(e, t))?;
