@@ -61,6 +61,13 @@ pub enum PlanError {
         /// This build's.
         supported: u32,
     },
+    /// An executor snapshot that cannot be used (damaged, another tenant's, a newer build's):
+    /// the caller rebuilds from the log instead.
+    #[error("the plan executor's snapshot is unusable: {detail}")]
+    Snapshot {
+        /// What is wrong.
+        detail: String,
+    },
     /// The log could not be appended to or read.
     #[error("plan log failed: {0}")]
     Log(String),

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::{FxHashMap, FxHashSet};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::PlanError;
@@ -14,6 +15,9 @@ use crate::fact::{
 };
 use crate::predicate::{Atom, Node, Predicate, Tri};
 use crate::wheel::Wheel;
+
+/// The version of [`Executor::snapshot`]'s form this build writes and reads.
+pub const PLAN_SNAPSHOT_VERSION: u32 = 1;
 
 /// What a dispatch asks a capability to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,7 +155,7 @@ pub struct Decision {
 }
 
 /// The forward state of a registration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Forward {
     /// Recorded, no result yet.
     Pending,
@@ -163,7 +167,7 @@ pub enum Forward {
     InDoubt,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 enum RegState {
     Held,
     InFlight(u64),
@@ -173,7 +177,7 @@ enum RegState {
     Skipped,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Reg {
     tx: TxId,
     effect: EffectId,
@@ -227,15 +231,16 @@ impl Status {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Trigger {
+    #[serde(with = "crate::snapshot::as_json")]
     predicate: Predicate,
     node: Node,
     atoms: Vec<usize>,
     fired: bool,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct AtomSlot {
     plan: PlanId,
     trigger: u32,
@@ -244,30 +249,33 @@ struct AtomSlot {
     witness: u32,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Plan {
     owner: Box<str>,
     deadline_ms: Option<u64>,
     cascade_limit: u32,
     opening: u32,
+    #[serde(with = "crate::snapshot::status")]
     status: Status,
     steps: Vec<TxId>,
     regs: Vec<Reg>,
     triggers: Vec<Trigger>,
+    #[serde(with = "crate::snapshot::as_json")]
     pending_fail: Option<(Cause, u32)>,
     /// The cause and depth of the last failure (for the API).
+    #[serde(with = "crate::snapshot::as_json")]
     failure: Option<(Cause, u32)>,
     force: bool,
     any_done: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 enum Timer {
     Deadline { plan: PlanId, opening: u32 },
     Atom(usize),
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct TxInfo {
     plan: PlanId,
     settled: Option<bool>,
@@ -342,7 +350,7 @@ pub struct PlanDetail {
 }
 
 /// One tenant's executor state and step function.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Executor {
     tenant: String,
     incarnation: u64,
@@ -358,13 +366,14 @@ pub struct Executor {
     by_scope: FxHashMap<String, Vec<usize>>,
     agenda: BTreeSet<PlanId>,
     probing: FxHashSet<(PlanId, Seq)>,
+    #[serde(with = "crate::snapshot::as_json")]
     stuck: BTreeMap<PlanId, StuckReason>,
     held: usize,
 }
 
 /// Plans by id: ids are dense from 1 (`plan_opened` refuses any other), so a vector indexed
 /// by `id - 1` replaces a hash map (no hashing, no rehash copies, replay touches memory in order).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct PlanTable(Vec<Plan>);
 
 impl PlanTable {
@@ -420,6 +429,85 @@ impl Executor {
             stuck: BTreeMap::new(),
             held: 0,
         }
+    }
+
+    /// The executor's state as bytes ([`Executor::restore`] reads them back): what a
+    /// checkpoint stores so that a reopen folds only the log after it. Versioned
+    /// ([`PLAN_SNAPSHOT_VERSION`]); the encoding is compact and not meant to be read by anything
+    /// but this crate.
+    pub fn snapshot(&self) -> Result<Vec<u8>, PlanError> {
+        let mut out = postcard::to_stdvec(&PLAN_SNAPSHOT_VERSION)
+            .map_err(|e| PlanError::Snapshot { detail: format!("encoding the version: {e}") })?;
+        postcard::to_io(self, &mut out)
+            .map_err(|e| PlanError::Snapshot { detail: format!("encoding the executor: {e}") })?;
+        Ok(out)
+    }
+
+    /// An executor of `tenant` from [`Executor::snapshot`]'s bytes: the same state, indexes
+    /// included. Refused ([`PlanError::Snapshot`]) when the bytes do not decode, are of a newer
+    /// version, belong to another tenant or are inconsistent; the caller then folds the log.
+    pub fn restore(tenant: &str, bytes: &[u8]) -> Result<Executor, PlanError> {
+        let bad = |detail: String| PlanError::Snapshot { detail };
+        let (version, rest) =
+            postcard::take_from_bytes::<u32>(bytes).map_err(|e| bad(format!("reading the version: {e}")))?;
+        if version != PLAN_SNAPSHOT_VERSION {
+            return Err(bad(format!("snapshot version {version}; this build reads {PLAN_SNAPSHOT_VERSION}")));
+        }
+        let (exec, rest) =
+            postcard::take_from_bytes::<Executor>(rest).map_err(|e| bad(format!("decoding the executor: {e}")))?;
+        if !rest.is_empty() {
+            return Err(bad(format!("{} bytes after the executor", rest.len())));
+        }
+        if exec.tenant != tenant {
+            return Err(bad(format!("it is tenant `{}`'s, this executor serves `{tenant}`", exec.tenant)));
+        }
+        exec.check().map_err(bad)?;
+        Ok(exec)
+    }
+
+    /// The structural facts code elsewhere indexes by, so a decoded snapshot cannot panic.
+    fn check(&self) -> Result<(), String> {
+        self.wheel.check()?;
+        let n = self.atoms.len();
+        let atom_ok = |i: &usize| *i < n;
+        for (id, p) in self.plans.0.iter().enumerate() {
+            for t in &p.triggers {
+                if !t.atoms.iter().all(atom_ok) || !t.node.atoms_below(t.atoms.len()) {
+                    return Err(format!("plan {} has a trigger naming an atom that does not exist", id + 1));
+                }
+            }
+        }
+        for a in &self.atoms {
+            let Some(p) = self.plans.get(&a.plan) else {
+                return Err(format!("an atom names plan {}, which does not exist", a.plan));
+            };
+            if p.triggers.get(a.trigger as usize).is_none() {
+                return Err(format!("an atom names trigger {} of plan {}, which does not exist", a.trigger, a.plan));
+            }
+        }
+        let indexed = self.by_tagged.values().chain(self.by_comp.values()).chain(self.by_scope.values());
+        let timed = self.wheel.items().filter_map(|t| match t {
+            Timer::Atom(i) => Some(i),
+            Timer::Deadline { .. } => None,
+        });
+        if !indexed.flatten().chain(timed).all(atom_ok) {
+            return Err("an index names an atom that does not exist".into());
+        }
+        for (tx, info) in &self.txs {
+            if !self.plans.contains_key(&info.plan) {
+                return Err(format!("transaction {tx} is a step of plan {}, which does not exist", info.plan));
+            }
+        }
+        for (&(tx, effect), &seq) in &self.by_effect {
+            let reg = self.txs.get(&tx).and_then(|i| self.plans.get(&i.plan)).and_then(|p| p.regs.get(seq as usize));
+            if reg.is_none_or(|r| r.tx != tx || r.effect != effect) {
+                return Err(format!("effect {effect} of transaction {tx} names registration {seq}, which is not it"));
+            }
+        }
+        if self.next_plan != self.plans.0.len() as PlanId + 1 {
+            return Err(format!("next plan id {} after {} plans", self.next_plan, self.plans.0.len()));
+        }
+        Ok(())
     }
 
     /// The tenant served.

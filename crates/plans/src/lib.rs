@@ -26,13 +26,14 @@ mod error;
 mod executor;
 mod fact;
 mod predicate;
+mod snapshot;
 mod wheel;
 
 pub use driver::{Clock, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
 pub use error::PlanError;
 pub use executor::{
-    Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PlanDetail, PlanView,
-    RegistrationView, Status, TriggerView, resolve_args,
+    Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PLAN_SNAPSHOT_VERSION, PlanDetail,
+    PlanView, RegistrationView, Status, TriggerView, resolve_args,
 };
 pub use fact::{
     Cause, Choice, CompResult, DEFAULT_CASCADE_LIMIT, Descriptor, EffectId, Entry, MAX_CASCADE_LIMIT,

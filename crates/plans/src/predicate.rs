@@ -93,7 +93,7 @@ pub enum Predicate {
 }
 
 /// One atom of a compiled predicate.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Atom {
     Tagged { tx: TxId, effect: EffectId, tag: String },
     Compensated { plan: PlanId, seq: Option<Seq> },
@@ -101,7 +101,7 @@ pub(crate) enum Atom {
 }
 
 /// A predicate's tree over atom slots `0..n`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum Node {
     Atom(usize),
     All(Vec<Node>),
@@ -110,6 +110,15 @@ pub(crate) enum Node {
 }
 
 impl Node {
+    /// Whether every atom the tree names is below `n` (a decoded snapshot is checked).
+    pub(crate) fn atoms_below(&self, n: usize) -> bool {
+        match self {
+            Node::Atom(i) => *i < n,
+            Node::All(v) | Node::Any(v) => v.iter().all(|c| c.atoms_below(n)),
+            Node::Not(c) => c.atoms_below(n),
+        }
+    }
+
     pub(crate) fn eval(&self, atoms: &[Tri]) -> Tri {
         match self {
             Node::Atom(i) => atoms.get(*i).copied().unwrap_or(Tri::Unknown),

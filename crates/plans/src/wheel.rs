@@ -8,7 +8,7 @@ const LEVELS: usize = 10;
 pub const MAX_DEADLINE: u64 = (1 << (BITS as usize * LEVELS)) - 1;
 
 /// Timers keyed by `T`, each at a millisecond of the engine clock.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Wheel<T> {
     now: u64,
     slots: Vec<Vec<(u64, T)>>,
@@ -26,6 +26,30 @@ impl<T> Wheel<T> {
     /// An empty wheel at time 0.
     pub fn new() -> Wheel<T> {
         Wheel { now: 0, slots: (0..SLOTS * LEVELS).map(|_| Vec::new()).collect(), occupied: [0; LEVELS], len: 0 }
+    }
+
+    /// The shape a decoded wheel must have (so that indexing it cannot panic).
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.slots.len() != SLOTS * LEVELS {
+            return Err(format!("the deadline wheel has {} slots, expected {}", self.slots.len(), SLOTS * LEVELS));
+        }
+        let held: usize = self.slots.iter().map(Vec::len).sum();
+        if held != self.len {
+            return Err(format!("the deadline wheel holds {held} timers but counts {}", self.len));
+        }
+        for (l, occ) in self.occupied.iter().enumerate() {
+            for s in 0..SLOTS {
+                if (occ >> s) & 1 == 0 && !self.slots[l * SLOTS + s].is_empty() {
+                    return Err(format!("slot {s} of level {l} holds timers but is marked empty"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every armed timer's item, in no particular order.
+    pub(crate) fn items(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().flatten().map(|(_, t)| t)
     }
 
     /// Timers armed and not yet fired.

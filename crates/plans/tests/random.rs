@@ -58,6 +58,9 @@ struct Sim {
     now: u64,
     crashes: u32,
     crash_p: f64,
+    /// The latest checkpoint: the log length it covers and the executor's snapshot there.
+    checkpoint: Option<(usize, Vec<u8>)>,
+    restored: u32,
 }
 
 impl Sim {
@@ -77,23 +80,48 @@ impl Sim {
         let now = self.now;
         let fact = f(&mut self.exec, now)?;
         self.push(Entry::Plan(fact.clone()));
+        self.maybe_checkpoint();
         Ok(fact)
     }
 
     fn observe(&mut self, o: Observation) {
         self.exec.observe(&o);
         self.push(Entry::Engine(o));
+        self.maybe_checkpoint();
+    }
+
+    /// Sometimes stores a checkpoint; called only where the executor is exactly the fold of
+    /// the log (never between a decision and the append of its facts).
+    fn maybe_checkpoint(&mut self) {
+        if self.rng.gen_bool(0.05) {
+            self.checkpoint = Some((self.log.len(), self.exec.snapshot().unwrap()));
+        }
+    }
+
+    /// The executor a restart builds: from the checkpoint plus the log after it when there
+    /// is one (and the coin says so), else from the whole log.
+    fn rebuilt(&mut self) -> Executor {
+        let from = match &self.checkpoint {
+            Some((at, bytes)) if self.rng.gen_bool(0.7) => {
+                self.restored += 1;
+                Some((*at, Executor::restore(TENANT, bytes).unwrap()))
+            }
+            _ => None,
+        };
+        let (at, mut exec) = from.unwrap_or_else(|| (0, Executor::new(TENANT)));
+        for e in &self.log[at..] {
+            exec.apply(e).unwrap();
+        }
+        exec
     }
 
     fn rebuild(&mut self) {
         self.crashes += 1;
-        let mut exec = Executor::new(TENANT);
-        for e in &self.log {
-            exec.apply(e).unwrap();
-        }
+        let mut exec = self.rebuilt();
         let f = exec.start().unwrap();
         self.exec = exec;
         self.push(Entry::Plan(f));
+        self.maybe_checkpoint();
     }
 
     fn crash(&mut self) -> bool {
@@ -104,6 +132,7 @@ impl Sim {
         for _ in 0..10_000 {
             let d = self.exec.decide(self.now);
             if d.facts.is_empty() && d.actions.is_empty() {
+                self.maybe_checkpoint();
                 return;
             }
             if self.crash() {
@@ -265,7 +294,7 @@ fn script(rng: &mut SmallRng, next_tx: &mut TxId) -> Vec<(u64, Ev)> {
     evs
 }
 
-fn run_seed(seed: u64) -> Result<(u32, Vec<Outcome>, usize), String> {
+fn run_seed(seed: u64) -> Result<(u32, u32, Vec<Outcome>, usize), String> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut next_tx = 1;
     let mut events: BTreeMap<(u64, u64), Ev> = BTreeMap::new();
@@ -283,6 +312,8 @@ fn run_seed(seed: u64) -> Result<(u32, Vec<Outcome>, usize), String> {
         now: 0,
         crashes: 0,
         crash_p,
+        checkpoint: None,
+        restored: 0,
     };
     let f = sim.exec.start().unwrap();
     sim.push(Entry::Plan(f));
@@ -468,7 +499,7 @@ fn run_seed(seed: u64) -> Result<(u32, Vec<Outcome>, usize), String> {
                 .filter_map(|v| if let Status::Ended(o) = v.status { Some(o) } else { None })
                 .collect();
             return check(&sim, &truth, &tx_committed, &stuck_seen, &gated_out)
-                .map(|()| (sim.crashes, outcomes, stuck_seen.len()));
+                .map(|()| (sim.crashes, sim.restored, outcomes, stuck_seen.len()));
         }
     }
     if std::env::var("TIDEGATE_PLAN_DUMP").is_ok() {
@@ -559,6 +590,26 @@ fn check(
     if rebuilt.plans() != sim.exec.plans() || rebuilt.stuck() != sim.exec.stuck() || rebuilt.held() != sim.exec.held() {
         return Err("the executor rebuilt from the log differs from the live one".into());
     }
+    // So does the last checkpoint plus the log after it, and a snapshot of the live one.
+    if let Some((at, bytes)) = &sim.checkpoint {
+        let mut r = Executor::restore(TENANT, bytes).map_err(|e| format!("restore refused a snapshot: {e}"))?;
+        for e in &sim.log[*at..] {
+            r.apply(e).map_err(|e| format!("the tail after a checkpoint was refused: {e}"))?;
+        }
+        if r.plans() != sim.exec.plans() || r.stuck() != sim.exec.stuck() || r.held() != sim.exec.held() {
+            return Err(format!("checkpoint (log entry {at}) + tail differs from the live executor"));
+        }
+    }
+    let copy = Executor::restore(TENANT, &sim.exec.snapshot().map_err(|e| e.to_string())?)
+        .map_err(|e| format!("restore refused a snapshot: {e}"))?;
+    for p in sim.exec.plans() {
+        if copy.detail(p.plan, sim.now) != sim.exec.detail(p.plan, sim.now) {
+            return Err(format!("plan {}: the snapshot's detail differs from the live executor's", p.plan));
+        }
+    }
+    if copy.next_deadline() != sim.exec.next_deadline() || copy.armed_timers() != sim.exec.armed_timers() {
+        return Err("the snapshot's timers differ from the live executor's".into());
+    }
     Ok(())
 }
 
@@ -571,12 +622,13 @@ fn randomized_plans_on_virtual_time() {
         None => (0..n).collect(),
     };
     let started = std::time::Instant::now();
-    let (mut crashes, mut stuck) = (0u64, 0usize);
+    let (mut crashes, mut restored, mut stuck) = (0u64, 0u64, 0usize);
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     for seed in seeds.iter().copied() {
         match std::panic::catch_unwind(|| run_seed(seed)) {
-            Ok(Ok((c, o, s))) => {
+            Ok(Ok((c, r, o, s))) => {
                 crashes += u64::from(c);
+                restored += u64::from(r);
                 stuck += s;
                 for o in o {
                     *outcomes.entry(format!("{o:?}")).or_default() += 1;
@@ -588,8 +640,11 @@ fn randomized_plans_on_virtual_time() {
     }
     let plans: usize = outcomes.values().sum();
     eprintln!(
-        "{} seeds, {plans} plans {outcomes:?}, {stuck} went through the stuck queue, {crashes} executor crashes, in {:?}",
+        "{} seeds, {plans} plans {outcomes:?}, {stuck} went through the stuck queue, {crashes} executor crashes ({restored} restarted from a checkpoint), in {:?}",
         seeds.len(),
         started.elapsed()
     );
+    if one.is_none() && seeds.len() >= 100 {
+        assert!(restored > 0, "no restart used a checkpoint: the snapshot path went untested");
+    }
 }

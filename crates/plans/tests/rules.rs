@@ -506,3 +506,45 @@ async fn after_a_failed_append_the_executor_refuses_until_rebuilt() {
     assert_eq!(again.plans().await[0].status, Status::Open);
     again.commit(p).await.unwrap();
 }
+
+/// A snapshot restores the same executor (a deadline still fires at its time, a stuck plan is
+/// still queued) and a snapshot that is not this tenant's, of another version, truncated or
+/// padded is refused with `PlanError::Snapshot`, never half-loaded.
+#[test]
+fn a_snapshot_restores_the_same_executor_and_bad_ones_are_refused() {
+    let mut h = H::new();
+    let p = h.open(Some(1_000), None);
+    h.step(p, 1, &[desc(), desc()]);
+    let q = h.open(None, None);
+    h.step(q, 2, &[None]);
+    h.cmd(|e, now| e.signal(q, "stop", now)).unwrap();
+    h.pump();
+    assert!(matches!(h.status(q), Status::Stuck { reason: StuckReason::Irreversible { .. }, .. }));
+    let bytes = h.exec.snapshot().unwrap();
+    let restored = Executor::restore(T, &bytes).unwrap();
+    assert_eq!(restored.plans(), h.exec.plans());
+    assert_eq!(restored.stuck(), h.exec.stuck());
+    assert_eq!(restored.detail(p, 0), h.exec.detail(p, 0));
+    assert_eq!(restored.next_deadline(), h.exec.next_deadline());
+    h.exec = restored;
+    h.now = 999;
+    h.pump();
+    assert_eq!(h.status(p), Status::Open);
+    h.now = 1_000;
+    h.pump();
+    assert_eq!(h.done, ["k1.1#compensate", "k1.0#compensate"], "LIFO after the restore");
+
+    let refused = |b: &[u8], tenant: &str| match Executor::restore(tenant, b) {
+        Err(PlanError::Snapshot { detail }) => detail,
+        other => panic!("expected a refused snapshot, got {:?}", other.map(|e| e.held())),
+    };
+    assert!(refused(&bytes, "other").contains("tenant `acme`"));
+    let mut newer = bytes.clone();
+    newer[0] = 2; // the version (a one-byte varint)
+    assert!(refused(&newer, T).contains("snapshot version 2"));
+    refused(&bytes[..bytes.len() / 2], T);
+    let mut padded = bytes.clone();
+    padded.push(0);
+    assert!(refused(&padded, T).contains("after the executor"));
+    refused(b"", T);
+}

@@ -23,6 +23,13 @@
 //!   <L bytes: the engine state as JSON>
 //! ```
 //!
+//! A checkpoint may carry *sections* after the state: opaque bytes another projection of the
+//! same ledger stored at the same LSN (the plan executor's, docs/plans.md "Checkpoints"). The
+//! header lists them (`"sections":[{"name":"plans","len":M,"fnv1a64":"…"}]`, omitted when
+//! there are none), each is checksummed, and [`sections`] returns them verified. A build that
+//! predates sections finds more bytes than its header's `len` and replays the whole ledger
+//! (never wrong, only slower).
+//!
 //! The header is read first, so a checkpoint from a newer format is refused
 //! ([`CheckpointError::NewerFormat`]) without decoding its state. The state's JSON is the
 //! serde form of the engine's internal state (every field of `Core` and its transactions except
@@ -97,6 +104,87 @@ struct Header {
     lsn: u64,
     len: u64,
     fnv1a64: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    sections: Vec<SectionHeader>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SectionHeader {
+    name: String,
+    len: u64,
+    fnv1a64: String,
+}
+
+/// The verified header and the bytes after it: the engine state, then each section.
+fn parse(lsn: u64, bytes: &[u8]) -> Result<(Header, &[u8], Vec<(String, &[u8])>), CheckpointError> {
+    let corrupt = |detail: String| CheckpointError::Corrupt { lsn, detail };
+    let rest =
+        bytes.strip_prefix(MAGIC).ok_or_else(|| corrupt("it does not start with the checkpoint magic".into()))?;
+    let nl =
+        rest.iter().position(|&b| b == b'\n').ok_or_else(|| corrupt("its header line is not terminated".into()))?;
+    let (head, body) = (&rest[..nl], &rest[nl + 1..]);
+    let header: Header = serde_json::from_slice(head).map_err(|e| corrupt(format!("header: {e}")))?;
+    if header.format > CHECKPOINT_FORMAT_VERSION {
+        return Err(CheckpointError::NewerFormat {
+            lsn,
+            what: "format version",
+            found: header.format,
+            supported: CHECKPOINT_FORMAT_VERSION,
+        });
+    }
+    if header.format != CHECKPOINT_FORMAT_VERSION {
+        return Err(corrupt(format!("format version {} is not one this build writes", header.format)));
+    }
+    if header.ledger_format > LEDGER_FORMAT_VERSION {
+        // Regression (issue 11): this named the checkpoint's own versions ("format
+        // version 1, newer than 1") instead of the ledger format's.
+        return Err(CheckpointError::NewerFormat {
+            lsn,
+            what: "ledger format version",
+            found: header.ledger_format,
+            supported: LEDGER_FORMAT_VERSION,
+        });
+    }
+    if header.lsn != lsn {
+        return Err(corrupt(format!("its header says LSN {}, the store says {lsn}", header.lsn)));
+    }
+    let total = header.sections.iter().try_fold(header.len, |acc, s| acc.checked_add(s.len));
+    if total != Some(body.len() as u64) {
+        return Err(corrupt(format!(
+            "it holds {} bytes after its header, the header says {} of state and {} in {} section(s)",
+            body.len(),
+            header.len,
+            header.sections.iter().map(|s| s.len).fold(0u64, u64::saturating_add),
+            header.sections.len()
+        )));
+    }
+    let len = usize::try_from(header.len).map_err(|_| corrupt("state length".into()))?;
+    let (state, mut rest) = body.split_at(len);
+    let sum = format!("{:016x}", fnv1a64(state));
+    if sum != header.fnv1a64 {
+        return Err(corrupt(format!("checksum {sum} does not match the header's {}", header.fnv1a64)));
+    }
+    let mut sections = Vec::with_capacity(header.sections.len());
+    for s in &header.sections {
+        let n = usize::try_from(s.len).map_err(|_| corrupt(format!("section `{}` length", s.name)))?;
+        let (b, r) = rest.split_at(n);
+        rest = r;
+        let sum = format!("{:016x}", fnv1a64(b));
+        if sum != s.fnv1a64 {
+            return Err(corrupt(format!(
+                "section `{}`: checksum {sum} does not match the header's {}",
+                s.name, s.fnv1a64
+            )));
+        }
+        sections.push((s.name.clone(), b));
+    }
+    Ok((header, state, sections))
+}
+
+/// The sections of the checkpoint `bytes` a store returned for `lsn`, by name, each verified
+/// against its checksum (the engine state's own checks as in [`Replay::load`]).
+pub fn sections(lsn: u64, bytes: &[u8]) -> Result<Vec<(String, &[u8])>, CheckpointError> {
+    parse(lsn, bytes).map(|(_, _, s)| s)
 }
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -171,43 +259,7 @@ impl Replay {
     /// the whole ledger instead).
     pub fn load(cfg: CoreConfig, scopes: ScopeRegistry, lsn: u64, bytes: &[u8]) -> Result<Replay, CheckpointError> {
         let corrupt = |detail: String| CheckpointError::Corrupt { lsn, detail };
-        let rest =
-            bytes.strip_prefix(MAGIC).ok_or_else(|| corrupt("it does not start with the checkpoint magic".into()))?;
-        let nl =
-            rest.iter().position(|&b| b == b'\n').ok_or_else(|| corrupt("its header line is not terminated".into()))?;
-        let (head, state) = (&rest[..nl], &rest[nl + 1..]);
-        let header: Header = serde_json::from_slice(head).map_err(|e| corrupt(format!("header: {e}")))?;
-        if header.format > CHECKPOINT_FORMAT_VERSION {
-            return Err(CheckpointError::NewerFormat {
-                lsn,
-                what: "format version",
-                found: header.format,
-                supported: CHECKPOINT_FORMAT_VERSION,
-            });
-        }
-        if header.format != CHECKPOINT_FORMAT_VERSION {
-            return Err(corrupt(format!("format version {} is not one this build writes", header.format)));
-        }
-        if header.ledger_format > LEDGER_FORMAT_VERSION {
-            // Regression (issue 11): this named the checkpoint's own versions ("format
-            // version 1, newer than 1") instead of the ledger format's.
-            return Err(CheckpointError::NewerFormat {
-                lsn,
-                what: "ledger format version",
-                found: header.ledger_format,
-                supported: LEDGER_FORMAT_VERSION,
-            });
-        }
-        if header.lsn != lsn {
-            return Err(corrupt(format!("its header says LSN {}, the store says {lsn}", header.lsn)));
-        }
-        if header.len != state.len() as u64 {
-            return Err(corrupt(format!("its state is {} bytes, the header says {}", state.len(), header.len)));
-        }
-        let sum = format!("{:016x}", fnv1a64(state));
-        if sum != header.fnv1a64 {
-            return Err(corrupt(format!("checksum {sum} does not match the header's {}", header.fnv1a64)));
-        }
+        let (_, state, _) = parse(lsn, bytes)?;
         let mut core: Core = {
             let _reg = RegistryGuard::install(&scopes);
             serde_json::from_slice(state).map_err(|e| corrupt(format!("state: {e}")))?
@@ -268,6 +320,13 @@ impl Replay {
 
     /// Encodes the replayed state as a checkpoint at [`Replay::lsn`].
     pub fn checkpoint(&self) -> Result<Vec<u8>, CheckpointError> {
+        self.checkpoint_with(&[])
+    }
+
+    /// Encodes the replayed state as a checkpoint at [`Replay::lsn`] followed by `sections`
+    /// (name, bytes): other projections of the same events at the same LSN ([`sections`]
+    /// reads them back).
+    pub fn checkpoint_with(&self, sections: &[(&str, &[u8])]) -> Result<Vec<u8>, CheckpointError> {
         let state = serde_json::to_vec(&self.core).map_err(|e| CheckpointError::Encode { detail: e.to_string() })?;
         let header = Header {
             format: CHECKPOINT_FORMAT_VERSION,
@@ -275,13 +334,25 @@ impl Replay {
             lsn: self.lsn,
             len: state.len() as u64,
             fnv1a64: format!("{:016x}", fnv1a64(&state)),
+            sections: sections
+                .iter()
+                .map(|(name, b)| SectionHeader {
+                    name: (*name).to_owned(),
+                    len: b.len() as u64,
+                    fnv1a64: format!("{:016x}", fnv1a64(b)),
+                })
+                .collect(),
         };
         let head = serde_json::to_vec(&header).map_err(|e| CheckpointError::Encode { detail: e.to_string() })?;
-        let mut out = Vec::with_capacity(MAGIC.len() + head.len() + 1 + state.len());
+        let extra: usize = sections.iter().map(|(_, b)| b.len()).sum();
+        let mut out = Vec::with_capacity(MAGIC.len() + head.len() + 1 + state.len() + extra);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&head);
         out.push(b'\n');
         out.extend_from_slice(&state);
+        for (_, b) in sections {
+            out.extend_from_slice(b);
+        }
         Ok(out)
     }
 

@@ -47,7 +47,7 @@ use crate::ledger::Event;
 use crate::scope::{Scope, ScopeRegistry};
 
 pub use crate::trace::TraceRecord;
-pub use checkpoint::{CHECKPOINT_FORMAT_VERSION, CheckpointError, Replay};
+pub use checkpoint::{CHECKPOINT_FORMAT_VERSION, CheckpointError, Replay, sections as checkpoint_sections};
 pub use group::GroupStart;
 pub use ops::{BeginRequest, Begun, EffectView, ReadResult, Recorded, SealedView};
 pub use recover::{InDoubt, RecoverError, Recovery, ReplayRule};
