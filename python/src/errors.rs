@@ -71,6 +71,7 @@ fn classify(err: &Error) -> (&'static str, String) {
             PlanError::WrongState { .. } => ("PlanError", "plan_state".into()),
             PlanError::StepUnsettled { .. } => ("PlanError", "step_unsettled".into()),
             PlanError::NewerFormat { .. } => ("PlanError", "newer_format".into()),
+            PlanError::Snapshot { .. } => ("StoreError", "plan_snapshot".into()),
             PlanError::Log(_) => ("StoreError", "plan_log".into()),
         },
         // Error is non-exhaustive: a variant added later is a plain TidegateError.

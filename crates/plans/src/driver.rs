@@ -19,8 +19,16 @@ pub trait PlanLog: Send + Sync + 'static {
     /// Appends entries; resolves once they are durable. The ledger-backed log appends plan
     /// records as extension records and ignores engine entries (the engine wrote them).
     fn append(&self, entries: Vec<Entry>) -> impl Future<Output = Result<(), PlanError>> + Send;
-    /// Every entry from the start, in order.
+    /// Every entry from the start, in order; after [`PlanLog::initial`] handed out an
+    /// executor, only the entries after the state it holds.
     fn read_all(&self) -> Result<Vec<Entry>, PlanError>;
+    /// An executor of `tenant` the log already holds folded up to some entry (a checkpoint's),
+    /// if any: [`Plans::start`] continues from it instead of folding from the start. Default:
+    /// none.
+    fn initial(&self, tenant: &str) -> Option<Executor> {
+        let _ = tenant;
+        None
+    }
     /// Engine facts the log saw appended since the last call (after those `read_all`
     /// returned), in ledger order: a log bound to a live engine feeds them here, and the
     /// driver folds them before every command and every decision. Default: none (a log whose
@@ -129,7 +137,7 @@ pub struct Plans<L, D, C> {
 impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
     /// Rebuilds the executor of `tenant` from `log` and records its start.
     pub async fn start(tenant: &str, log: L, dispatch: D, clock: C) -> Result<Arc<Self>, PlanError> {
-        let mut exec = Executor::new(tenant);
+        let mut exec = log.initial(tenant).unwrap_or_else(|| Executor::new(tenant));
         for e in log.read_all()? {
             exec.apply(&e)?;
         }

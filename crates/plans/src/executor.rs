@@ -510,6 +510,11 @@ impl Executor {
         Ok(())
     }
 
+    /// Plans opened (ended ones included).
+    pub fn plan_count(&self) -> usize {
+        self.plans.0.len()
+    }
+
     /// The tenant served.
     pub fn tenant(&self) -> &str {
         &self.tenant

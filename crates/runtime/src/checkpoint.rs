@@ -22,11 +22,12 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
-use tidegate_core::engine::Replay;
+use tidegate_core::engine::{Replay, checkpoint_sections};
 use tidegate_core::{CoreConfig, ScopeRegistry};
 use tidegate_storage::{LedgerStore, Lsn, StoreError};
 
 use crate::engine::Tidegate;
+use crate::plan::{PlanShadow, SECTION};
 use crate::{Error, Result};
 
 /// When the engine stores checkpoints of its projections. Every default is given on its
@@ -80,6 +81,12 @@ pub struct ReplayReport {
     pub checkpoint_fallback: Option<String>,
     /// Time spent reading the checkpoint and replaying, in microseconds.
     pub micros: u64,
+    /// Whether the plan executor's state came from the checkpoint's `plans` section (then
+    /// only the events after it were folded for plans too).
+    pub plans_from_checkpoint: bool,
+    /// Why the plan executor was folded from the ledger's start although a checkpoint was
+    /// loaded (a checkpoint of an older build, a damaged or unreadable section). Never silent.
+    pub plans_fallback: Option<String>,
 }
 
 /// Batches handed over by the append path, in ledger order.
@@ -131,6 +138,48 @@ pub(crate) struct Seed {
     pub(crate) lsn: Lsn,
     pub(crate) bytes: Option<Vec<u8>>,
     pub(crate) store_now: bool,
+    /// The tenant of the plan executor whose fold the checkpoints carry.
+    pub(crate) tenant: String,
+}
+
+/// What the checkpoint thread replays: the engine's projections and, beside them, the plan
+/// executor's fold of the same events (`None` once it cannot follow the ledger, say a plan
+/// record of a newer build: its checkpoints then carry no `plans` section and the next open
+/// folds the plans from the ledger's start, as the report says).
+struct Shadow {
+    replay: Replay,
+    plans: Option<PlanShadow>,
+}
+
+impl Shadow {
+    fn lsn(&self) -> Lsn {
+        self.replay.lsn()
+    }
+
+    fn applied(&self) -> u64 {
+        self.replay.applied()
+    }
+
+    fn apply(&mut self, e: &tidegate_core::Event) -> std::result::Result<(), String> {
+        self.replay.apply(e).map_err(|e| format!("the replaying shadow could not apply the ledger: {e}"))?;
+        if let Some(p) = &mut self.plans
+            && p.apply(e).is_err()
+        {
+            self.plans = None;
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&self) -> std::result::Result<Vec<u8>, String> {
+        match &self.plans {
+            Some(p) => {
+                let section = p.encode().map_err(|e| e.to_string())?;
+                self.replay.checkpoint_with(&[(SECTION, &section)])
+            }
+            None => self.replay.checkpoint(),
+        }
+        .map_err(|e| e.to_string())
+    }
 }
 
 impl Checkpointer {
@@ -242,8 +291,11 @@ fn run(
         cv.notify_all();
     };
     let shadow = match &seed.bytes {
-        None => Ok(Replay::new(cfg.clone(), scopes.clone())),
-        Some(b) => Replay::load(cfg.clone(), scopes.clone(), seed.lsn, b),
+        None => Ok(Shadow { replay: Replay::new(cfg.clone(), scopes.clone()), plans: Some(PlanShadow::new(&seed.tenant)) }),
+        Some(b) => Replay::load(cfg.clone(), scopes.clone(), seed.lsn, b).map(|replay| Shadow {
+            replay,
+            plans: plan_section(&seed.tenant, seed.lsn, b).and_then(std::result::Result::ok),
+        }),
     };
     let mut shadow = match shadow {
         Ok(s) => s,
@@ -317,7 +369,7 @@ fn run(
 
 /// Applies the fed events if they continue the shadow; after a gap, leaves the catching up
 /// to [`take`]'s scan.
-fn drain(feed: &Mutex<Feed>, shadow: &mut Replay) -> std::result::Result<(), String> {
+fn drain(feed: &Mutex<Feed>, shadow: &mut Shadow) -> std::result::Result<(), String> {
     let (events, last) = {
         let mut f = feed.lock();
         if f.gap {
@@ -335,14 +387,14 @@ fn drain(feed: &Mutex<Feed>, shadow: &mut Replay) -> std::result::Result<(), Str
     // A scan may have applied the first few already.
     let skip = usize::try_from(shadow.lsn() + 1 - first).unwrap_or(usize::MAX);
     for e in events.iter().skip(skip) {
-        shadow.apply(e).map_err(|e| format!("the replaying shadow could not apply the ledger: {e}"))?;
+        shadow.apply(e)?;
     }
     Ok(())
 }
 
 /// Brings the shadow up to the store's last LSN and stores a checkpoint there, unless one is
 /// already stored at that LSN. Returns the checkpoint's size.
-fn take(store: &dyn LedgerStore, shadow: &mut Replay, stored: &mut Lsn) -> std::result::Result<Option<usize>, String> {
+fn take(store: &dyn LedgerStore, shadow: &mut Shadow, stored: &mut Lsn) -> std::result::Result<Option<usize>, String> {
     let target = store.last_lsn();
     if target > shadow.lsn() {
         let mut failed = None;
@@ -352,14 +404,14 @@ fn take(store: &dyn LedgerStore, shadow: &mut Replay, stored: &mut Lsn) -> std::
                     return false;
                 }
                 if let Err(err) = shadow.apply(e) {
-                    failed = Some(err.to_string());
+                    failed = Some(err);
                     return false;
                 }
                 true
             })
             .map_err(|e| format!("reading the ledger for a checkpoint failed: {e}"))?;
         if let Some(f) = failed {
-            return Err(format!("the replaying shadow could not apply the ledger: {f}"));
+            return Err(f);
         }
         if shadow.lsn() < target {
             return Err(format!(
@@ -371,7 +423,7 @@ fn take(store: &dyn LedgerStore, shadow: &mut Replay, stored: &mut Lsn) -> std::
     if shadow.lsn() <= *stored {
         return Ok(None);
     }
-    let bytes = shadow.checkpoint().map_err(|e| e.to_string())?;
+    let bytes = shadow.checkpoint()?;
     match store.put_checkpoint(shadow.lsn(), &bytes) {
         Ok(()) => {
             *stored = shadow.lsn();
@@ -404,18 +456,39 @@ impl Tidegate {
     }
 }
 
+/// The `plans` section of a checkpoint: `None` if it has none (an older build's), else the
+/// decoded fold or why it cannot be used.
+fn plan_section(tenant: &str, lsn: Lsn, bytes: &[u8]) -> Option<std::result::Result<PlanShadow, String>> {
+    let sections = match checkpoint_sections(lsn, bytes) {
+        Ok(s) => s,
+        Err(e) => return Some(Err(e.to_string())),
+    };
+    let (_, b) = sections.into_iter().find(|(name, _)| name == SECTION)?;
+    Some(PlanShadow::decode(tenant, b).map_err(|e| e.to_string()))
+}
+
+/// What an open rebuilt: the engine's projections, the plan executor's fold at the same LSN
+/// (`None` if a plan record could not be folded: the executor's start reports it), and the
+/// stored checkpoint's bytes when they are exactly that state (nothing after them).
+pub(crate) struct Opened {
+    pub(crate) replay: Replay,
+    pub(crate) plans: Option<PlanShadow>,
+    pub(crate) report: ReplayReport,
+    pub(crate) stored: Option<Vec<u8>>,
+}
+
 /// Replays the store into a fresh engine state: from its checkpoint when it has a usable one,
 /// else from LSN 1. A checkpoint from a newer format is an error; a damaged one, or one beyond
-/// the ledger's end, falls back to the full replay and says so in the report.
-pub(crate) fn replay(
-    store: &dyn LedgerStore,
-    cfg: &CoreConfig,
-    scopes: &ScopeRegistry,
-) -> Result<(Replay, ReplayReport)> {
+/// the ledger's end, falls back to the full replay and says so in the report. The plan
+/// executor of `tenant` is folded alongside, from the checkpoint's `plans` section when it
+/// has a usable one, else from LSN 1.
+pub(crate) fn replay(store: &dyn LedgerStore, cfg: &CoreConfig, scopes: &ScopeRegistry, tenant: &str) -> Result<Opened> {
     let started = Instant::now();
     let mut report = ReplayReport::default();
     let last = store.last_lsn();
     let mut replay = None;
+    let mut plans = None;
+    let mut stored = None;
     if last > 0 {
         match store.checkpoint()? {
             None => {}
@@ -428,7 +501,25 @@ pub(crate) fn replay(
             Some(c) => match Replay::load(cfg.clone(), scopes.clone(), c.lsn, &c.bytes) {
                 Ok(r) => {
                     report.checkpoint_lsn = Some(c.lsn);
+                    match plan_section(tenant, c.lsn, &c.bytes) {
+                        Some(Ok(p)) => {
+                            report.plans_from_checkpoint = true;
+                            plans = Some(p);
+                        }
+                        Some(Err(why)) => {
+                            report.plans_fallback = Some(format!("{why}; folded the plans from the ledger's start"));
+                        }
+                        None => {
+                            report.plans_fallback = Some(
+                                "the checkpoint has no plans section (an older build wrote it); folded the plans from the ledger's start"
+                                    .into(),
+                            );
+                        }
+                    }
                     replay = Some(r);
+                    if plans.is_some() && c.lsn == last {
+                        stored = Some(c.bytes);
+                    }
                 }
                 Err(tidegate_core::engine::CheckpointError::NewerFormat { what, found, supported, .. }) => {
                     return Err(Error::Store(StoreError::NewerFormat {
@@ -449,10 +540,37 @@ pub(crate) fn replay(
         }
     }
     let mut replay = replay.unwrap_or_else(|| Replay::new(cfg.clone(), scopes.clone()));
+    // The plans' fold up to the checkpoint, when the checkpoint did not carry it.
+    let mut plan_error = false;
+    if plans.is_none() {
+        let mut p = PlanShadow::new(tenant);
+        if replay.lsn() > 0 {
+            let upto = replay.lsn();
+            store.scan(1, &mut |lsn, e| {
+                if lsn > upto {
+                    return false;
+                }
+                if p.apply(e).is_err() {
+                    plan_error = true;
+                    return false;
+                }
+                true
+            })?;
+        }
+        plans = Some(p);
+    }
     if last > replay.lsn() {
         let mut failed = None;
         store.scan(replay.lsn() + 1, &mut |_, e| match replay.apply(e) {
-            Ok(()) => true,
+            Ok(()) => {
+                if !plan_error
+                    && let Some(p) = &mut plans
+                    && p.apply(e).is_err()
+                {
+                    plan_error = true;
+                }
+                true
+            }
             Err(err) => {
                 failed = Some(err);
                 false
@@ -462,7 +580,11 @@ pub(crate) fn replay(
             return Err(Error::Store(StoreError::Corrupt { lsn: e.index + 1, detail: e.to_string() }));
         }
     }
+    if plan_error {
+        // The executor's own start folds the ledger again and reports the record it refuses.
+        plans = None;
+    }
     report.replayed_events = replay.applied();
     report.micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    Ok((replay, report))
+    Ok(Opened { replay, plans, report, stored })
 }

@@ -265,25 +265,35 @@ impl Builder {
         let store: Arc<dyn LedgerStore> = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         // Rebuild the projections from whatever the ledger already holds: its checkpoint,
         // then the events after it (streamed, never all in memory at once).
-        let (replay, open) = crate::checkpoint::replay(&*store, &self.cfg, &self.scopes)?;
+        let tenant = self.tenant.unwrap_or_else(|| "default".to_owned());
+        let crate::checkpoint::Opened { replay, plans: boot, report: open, stored } =
+            crate::checkpoint::replay(&*store, &self.cfg, &self.scopes, &tenant)?;
         let checkpointer = if checkpointing {
             // The shadow starts from the replayed state; a tail the stored checkpoint does not
-            // cover is checkpointed at once, so the next open does not replay it again.
-            // Without automatic checkpoints the shadow starts empty and replays on demand.
+            // cover (or a plan fold it lacks) is checkpointed at once, so the next open does
+            // not redo it. Without automatic checkpoints the shadow starts empty and replays
+            // on demand.
             let lsn = if automatic { replay.lsn() } else { 0 };
-            let store_now = automatic && lsn > open.checkpoint_lsn.unwrap_or(0);
-            let bytes = if lsn > 0 {
-                Some(replay.checkpoint().map_err(|e| {
-                    Error::Store(StoreError::Io { op: "encode a checkpoint", source: std::io::Error::other(e) })
-                })?)
-            } else {
-                None
+            let store_now = automatic
+                && (lsn > open.checkpoint_lsn.unwrap_or(0) || (lsn > 0 && boot.is_some() && !open.plans_from_checkpoint));
+            let encode_failed =
+                |e: String| Error::Store(StoreError::Io { op: "encode a checkpoint", source: std::io::Error::other(e) });
+            let bytes = match (lsn, stored) {
+                (0, _) => None,
+                (_, Some(b)) if !store_now => Some(b),
+                _ => {
+                    let section = boot.as_ref().map(|p| p.encode()).transpose().map_err(|e| encode_failed(e.to_string()))?;
+                    let sections: Vec<(&str, &[u8])> =
+                        section.as_deref().map(|b| (crate::plan::SECTION, b)).into_iter().collect();
+                    Some(replay.checkpoint_with(&sections).map_err(|e| encode_failed(e.to_string()))?)
+                }
             };
-            let seed = crate::checkpoint::Seed { lsn, bytes, store_now };
+            let seed = crate::checkpoint::Seed { lsn, bytes, store_now, tenant: tenant.clone() };
             Some(Checkpointer::start(store.clone(), self.cfg.clone(), self.scopes.clone(), self.checkpoints, seed)?)
         } else {
             None
         };
+        let replay_lsn = replay.lsn();
         let (core, recovery) = if store.last_lsn() == 0 {
             (Core::with_scopes(self.cfg, self.scopes.clone()), None)
         } else {
@@ -318,7 +328,7 @@ impl Builder {
                 handle,
                 checkpointer,
                 open,
-                plans: crate::plan::PlanState::new(self.tenant.unwrap_or_else(|| "default".to_owned())),
+                plans: crate::plan::PlanState::new(tenant, boot.map(|b| (replay_lsn, b))),
                 _own: own,
             }),
         })

@@ -166,10 +166,13 @@ pub(crate) struct PlanState {
     tenant: String,
     running: Mutex<Option<Running>>,
     starting: tokio::sync::Mutex<()>,
+    /// The executor's fold at the LSN the open replayed to (from the checkpoint's `plans`
+    /// section plus the tail, or the whole ledger): the executor's start continues from it.
+    boot: Mutex<Option<(Lsn, PlanShadow)>>,
 }
 
 impl PlanState {
-    pub(crate) fn new(tenant: String) -> PlanState {
+    pub(crate) fn new(tenant: String, boot: Option<(Lsn, PlanShadow)>) -> PlanState {
         PlanState {
             feed: Arc::new(Feed::default()),
             caps: RwLock::new(HashMap::default()),
@@ -177,6 +180,7 @@ impl PlanState {
             tenant,
             running: Mutex::new(None),
             starting: tokio::sync::Mutex::new(()),
+            boot: Mutex::new(boot),
         }
     }
 
@@ -277,6 +281,89 @@ impl FeedState {
             }
             _ => None,
         }
+    }
+}
+
+/// The plan executor as a fold of the ledger up to one LSN, with the feed's own state there
+/// (unsettled steps, scopes of unsettled transactions): what a checkpoint's `plans` section
+/// holds, what the checkpoint thread keeps beside its replaying engine, and what an open hands
+/// the live executor so that it folds only the ledger after it (docs/plans.md, "Checkpoints").
+pub(crate) struct PlanShadow {
+    exec: tidegate_plans::Executor,
+    map: FeedState,
+}
+
+/// The header of a checkpoint's `plans` section; the executor's snapshot follows it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SectionHead {
+    version: u32,
+    steps: Vec<(u64, PlanId)>,
+    scopes: Vec<(u64, Vec<String>)>,
+}
+
+/// The version of the `plans` section this build writes and reads.
+const SECTION_VERSION: u32 = 1;
+
+/// The name of the executor's section in the engine's checkpoint.
+pub(crate) const SECTION: &str = "plans";
+
+impl PlanShadow {
+    /// The fold of an empty ledger.
+    pub(crate) fn new(tenant: &str) -> PlanShadow {
+        PlanShadow { exec: tidegate_plans::Executor::new(tenant), map: FeedState::default() }
+    }
+
+    /// Folds the next ledger event (as the executor's rebuild does: settlements at time 0).
+    pub(crate) fn apply(&mut self, e: &Event) -> std::result::Result<(), PlanError> {
+        match e {
+            Event::Extension { stream, body } if &**stream == STREAM => {
+                let f = PlanFact::decode(body)?;
+                if let PlanFact::StepBegun { plan, tx, .. } = &f {
+                    self.map.steps.insert(TxId(*tx), *plan);
+                }
+                self.exec.apply(&Entry::Plan(f))
+            }
+            e => match self.map.map(e, 0) {
+                Some(o) => self.exec.apply(&Entry::Engine(o)),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Whether the ledger it folded holds any plan record.
+    pub(crate) fn has_plans(&self) -> bool {
+        self.exec.incarnation() > 0 || self.exec.plan_count() > 0
+    }
+
+    /// The section's bytes.
+    pub(crate) fn encode(&self) -> std::result::Result<Vec<u8>, PlanError> {
+        let bad = |detail: String| PlanError::Snapshot { detail };
+        let head = SectionHead {
+            version: SECTION_VERSION,
+            steps: self.map.steps.iter().map(|(t, p)| (t.0, *p)).collect(),
+            scopes: self.map.scopes.iter().map(|(t, v)| (t.0, v.iter().map(|s| s.to_string()).collect())).collect(),
+        };
+        let mut out = postcard::to_stdvec(&head).map_err(|e| bad(format!("encoding the section header: {e}")))?;
+        out.extend_from_slice(&self.exec.snapshot()?);
+        Ok(out)
+    }
+
+    /// Reads a section [`PlanShadow::encode`] wrote; refused ([`PlanError::Snapshot`]) when it
+    /// is another version's, another tenant's or damaged.
+    pub(crate) fn decode(tenant: &str, bytes: &[u8]) -> std::result::Result<PlanShadow, PlanError> {
+        let bad = |detail: String| PlanError::Snapshot { detail };
+        let (head, rest) = postcard::take_from_bytes::<SectionHead>(bytes)
+            .map_err(|e| bad(format!("decoding the section header: {e}")))?;
+        if head.version != SECTION_VERSION {
+            return Err(bad(format!("section version {}; this build reads {SECTION_VERSION}", head.version)));
+        }
+        let exec = tidegate_plans::Executor::restore(tenant, rest)?;
+        let map = FeedState {
+            steps: head.steps.into_iter().map(|(t, p)| (TxId(t), p)).collect(),
+            scopes: head.scopes.into_iter().map(|(t, v)| (TxId(t), v.into_iter().map(Arc::from).collect())).collect(),
+            ..FeedState::default()
+        };
+        Ok(PlanShadow { exec, map })
     }
 }
 
@@ -394,6 +481,7 @@ impl Tidegate {
             inner: Arc::downgrade(&self.inner),
             store: self.inner.store.clone(),
             feed: self.inner.plans.feed.clone(),
+            resume: Mutex::new(None),
         };
         let dispatch = EngineDispatch { inner: Arc::downgrade(&self.inner) };
         let clock = PlanClock(self.inner.clock.clone());
@@ -422,16 +510,25 @@ impl Tidegate {
         if self.inner.plans.running.lock().is_some() {
             return Ok(());
         }
-        let mut any = false;
-        self.inner.store.scan(1, &mut |_, e| {
-            if let Event::Extension { stream, .. } = e
-                && &**stream == STREAM
-            {
-                any = true;
-                return false;
+        // The open folded the plans up to its LSN (recovery appends no plan record since);
+        // without that fold (a record it could not fold), look for a plan record.
+        let boot = self.inner.plans.boot.lock().as_ref().map(|(_, b)| b.has_plans());
+        let any = match boot {
+            Some(any) => any,
+            None => {
+                let mut any = false;
+                self.inner.store.scan(1, &mut |_, e| {
+                    if let Event::Extension { stream, .. } = e
+                        && &**stream == STREAM
+                    {
+                        any = true;
+                        return false;
+                    }
+                    true
+                })?;
+                any
             }
-            true
-        })?;
+        };
         if any {
             self.plans().await?;
         }
@@ -487,6 +584,9 @@ pub(crate) struct LedgerLog {
     inner: Weak<Inner>,
     store: Arc<dyn LedgerStore>,
     feed: Arc<Feed>,
+    /// Set by [`tidegate_plans::PlanLog::initial`]: the LSN the executor it handed out is the
+    /// fold of, and the feed's state there; `read_all` continues after it.
+    resume: Mutex<Option<(Lsn, FeedState)>>,
 }
 
 impl LedgerLog {
@@ -560,13 +660,26 @@ impl tidegate_plans::PlanLog for LedgerLog {
         }
     }
 
+    fn initial(&self, tenant: &str) -> Option<tidegate_plans::Executor> {
+        let inner = self.inner.upgrade()?;
+        let (lsn, boot) = inner.plans.boot.lock().take()?;
+        if boot.exec.tenant() != tenant {
+            return None;
+        }
+        *self.resume.lock() = Some((lsn, boot.map));
+        Some(boot.exec)
+    }
+
     fn read_all(&self) -> std::result::Result<Vec<Entry>, PlanError> {
-        let mut st = FeedState::default();
+        let (from, mut st) = match self.resume.lock().take() {
+            Some((lsn, st)) => (lsn + 1, st),
+            None => (1, FeedState::default()),
+        };
         let mut out = Vec::new();
         let mut error = None;
         // Most of the ledger without the engine lock, then the rest under it, where the feed
         // is switched on: every later append is fed, none is missed or folded twice.
-        let last = self.scan(1, &mut st, &mut out, &mut error)?;
+        let last = self.scan(from, &mut st, &mut out, &mut error)?;
         if let Some(e) = error {
             return Err(e);
         }

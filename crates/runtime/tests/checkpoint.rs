@@ -230,10 +230,13 @@ async fn a_checkpoint_from_a_newer_format_is_refused() {
         tg.checkpoint_now().unwrap();
     }
     let c = store.checkpoint().unwrap().unwrap();
-    let text = String::from_utf8(c.bytes).unwrap().replacen("\"format\":1", "\"format\":99", 1);
+    // The header is the first line (JSON); sections after the state may be binary.
+    let nl = c.bytes.iter().position(|&b| b == b'\n').unwrap();
+    let head = String::from_utf8(c.bytes[..nl].to_vec()).unwrap().replacen("\"format\":1", "\"format\":99", 1);
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(&c.bytes[nl..]);
     let newer = Arc::new(
-        MemoryStore::from_events(store.events())
-            .with_checkpoint(Some(StoredCheckpoint { lsn: c.lsn, bytes: text.into_bytes() })),
+        MemoryStore::from_events(store.events()).with_checkpoint(Some(StoredCheckpoint { lsn: c.lsn, bytes })),
     );
     let err = Tidegate::builder().store(newer).build().unwrap_err().to_string();
     assert!(err.contains("99") && err.contains("newer"), "{err}");

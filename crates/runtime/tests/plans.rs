@@ -281,6 +281,9 @@ async fn a_reopened_engine_rearms_the_deadline_and_fires_each_compensation_exact
     }
     // The process that ran the steps is gone; another opens the ledger and recovers.
     let tg = reopen(&dir).await;
+    // The clean close checkpointed the executor with the engine: the open loaded it.
+    assert!(tg.open_report().plans_from_checkpoint, "{:?}", tg.open_report());
+    assert_eq!(tg.open_report().plans_fallback, None);
     tg.register(&tool).unwrap();
     cancel_capability(&tg, &sink);
     tg.recover().await.unwrap();
@@ -364,4 +367,118 @@ async fn an_in_doubt_forward_effect_is_probed_and_never_compensated_if_it_did_no
     assert!(seen.iter().any(|s| s.starts_with("probe ")), "the forward probe was asked: {seen:?}");
     assert!(!seen.iter().any(|s| s.starts_with("unstage")), "never compensated: {seen:?}");
     assert_eq!(sink.compensations(), vec!["cancel B-f1 book-f1#compensate"]);
+}
+
+/// Opens `dir` with the given checkpoint policy (retrying while the previous engine's lock is
+/// released).
+async fn reopen_with(dir: &std::path::Path, policy: tidegate_runtime::CheckpointPolicy) -> Tidegate {
+    for _ in 0..400 {
+        match SqliteStore::open(dir) {
+            Ok(store) => return Tidegate::builder().store(Arc::new(store)).checkpoints(policy).build().unwrap(),
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    panic!("the directory stayed locked");
+}
+
+/// Runs a three-step plan whose deadline has not passed, with a checkpoint taken after the
+/// first step and no checkpoint at close (as after a crash): the ledger's checkpoint covers one
+/// step, the tail holds the other two.
+async fn plan_with_checkpoint_then_tail(dir: &std::path::Path, tool: &Tool) -> (tidegate_runtime::PlanId, u64) {
+    let no_close = tidegate_runtime::CheckpointPolicy { every_events: None, on_close: false };
+    let tg = reopen_with(dir, no_close).await;
+    tg.register(tool).unwrap();
+    tg.recover().await.unwrap();
+    let plan = tg.plan(PlanOptions::owner("ops").deadline(Duration::from_secs(3))).await.unwrap();
+    step(&plan, tool, &["f1"]).await;
+    let tg2 = tg.clone();
+    let info = tokio::task::spawn_blocking(move || tg2.checkpoint_now()).await.unwrap().unwrap();
+    step(&plan, tool, &["h1"]).await;
+    step(&plan, tool, &["c1"]).await;
+    let id = plan.id();
+    tg.stop();
+    drop((plan, tg));
+    (id, info.lsn)
+}
+
+async fn expect_three_lifo(dir: &std::path::Path, tool: &Tool, sink: &Sink, tg: Tidegate, plan: tidegate_runtime::PlanId) {
+    tg.register(tool).unwrap();
+    cancel_capability(&tg, sink);
+    tg.recover().await.unwrap();
+    assert_eq!(tg.plan_detail(plan).await.unwrap().unwrap().registrations.len(), 3);
+    wait_for("three compensations", || sink.compensations().len() == 3).await;
+    assert_eq!(
+        sink.compensations(),
+        vec!["cancel B-c1 book-c1#compensate", "cancel B-h1 book-h1#compensate", "cancel B-f1 book-f1#compensate"]
+    );
+    wait_until("the plan to end", || async {
+        tg.plan_detail(plan).await.unwrap().unwrap().view.status == Status::Ended(Outcome::Unwound)
+    })
+    .await;
+    tg.stop();
+    drop(tg);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Checkpoint + tail: the executor state in the checkpoint covers the first step only; the
+/// reopen folds the two later steps from the ledger after it and unwinds all three, LIFO,
+/// once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopen_continues_the_executor_from_its_checkpoint_and_folds_the_tail() {
+    let dir = std::env::temp_dir().join(format!("tidegate-plans-ckpt-tail-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sink = Sink::default();
+    let tool = book(&sink);
+    let (plan, at) = plan_with_checkpoint_then_tail(&dir, &tool).await;
+    let tg = reopen(&dir).await;
+    let r = tg.open_report().clone();
+    assert_eq!(r.checkpoint_lsn, Some(at));
+    assert!(r.plans_from_checkpoint && r.plans_fallback.is_none(), "{r:?}");
+    assert!(r.replayed_events > 0, "the two later steps are a tail: {r:?}");
+    expect_three_lifo(&dir, &tool, &sink, tg, plan).await;
+}
+
+/// A checkpoint without the executor's section (an older build wrote it) or with a section
+/// that does not decode is not trusted for plans: the open says why and folds the plans from
+/// the ledger's start, with the same result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_without_a_usable_plans_section_falls_back_to_the_whole_ledger() {
+    use tidegate_core::engine::Replay;
+    use tidegate_core::{CoreConfig, ScopeRegistry};
+    use tidegate_runtime::LedgerStore;
+    for (case, section) in [("absent", None), ("garbage", Some(&b"not a snapshot"[..]))] {
+        let dir = std::env::temp_dir().join(format!("tidegate-plans-ckpt-{case}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let sink = Sink::default();
+        let tool = book(&sink);
+        let (plan, at) = plan_with_checkpoint_then_tail(&dir, &tool).await;
+        {
+            let mut store = None;
+            for _ in 0..400 {
+                match SqliteStore::open(&dir) {
+                    Ok(s) => {
+                        store = Some(s);
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+            let store = store.expect("the directory stayed locked");
+            let c = store.checkpoint().unwrap().unwrap();
+            assert_eq!(c.lsn, at);
+            let replay = Replay::load(CoreConfig::default(), ScopeRegistry::default(), c.lsn, &c.bytes).unwrap();
+            let sections: Vec<(&str, &[u8])> = section.map(|b| ("plans", b)).into_iter().collect();
+            store.put_checkpoint(c.lsn, &replay.checkpoint_with(&sections).unwrap()).unwrap();
+        }
+        let tg = reopen(&dir).await;
+        let r = tg.open_report().clone();
+        assert_eq!(r.checkpoint_lsn, Some(at), "{case}: the engine part is still used");
+        assert!(!r.plans_from_checkpoint, "{case}: {r:?}");
+        let why = r.plans_fallback.clone().unwrap_or_default();
+        assert!(why.contains("folded the plans from the ledger's start"), "{case}: {why}");
+        if case == "absent" {
+            assert!(why.contains("no plans section"), "{why}");
+        }
+        expect_three_lifo(&dir, &tool, &sink, tg, plan).await;
+    }
 }
