@@ -291,7 +291,9 @@ fn run(
         cv.notify_all();
     };
     let shadow = match &seed.bytes {
-        None => Ok(Shadow { replay: Replay::new(cfg.clone(), scopes.clone()), plans: Some(PlanShadow::new(&seed.tenant)) }),
+        None => {
+            Ok(Shadow { replay: Replay::new(cfg.clone(), scopes.clone()), plans: Some(PlanShadow::new(&seed.tenant)) })
+        }
         Some(b) => Replay::load(cfg.clone(), scopes.clone(), seed.lsn, b).map(|replay| Shadow {
             replay,
             plans: plan_section(&seed.tenant, seed.lsn, b).and_then(std::result::Result::ok),
@@ -482,7 +484,12 @@ pub(crate) struct Opened {
 /// the ledger's end, falls back to the full replay and says so in the report. The plan
 /// executor of `tenant` is folded alongside, from the checkpoint's `plans` section when it
 /// has a usable one, else from LSN 1.
-pub(crate) fn replay(store: &dyn LedgerStore, cfg: &CoreConfig, scopes: &ScopeRegistry, tenant: &str) -> Result<Opened> {
+pub(crate) fn replay(
+    store: &dyn LedgerStore,
+    cfg: &CoreConfig,
+    scopes: &ScopeRegistry,
+    tenant: &str,
+) -> Result<Opened> {
     let started = Instant::now();
     let mut report = ReplayReport::default();
     let last = store.last_lsn();

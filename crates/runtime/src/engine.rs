@@ -275,14 +275,17 @@ impl Builder {
             // on demand.
             let lsn = if automatic { replay.lsn() } else { 0 };
             let store_now = automatic
-                && (lsn > open.checkpoint_lsn.unwrap_or(0) || (lsn > 0 && boot.is_some() && !open.plans_from_checkpoint));
-            let encode_failed =
-                |e: String| Error::Store(StoreError::Io { op: "encode a checkpoint", source: std::io::Error::other(e) });
+                && (lsn > open.checkpoint_lsn.unwrap_or(0)
+                    || (lsn > 0 && boot.is_some() && !open.plans_from_checkpoint));
+            let encode_failed = |e: String| {
+                Error::Store(StoreError::Io { op: "encode a checkpoint", source: std::io::Error::other(e) })
+            };
             let bytes = match (lsn, stored) {
                 (0, _) => None,
                 (_, Some(b)) if !store_now => Some(b),
                 _ => {
-                    let section = boot.as_ref().map(|p| p.encode()).transpose().map_err(|e| encode_failed(e.to_string()))?;
+                    let section =
+                        boot.as_ref().map(|p| p.encode()).transpose().map_err(|e| encode_failed(e.to_string()))?;
                     let sections: Vec<(&str, &[u8])> =
                         section.as_deref().map(|b| (crate::plan::SECTION, b)).into_iter().collect();
                     Some(replay.checkpoint_with(&sections).map_err(|e| encode_failed(e.to_string()))?)

@@ -401,7 +401,13 @@ async fn plan_with_checkpoint_then_tail(dir: &std::path::Path, tool: &Tool) -> (
     (id, info.lsn)
 }
 
-async fn expect_three_lifo(dir: &std::path::Path, tool: &Tool, sink: &Sink, tg: Tidegate, plan: tidegate_runtime::PlanId) {
+async fn expect_three_lifo(
+    dir: &std::path::Path,
+    tool: &Tool,
+    sink: &Sink,
+    tg: Tidegate,
+    plan: tidegate_runtime::PlanId,
+) {
     tg.register(tool).unwrap();
     cancel_capability(&tg, sink);
     tg.recover().await.unwrap();
