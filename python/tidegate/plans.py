@@ -246,7 +246,8 @@ class Registration:
     descriptor: Optional[Dict[str, Any]]
     #: The forward call's state: ``"pending"``, ``"externalised"``, ``"not_applied"``, ``"in_doubt"``.
     forward: str
-    #: ``"held"``, ``"in_flight"``, ``"in_doubt"``, ``"failed"``, ``"done"`` or ``"skipped"``.
+    #: ``"held"``, ``"in_flight"``, ``"in_doubt"``, ``"failed"``, ``"done"``, ``"skipped"`` or
+    #: ``"step_aborted"`` (its step aborted: the engine undid it; not counted as held).
     state: str
     #: A verdict posted about it (``"block"`` / ``"allow"``).
     verdict: Optional[str]

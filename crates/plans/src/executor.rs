@@ -313,7 +313,9 @@ pub struct RegistrationView {
     pub descriptor: Option<Value>,
     /// The forward effect's state.
     pub forward: Forward,
-    /// `held`, `in_flight`, `in_doubt`, `failed`, `done` or `skipped`.
+    /// `held`, `in_flight`, `in_doubt`, `failed`, `done`, `skipped` or `step_aborted` (its
+    /// step aborted, so the engine's abort undid it; not counted as held, passed over by an
+    /// unwind).
     pub state: &'static str,
     /// A verdict posted about the effect.
     pub verdict: Option<Verdict>,
@@ -567,8 +569,18 @@ impl Executor {
             owner: p.owner.to_string(),
             status: p.status.clone(),
             steps: p.steps.clone(),
-            held: p.regs.iter().filter(|r| !matches!(r.state, RegState::Done | RegState::Skipped)).count(),
+            held: p
+                .regs
+                .iter()
+                .filter(|r| !matches!(r.state, RegState::Done | RegState::Skipped) && !self.step_aborted(r.tx))
+                .count(),
         })
+    }
+
+    /// Whether `tx` is a step that settled aborted (its effects were undone by the engine's
+    /// abort; an unwind passes over its registrations).
+    fn step_aborted(&self, tx: TxId) -> bool {
+        self.txs.get(&tx).and_then(|i| i.settled) == Some(false)
     }
 
     /// One plan in full: registrations in unwind order, triggers with their values at `now`.
@@ -589,6 +601,7 @@ impl Executor {
                 descriptor: r.descriptor.as_deref().and_then(|d| serde_json::from_str(d).ok()),
                 forward: r.forward,
                 state: match r.state {
+                    RegState::Held if self.step_aborted(r.tx) => "step_aborted",
                     RegState::Held => "held",
                     RegState::InFlight(_) => "in_flight",
                     RegState::InDoubt { .. } => "in_doubt",

@@ -224,6 +224,11 @@ fn an_aborted_step_is_left_to_the_engine() {
     });
     h.obs(Observation::EffectExecuted { tx: 2, effect: 0, output: json!({"id": "b2.0"}) });
     h.obs(Observation::Settled { tx: 2, committed: false, tags: vec![], scopes: vec![], at_ms: 0 });
+    // While the plan is open the aborted step's registration is shown as such, not as held.
+    assert_eq!(h.exec.plan(p).unwrap().held, 1);
+    let states: Vec<(TxId, &str)> =
+        h.exec.detail(p, 0).unwrap().registrations.iter().map(|r| (r.tx, r.state)).collect();
+    assert_eq!(states, [(2, "step_aborted"), (1, "held")]);
     h.cmd(|e, now| e.signal(p, "x", now)).unwrap();
     h.pump();
     assert_eq!(h.done, ["k1.0#compensate"]);

@@ -120,7 +120,8 @@ pub struct RegistrationOut {
     pub compensation: Option<Value>,
     /// `pending`, `externalised`, `not_applied` or `in_doubt`.
     pub forward: String,
-    /// `held`, `in_flight`, `in_doubt`, `failed`, `done` or `skipped`.
+    /// `held`, `in_flight`, `in_doubt`, `failed`, `done`, `skipped` or `step_aborted` (its step
+    /// aborted: the engine undid it; not counted as held).
     pub state: String,
     /// A verdict posted about it (`block` / `allow`).
     #[serde(skip_serializing_if = "Option::is_none")]
