@@ -115,8 +115,11 @@ struct SectionHeader {
     fnv1a64: String,
 }
 
-/// The verified header and the bytes after it: the engine state, then each section.
-fn parse(lsn: u64, bytes: &[u8]) -> Result<(Header, &[u8], Vec<(String, &[u8])>), CheckpointError> {
+/// A checkpoint's sections by name, in order.
+type Sections<'a> = Vec<(String, &'a [u8])>;
+
+/// The verified bytes after the header: the engine state, then each section.
+fn parse(lsn: u64, bytes: &[u8]) -> Result<(&[u8], Sections<'_>), CheckpointError> {
     let corrupt = |detail: String| CheckpointError::Corrupt { lsn, detail };
     let rest =
         bytes.strip_prefix(MAGIC).ok_or_else(|| corrupt("it does not start with the checkpoint magic".into()))?;
@@ -178,13 +181,13 @@ fn parse(lsn: u64, bytes: &[u8]) -> Result<(Header, &[u8], Vec<(String, &[u8])>)
         }
         sections.push((s.name.clone(), b));
     }
-    Ok((header, state, sections))
+    Ok((state, sections))
 }
 
 /// The sections of the checkpoint `bytes` a store returned for `lsn`, by name, each verified
 /// against its checksum (the engine state's own checks as in [`Replay::load`]).
-pub fn sections(lsn: u64, bytes: &[u8]) -> Result<Vec<(String, &[u8])>, CheckpointError> {
-    parse(lsn, bytes).map(|(_, _, s)| s)
+pub fn sections(lsn: u64, bytes: &[u8]) -> Result<Sections<'_>, CheckpointError> {
+    parse(lsn, bytes).map(|(_, s)| s)
 }
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -259,7 +262,7 @@ impl Replay {
     /// the whole ledger instead).
     pub fn load(cfg: CoreConfig, scopes: ScopeRegistry, lsn: u64, bytes: &[u8]) -> Result<Replay, CheckpointError> {
         let corrupt = |detail: String| CheckpointError::Corrupt { lsn, detail };
-        let (_, state, _) = parse(lsn, bytes)?;
+        let (state, _) = parse(lsn, bytes)?;
         let mut core: Core = {
             let _reg = RegistryGuard::install(&scopes);
             serde_json::from_slice(state).map_err(|e| corrupt(format!("state: {e}")))?
