@@ -616,7 +616,7 @@ fn check(
 #[test]
 fn randomized_plans_on_virtual_time() {
     let one: Option<u64> = std::env::var("TIDEGATE_PLAN_SEED").ok().and_then(|s| s.parse().ok());
-    let n: u64 = std::env::var("TIDEGATE_PLAN_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let n: u64 = std::env::var("TIDEGATE_PLAN_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4_000);
     let seeds: Vec<u64> = match one {
         Some(s) => vec![s],
         None => (0..n).collect(),
