@@ -227,6 +227,21 @@ pub(crate) struct FeedState {
 }
 
 impl FeedState {
+    /// The executor's entry for one ledger event when rebuilding (a plan record decoded, a
+    /// step's engine event mapped with its settlement at time 0), if it is one.
+    fn entry(&mut self, e: &Event) -> std::result::Result<Option<Entry>, PlanError> {
+        match e {
+            Event::Extension { stream, body } if &**stream == STREAM => {
+                let f = PlanFact::decode(body)?;
+                if let PlanFact::StepBegun { plan, tx, .. } = &f {
+                    self.steps.insert(TxId(*tx), *plan);
+                }
+                Ok(Some(Entry::Plan(f)))
+            }
+            e => Ok(self.map(e, 0).map(Entry::Engine)),
+        }
+    }
+
     /// Maps one ledger event to the executor's fact, if it is one; `at_ms` stamps
     /// settlements (the ledger keeps no time for them: 0 when rebuilding).
     fn map(&mut self, e: &Event, at_ms: u64) -> Option<Observation> {
@@ -315,18 +330,9 @@ impl PlanShadow {
 
     /// Folds the next ledger event (as the executor's rebuild does: settlements at time 0).
     pub(crate) fn apply(&mut self, e: &Event) -> std::result::Result<(), PlanError> {
-        match e {
-            Event::Extension { stream, body } if &**stream == STREAM => {
-                let f = PlanFact::decode(body)?;
-                if let PlanFact::StepBegun { plan, tx, .. } = &f {
-                    self.map.steps.insert(TxId(*tx), *plan);
-                }
-                self.exec.apply(&Entry::Plan(f))
-            }
-            e => match self.map.map(e, 0) {
-                Some(o) => self.exec.apply(&Entry::Engine(o)),
-                None => Ok(()),
-            },
+        match self.map.entry(e)? {
+            Some(entry) => self.exec.apply(&entry),
+            None => Ok(()),
         }
     }
 
@@ -608,23 +614,12 @@ impl LedgerLog {
         self.store
             .scan(from, &mut |lsn, e| {
                 last = lsn;
-                match e {
-                    Event::Extension { stream, body } if &**stream == STREAM => match PlanFact::decode(body) {
-                        Ok(f) => {
-                            if let PlanFact::StepBegun { plan, tx, .. } = &f {
-                                st.steps.insert(TxId(*tx), *plan);
-                            }
-                            out.push(Entry::Plan(f));
-                        }
-                        Err(err) => {
-                            *error = Some(err);
-                            return false;
-                        }
-                    },
-                    e => {
-                        if let Some(o) = st.map(e, 0) {
-                            out.push(Entry::Engine(o));
-                        }
+                match st.entry(e) {
+                    Ok(Some(entry)) => out.push(entry),
+                    Ok(None) => {}
+                    Err(err) => {
+                        *error = Some(err);
+                        return false;
                     }
                 }
                 true
