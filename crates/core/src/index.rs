@@ -99,7 +99,7 @@ pub(crate) struct ScopeIndex {
 /// One node of the index in its serialised (checkpoint) form: the node's path and what ends
 /// there. The `sub`/`write_sub` aggregates and the claim-free inner nodes are rebuilt on load,
 /// so the form is flat (no nesting depth limit) and holds each fact once.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 struct FlatNode {
     /// The scope type, then the path segments.
     path: Vec<Box<str>>,
@@ -109,6 +109,26 @@ struct FlatNode {
     /// The largest stamp of a write ending here (0: none).
     #[serde(default, skip_serializing_if = "is_zero")]
     write: u64,
+}
+
+/// [`FlatNode`] as decoded: the path's segments borrow the checkpoint's bytes where they can
+/// (no escapes), so a load allocates a segment only when it creates a node.
+#[derive(serde::Deserialize)]
+struct FlatNodeIn<'a> {
+    #[serde(borrow)]
+    path: Vec<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    here: Vec<(u64, u32)>,
+    #[serde(default)]
+    write: u64,
+}
+
+/// The child `seg` of `children`, created if absent (allocating its key only then).
+fn child<'n>(children: &'n mut HashMap<Box<str>, Node>, seg: &str) -> &'n mut Node {
+    if !children.contains_key(seg) {
+        children.insert(seg.into(), Node::default());
+    }
+    children.get_mut(seg).expect("inserted above")
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -141,19 +161,19 @@ impl ScopeIndex {
     }
 
     /// Rebuilds an index from [`Self::flatten`]'s output.
-    fn unflatten(nodes: Vec<FlatNode>) -> Result<ScopeIndex, String> {
+    fn unflatten(nodes: Vec<FlatNodeIn<'_>>) -> Result<ScopeIndex, String> {
         let mut ix = ScopeIndex::default();
         for n in nodes {
             let Some((kind, segs)) = n.path.split_first() else {
                 return Err("an index node with an empty path".into());
             };
-            let mut node = ix.roots.entry(kind.clone()).or_default();
+            let mut node = child(&mut ix.roots, kind);
             for &(e, c) in &n.here {
                 node.sub.add_n(e, c);
             }
             node.write_sub = node.write_sub.max(n.write);
             for seg in segs {
-                node = node.children.entry(seg.clone()).or_default();
+                node = child(&mut node.children, seg);
                 for &(e, c) in &n.here {
                     node.sub.add_n(e, c);
                 }
@@ -180,7 +200,7 @@ impl serde::Serialize for ScopeIndex {
 
 impl<'de> serde::Deserialize<'de> for ScopeIndex {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ScopeIndex, D::Error> {
-        let nodes = <Vec<FlatNode> as serde::Deserialize>::deserialize(d)?;
+        let nodes = <Vec<FlatNodeIn<'de>> as serde::Deserialize>::deserialize(d)?;
         ScopeIndex::unflatten(nodes).map_err(serde::de::Error::custom)
     }
 }
@@ -472,7 +492,7 @@ mod tests {
 
     #[test]
     fn a_checkpointed_claim_multiplicity_is_rebuilt_without_a_loop_per_claim() {
-        let nodes = vec![FlatNode { path: vec!["kv".into(), "a".into()], here: vec![(1, u32::MAX)], write: 0 }];
+        let nodes = vec![FlatNodeIn { path: vec!["kv".into(), "a".into()], here: vec![(1, u32::MAX)], write: 0 }];
         let ix = ScopeIndex::unflatten(nodes).unwrap();
         assert!(ix.blocked_before(&s("kv:a:b"), Epoch(2)));
     }

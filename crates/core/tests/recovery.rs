@@ -393,6 +393,50 @@ fn checkpoint_sections_round_trip_and_damage_in_one_is_refused() {
     corrupt(&longer);
 }
 
+/// Format 2 checks a BLAKE3 hash; format 1 (an FNV-1a 64 hash) is still read. A header that
+/// carries the other format's checksum instead of its own is refused, naming the field, so a
+/// checkpoint is never loaded unchecked.
+#[test]
+fn each_checkpoint_format_requires_its_own_checksum() {
+    let (cfg, reg) = (CoreConfig::default(), ScopeRegistry::default());
+    let (_, ledger) = workload(5);
+    let mut r = Replay::new(cfg.clone(), reg.clone());
+    for e in &ledger {
+        r.apply(e).unwrap();
+    }
+    let lsn = ledger.len() as u64;
+    let good = r.checkpoint().unwrap();
+    let nl = good.iter().position(|&b| b == b'\n').unwrap();
+    let (head, state) = (std::str::from_utf8(&good[..nl]).unwrap(), &good[nl + 1..]);
+    assert!(head.contains("\"format\":2") && head.contains(&blake3::hash(state).to_hex().to_string()), "{head}");
+    let fnv = {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in state {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    };
+    let with_head = |format: u32, sum: &str| {
+        let h = format!(
+            "tidegate-checkpoint {{\"format\":{format},\"ledger_format\":3,\"lsn\":{lsn},\"len\":{},{sum}}}\n",
+            state.len()
+        );
+        [h.into_bytes(), state.to_vec()].concat()
+    };
+    let v1 = Replay::load(cfg.clone(), reg.clone(), lsn, &with_head(1, &format!("\"fnv1a64\":\"{fnv}\""))).unwrap();
+    assert_eq!(v1.state().unwrap(), r.state().unwrap(), "a format 1 checkpoint still loads");
+    let refused = |bytes: Vec<u8>, needle: &str| match Replay::load(cfg.clone(), reg.clone(), lsn, &bytes) {
+        Err(e @ CheckpointError::Corrupt { .. }) => assert!(e.to_string().contains(needle), "{e}"),
+        other => panic!("expected Corrupt naming {needle}, got {:?}", other.map(|r| r.lsn())),
+    };
+    refused(with_head(2, &format!("\"fnv1a64\":\"{fnv}\"")), "no `blake3` checksum");
+    refused(with_head(1, &format!("\"blake3\":\"{}\"", blake3::hash(state).to_hex())), "no `fnv1a64` checksum");
+    refused(with_head(1, "\"fnv1a64\":\"0000000000000000\""), "fnv1a64 checksum");
+    refused(with_head(2, &format!("\"blake3\":\"{}\"", blake3::hash(b"other").to_hex())), "blake3 checksum");
+    refused(with_head(0, &format!("\"fnv1a64\":\"{fnv}\"")), "older than 1");
+}
+
 #[test]
 fn a_checkpoint_from_a_newer_format_is_refused_with_both_versions() {
     let (cfg, reg) = (CoreConfig::default(), ScopeRegistry::default());

@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
-use tidegate_core::engine::{Replay, checkpoint_sections};
+use tidegate_core::engine::{Checkpoint, Replay};
 use tidegate_core::{CoreConfig, ScopeRegistry};
 use tidegate_storage::{LedgerStore, Lsn, StoreError};
 
@@ -294,9 +294,9 @@ fn run(
         None => {
             Ok(Shadow { replay: Replay::new(cfg.clone(), scopes.clone()), plans: Some(PlanShadow::new(&seed.tenant)) })
         }
-        Some(b) => Replay::load(cfg.clone(), scopes.clone(), seed.lsn, b).map(|replay| Shadow {
-            replay,
-            plans: plan_section(&seed.tenant, seed.lsn, b).and_then(std::result::Result::ok),
+        Some(b) => Checkpoint::parse(seed.lsn, b).and_then(|c| {
+            let (replay, plans) = load_both(&cfg, &scopes, &seed.tenant, &c);
+            replay.map(|replay| Shadow { replay, plans: plans.and_then(std::result::Result::ok) })
         }),
     };
     let mut shadow = match shadow {
@@ -458,15 +458,38 @@ impl Tidegate {
     }
 }
 
-/// The `plans` section of a checkpoint: `None` if it has none (an older build's), else the
-/// decoded fold or why it cannot be used.
-fn plan_section(tenant: &str, lsn: Lsn, bytes: &[u8]) -> Option<std::result::Result<PlanShadow, String>> {
-    let sections = match checkpoint_sections(lsn, bytes) {
-        Ok(s) => s,
-        Err(e) => return Some(Err(e.to_string())),
-    };
-    let (_, b) = sections.into_iter().find(|(name, _)| name == SECTION)?;
-    Some(PlanShadow::decode(tenant, b).map_err(|e| e.to_string()))
+/// The `plans` section of a verified checkpoint: `None` if it has none (an older build's),
+/// else the decoded fold or why it cannot be used.
+fn plan_section(tenant: &str, c: &Checkpoint<'_>) -> Option<std::result::Result<PlanShadow, String>> {
+    c.section(SECTION).map(|b| PlanShadow::decode(tenant, b).map_err(|e| e.to_string()))
+}
+
+/// Decodes a verified checkpoint's engine state and its `plans` section, the section on a
+/// second thread when there is one: they are independent, and on a reopen of a large ledger
+/// each takes seconds.
+fn load_both(
+    cfg: &CoreConfig,
+    scopes: &ScopeRegistry,
+    tenant: &str,
+    c: &Checkpoint<'_>,
+) -> (
+    std::result::Result<Replay, tidegate_core::engine::CheckpointError>,
+    Option<std::result::Result<PlanShadow, String>>,
+) {
+    if c.section(SECTION).is_none() {
+        return (Replay::from_checkpoint(cfg.clone(), scopes.clone(), c), None);
+    }
+    std::thread::scope(|s| {
+        let plans =
+            std::thread::Builder::new().name("tidegate-open".into()).spawn_scoped(s, || plan_section(tenant, c));
+        let replay = Replay::from_checkpoint(cfg.clone(), scopes.clone(), c);
+        let plans = match plans {
+            Ok(h) => h.join().unwrap_or_else(|_| Some(Err("decoding the plans section panicked".into()))),
+            // No second thread: decode it here.
+            Err(_) => plan_section(tenant, c),
+        };
+        (replay, plans)
+    })
 }
 
 /// What an open rebuilt: the engine's projections, the plan executor's fold at the same LSN
@@ -505,10 +528,10 @@ pub(crate) fn replay(
                     c.lsn
                 ));
             }
-            Some(c) => match Replay::load(cfg.clone(), scopes.clone(), c.lsn, &c.bytes) {
-                Ok(r) => {
+            Some(c) => match Checkpoint::parse(c.lsn, &c.bytes).map(|v| load_both(cfg, scopes, tenant, &v)) {
+                Ok((Ok(r), section)) => {
                     report.checkpoint_lsn = Some(c.lsn);
-                    match plan_section(tenant, c.lsn, &c.bytes) {
+                    match section {
                         Some(Ok(p)) => {
                             report.plans_from_checkpoint = true;
                             plans = Some(p);
@@ -528,7 +551,8 @@ pub(crate) fn replay(
                         stored = Some(c.bytes);
                     }
                 }
-                Err(tidegate_core::engine::CheckpointError::NewerFormat { what, found, supported, .. }) => {
+                Ok((Err(tidegate_core::engine::CheckpointError::NewerFormat { what, found, supported, .. }), _))
+                | Err(tidegate_core::engine::CheckpointError::NewerFormat { what, found, supported, .. }) => {
                     return Err(Error::Store(StoreError::NewerFormat {
                         path: format!("the checkpoint at LSN {}", c.lsn).into(),
                         key: if what == "format version" {
@@ -540,7 +564,7 @@ pub(crate) fn replay(
                         supported: supported.into(),
                     }));
                 }
-                Err(e) => {
+                Ok((Err(e), _)) | Err(e) => {
                     report.checkpoint_fallback = Some(format!("{e}; replayed the whole ledger"));
                 }
             },

@@ -232,7 +232,10 @@ async fn a_checkpoint_from_a_newer_format_is_refused() {
     let c = store.checkpoint().unwrap().unwrap();
     // The header is the first line (JSON); sections after the state may be binary.
     let nl = c.bytes.iter().position(|&b| b == b'\n').unwrap();
-    let head = String::from_utf8(c.bytes[..nl].to_vec()).unwrap().replacen("\"format\":1", "\"format\":99", 1);
+    let format = format!("\"format\":{}", tidegate_core::engine::CHECKPOINT_FORMAT_VERSION);
+    let head = String::from_utf8(c.bytes[..nl].to_vec()).unwrap();
+    assert!(head.contains(&format), "{head}");
+    let head = head.replacen(&format, "\"format\":99", 1);
     let mut bytes = head.into_bytes();
     bytes.extend_from_slice(&c.bytes[nl..]);
     let newer = Arc::new(

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{Core, Eff, EffStatus, Group, KeyEntry, KeyState, LevelState, Tx};
+use super::{Core, Eff, EffStatus, Group, KeyEntry, KeyOutput, KeyState, LevelState, Tx};
 use crate::effect::{Disposition, EffectClass, HeldAck, Tag};
 use crate::error::TxState;
 use crate::ids::{EffectId, Timestamp, TxId};
@@ -334,7 +334,7 @@ impl Core {
                     Disposition::Accepted | Disposition::Applied | Disposition::Fired | Disposition::NotCompensable,
                     _,
                 ) => {
-                    entry.state = KeyState::Done(e.output.clone().unwrap_or_default());
+                    entry.state = KeyState::Done(KeyOutput::Value(e.output.clone().unwrap_or_default()));
                 }
                 (Disposition::NotReleased | Disposition::ReleaseFailed, _) => {
                     self.keys.remove(&e.key);

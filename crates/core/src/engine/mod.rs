@@ -47,7 +47,7 @@ use crate::ledger::Event;
 use crate::scope::{Scope, ScopeRegistry};
 
 pub use crate::trace::TraceRecord;
-pub use checkpoint::{CHECKPOINT_FORMAT_VERSION, CheckpointError, Replay, sections as checkpoint_sections};
+pub use checkpoint::{CHECKPOINT_FORMAT_VERSION, Checkpoint, CheckpointError, Replay, sections as checkpoint_sections};
 pub use group::GroupStart;
 pub use ops::{BeginRequest, Begun, EffectView, ReadResult, Recorded, SealedView};
 pub use recover::{InDoubt, RecoverError, Recovery, ReplayRule};
@@ -374,9 +374,46 @@ enum KeyState {
     /// Owned by an unfinished transaction.
     Pending,
     /// Executed and final; a retry returns this output.
-    Done(Arc<Value>),
+    Done(KeyOutput),
     /// Executed with an unknown or unresolved outcome; never run again.
     Unresolved,
+}
+
+/// A finished key's output. A live engine shares it with the effect's record; a checkpoint
+/// load keeps its JSON text and parses it on the first retry that needs it. A reopen decodes
+/// every remembered key and a retry of a finished key is rare: parsing a million outputs into
+/// value trees cost about a third of loading a large checkpoint. Encoded as the output itself
+/// either way, so the checkpoint format does not change.
+#[derive(Debug)]
+enum KeyOutput {
+    Value(Arc<Value>),
+    Text(Box<serde_json::value::RawValue>),
+}
+
+impl KeyOutput {
+    /// The output as a value (parsed from the text when loaded from a checkpoint).
+    fn value(&self) -> Arc<Value> {
+        match self {
+            KeyOutput::Value(v) => v.clone(),
+            // The text was checked to be JSON when the checkpoint was loaded.
+            KeyOutput::Text(t) => Arc::new(serde_json::from_str(t.get()).unwrap_or_default()),
+        }
+    }
+}
+
+impl serde::Serialize for KeyOutput {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            KeyOutput::Value(v) => v.serialize(s),
+            KeyOutput::Text(t) => t.serialize(s),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KeyOutput {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<KeyOutput, D::Error> {
+        <Box<serde_json::value::RawValue>>::deserialize(d).map(KeyOutput::Text)
+    }
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]

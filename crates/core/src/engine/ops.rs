@@ -289,7 +289,7 @@ impl Core {
             _ => {
                 // The key executed and settled before: its output is this effect's.
                 let out = match self.keys.get(&e.key) {
-                    Some(KeyEntry { state: KeyState::Done(out), .. }) => out.clone(),
+                    Some(KeyEntry { state: KeyState::Done(out), .. }) => out.value(),
                     _ => Arc::default(),
                 };
                 self.emit(Event::EffectExecuted { tx, effect: id, output: out.clone() }, Given::Nothing);
