@@ -116,7 +116,7 @@ struct FlatNode {
 #[derive(serde::Deserialize)]
 struct FlatNodeIn<'a> {
     #[serde(borrow)]
-    path: Vec<std::borrow::Cow<'a, str>>,
+    path: Vec<crate::engine::Text<'a>>,
     #[serde(default)]
     here: Vec<(u64, u32)>,
     #[serde(default)]
@@ -167,13 +167,13 @@ impl ScopeIndex {
             let Some((kind, segs)) = n.path.split_first() else {
                 return Err("an index node with an empty path".into());
             };
-            let mut node = child(&mut ix.roots, kind);
+            let mut node = child(&mut ix.roots, &kind.0);
             for &(e, c) in &n.here {
                 node.sub.add_n(e, c);
             }
             node.write_sub = node.write_sub.max(n.write);
             for seg in segs {
-                node = child(&mut node.children, seg);
+                node = child(&mut node.children, &seg.0);
                 for &(e, c) in &n.here {
                     node.sub.add_n(e, c);
                 }
@@ -492,7 +492,9 @@ mod tests {
 
     #[test]
     fn a_checkpointed_claim_multiplicity_is_rebuilt_without_a_loop_per_claim() {
-        let nodes = vec![FlatNodeIn { path: vec!["kv".into(), "a".into()], here: vec![(1, u32::MAX)], write: 0 }];
+        use crate::engine::Text;
+        let path = vec![Text("kv".into()), Text("a".into())];
+        let nodes = vec![FlatNodeIn { path, here: vec![(1, u32::MAX)], write: 0 }];
         let ix = ScopeIndex::unflatten(nodes).unwrap();
         assert!(ix.blocked_before(&s("kv:a:b"), Epoch(2)));
     }

@@ -929,15 +929,39 @@ fn a_finished_key_from_a_checkpoint_replays_its_output() {
         r.apply(ev).unwrap();
     }
     let bytes = r.checkpoint().unwrap();
-    let loaded = Replay::load(CoreConfig::default(), reg(), events.len() as u64, &bytes).unwrap();
+    let lsn = events.len() as u64;
+    let loaded = Replay::load(CoreConfig::default(), reg(), lsn, &bytes).unwrap();
     assert_eq!(loaded.checkpoint().unwrap(), bytes, "the kept text re-encodes unchanged");
     assert_eq!(loaded.state().unwrap(), r.state().unwrap());
-    for core in [c, loaded.finish(now).0] {
+    // Format 1 wrote the arguments hash as 16 numbers; format 2 writes hex. Both load.
+    let nl = bytes.iter().position(|&b| b == b'\n').unwrap();
+    let mut state: serde_json::Value = serde_json::from_slice(&bytes[nl + 1..]).unwrap();
+    let used = &mut state["keys"]["book-7"]["used_for"]["args"];
+    let hex = used.as_str().unwrap().to_owned();
+    assert_eq!(hex.len(), 32, "{hex}");
+    *used = json!((0..16).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect::<Vec<u8>>());
+    let state = serde_json::to_vec(&state).unwrap();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in &state {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let head = format!(
+        "tidegate-checkpoint {{\"format\":1,\"ledger_format\":3,\"lsn\":{lsn},\"len\":{},\"fnv1a64\":\"{h:016x}\"}}\n",
+        state.len()
+    );
+    let old = Replay::load(CoreConfig::default(), reg(), lsn, &[head.into_bytes(), state].concat()).unwrap();
+    assert_eq!(old.state().unwrap(), r.state().unwrap());
+    for core in [c, loaded.finish(now).0, old.finish(now).0] {
         let mut core = core;
         let t2 = core.begin(BeginRequest::default(), now).unwrap().tx;
         match core.record_effect(t2, decl("book", EffectClass::Reversible, "kv:room:7", Some("book-7")), now).unwrap() {
             Recorded::Replay(_, got) => assert_eq!(*got, out),
             other => panic!("expected the key's output to be replayed, got {other:?}"),
         }
+        // The same key for other arguments is still refused (the hash survived the load).
+        let mut other = decl("book", EffectClass::Reversible, "kv:room:7", Some("book-7"));
+        other.args = Arc::new(json!({"to": "elsewhere"}));
+        assert!(matches!(core.record_effect(t2, other, now), Err(EngineError::KeyReused { .. })));
     }
 }

@@ -47,6 +47,7 @@
 //! older checkpoint that cannot be read is not an error but a full replay.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -262,6 +263,8 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 thread_local! {
     /// The registry scopes are parsed with while a checkpoint is decoded on this thread.
     static REGISTRY: RefCell<Option<ScopeRegistry>> = const { RefCell::new(None) };
+    /// Names decoded so far (tool names repeat once per remembered key).
+    static NAMES: RefCell<rustc_hash::FxHashSet<Arc<str>>> = RefCell::default();
 }
 
 /// Installs `reg` for scope decoding on this thread until dropped.
@@ -277,7 +280,51 @@ impl RegistryGuard {
 impl Drop for RegistryGuard {
     fn drop(&mut self) {
         REGISTRY.with(|r| *r.borrow_mut() = None);
+        NAMES.with(|n| *n.borrow_mut() = Default::default());
     }
+}
+
+/// A string decoded without a copy when the input holds it unescaped (serde's own `Cow<str>`
+/// always copies).
+#[derive(Debug)]
+pub(crate) struct Text<'a>(pub(crate) std::borrow::Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Text<'a>, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text(std::borrow::Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Text<'a>, E> {
+                Ok(Text(std::borrow::Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V(std::marker::PhantomData))
+    }
+}
+
+/// Decodes a name, sharing one allocation per distinct name while a checkpoint loads.
+pub(super) fn interned<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+    let Text(text) = Text::deserialize(d)?;
+    Ok(NAMES.with(|n| {
+        let mut n = n.borrow_mut();
+        match n.get(&*text) {
+            Some(a) => a.clone(),
+            None => {
+                let a: Arc<str> = Arc::from(&*text);
+                n.insert(a.clone());
+                a
+            }
+        }
+    }))
 }
 
 /// A scope is decoded from its canonical text, parsed with the registry of the engine whose
@@ -286,7 +333,7 @@ impl Drop for RegistryGuard {
 impl<'de> Deserialize<'de> for Scope {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Scope, D::Error> {
         use serde::de::Error;
-        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        let Text(text) = Text::deserialize(d)?;
         REGISTRY.with(|r| match &*r.borrow() {
             None => Err(D::Error::custom("a scope can only be decoded while loading a checkpoint")),
             Some(reg) => {

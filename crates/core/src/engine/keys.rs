@@ -23,10 +23,60 @@ pub(crate) type ArgsHash = [u8; 16];
 /// What an adapter key was first used for.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct KeyUse {
-    /// The tool.
+    /// The tool (one allocation per tool name when loaded from a checkpoint, not per key).
+    #[serde(deserialize_with = "super::checkpoint::interned")]
     pub(crate) tool: Arc<str>,
-    /// [`args_hash`] of the arguments.
+    /// [`args_hash`] of the arguments: hex in checkpoints (format 1 wrote 16 numbers; both
+    /// are read).
+    #[serde(serialize_with = "hash_hex", deserialize_with = "hash_either")]
     pub(crate) args: ArgsHash,
+}
+
+fn hash_hex<S: serde::Serializer>(h: &ArgsHash, s: S) -> Result<S::Ok, S::Error> {
+    let mut buf = [0u8; 32];
+    for (i, b) in h.iter().enumerate() {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        buf[2 * i] = HEX[usize::from(b >> 4)];
+        buf[2 * i + 1] = HEX[usize::from(b & 0xf)];
+    }
+    s.serialize_str(std::str::from_utf8(&buf).map_err(serde::ser::Error::custom)?)
+}
+
+fn hash_either<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ArgsHash, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = ArgsHash;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an arguments hash: 32 hex digits or 16 bytes")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ArgsHash, E> {
+            let bytes = v.as_bytes();
+            if bytes.len() != 32 {
+                return Err(E::invalid_length(bytes.len(), &self));
+            }
+            let nib = |c: u8| match c {
+                b'0'..=b'9' => Ok(c - b'0'),
+                b'a'..=b'f' => Ok(c - b'a' + 10),
+                _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+            };
+            let mut out = [0u8; 16];
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (nib(bytes[2 * i])? << 4) | nib(bytes[2 * i + 1])?;
+            }
+            Ok(out)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ArgsHash, A::Error> {
+            let mut out = [0u8; 16];
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = seq.next_element()?.ok_or_else(|| serde::de::Error::invalid_length(i, &self))?;
+            }
+            if seq.next_element::<u8>()?.is_some() {
+                return Err(serde::de::Error::invalid_length(17, &self));
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(V)
 }
 
 impl KeyUse {

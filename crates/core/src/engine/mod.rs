@@ -20,6 +20,7 @@
 
 mod apply;
 mod checkpoint;
+pub(crate) use checkpoint::Text;
 mod group;
 mod integrity;
 mod keys;
