@@ -116,7 +116,7 @@ struct FlatNode {
 #[derive(serde::Deserialize)]
 struct FlatNodeIn<'a> {
     #[serde(borrow)]
-    path: Vec<crate::engine::Text<'a>>,
+    path: smallvec::SmallVec<[crate::engine::Text<'a>; 4]>,
     #[serde(default)]
     here: Vec<(u64, u32)>,
     #[serde(default)]
@@ -161,34 +161,42 @@ impl ScopeIndex {
     }
 
     /// Rebuilds an index from [`Self::flatten`]'s output.
+    #[cfg(test)]
     fn unflatten(nodes: Vec<FlatNodeIn<'_>>) -> Result<ScopeIndex, String> {
         let mut ix = ScopeIndex::default();
         for n in nodes {
-            let Some((kind, segs)) = n.path.split_first() else {
-                return Err("an index node with an empty path".into());
-            };
-            let mut node = child(&mut ix.roots, &kind.0);
+            ix.insert_flat(n)?;
+        }
+        Ok(ix)
+    }
+
+    /// Adds one node of [`Self::flatten`]'s output (a load streams them in, never holding the
+    /// list).
+    fn insert_flat(&mut self, n: FlatNodeIn<'_>) -> Result<(), String> {
+        let Some((kind, segs)) = n.path.split_first() else {
+            return Err("an index node with an empty path".into());
+        };
+        let mut node = child(&mut self.roots, &kind.0);
+        for &(e, c) in &n.here {
+            node.sub.add_n(e, c);
+        }
+        node.write_sub = node.write_sub.max(n.write);
+        for seg in segs {
+            node = child(&mut node.children, &seg.0);
             for &(e, c) in &n.here {
                 node.sub.add_n(e, c);
             }
             node.write_sub = node.write_sub.max(n.write);
-            for seg in segs {
-                node = child(&mut node.children, &seg.0);
-                for &(e, c) in &n.here {
-                    node.sub.add_n(e, c);
-                }
-                node.write_sub = node.write_sub.max(n.write);
-            }
-            if !node.here.is_empty() || node.write_here != 0 {
-                return Err(format!("index node {:?} listed twice", n.path));
-            }
-            if n.here.iter().any(|&(_, c)| c == 0) || n.here.windows(2).any(|w| w[0].0 >= w[1].0) {
-                return Err(format!("index node {:?} has a malformed claim list {:?}", n.path, n.here));
-            }
-            node.here = Claims(n.here);
-            node.write_here = n.write;
         }
-        Ok(ix)
+        if !node.here.is_empty() || node.write_here != 0 {
+            return Err(format!("index node {:?} listed twice", n.path));
+        }
+        if n.here.iter().any(|&(_, c)| c == 0) || n.here.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(format!("index node {:?} has a malformed claim list {:?}", n.path, n.here));
+        }
+        node.here = Claims(n.here);
+        node.write_here = n.write;
+        Ok(())
     }
 }
 
@@ -200,8 +208,21 @@ impl serde::Serialize for ScopeIndex {
 
 impl<'de> serde::Deserialize<'de> for ScopeIndex {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ScopeIndex, D::Error> {
-        let nodes = <Vec<FlatNodeIn<'de>> as serde::Deserialize>::deserialize(d)?;
-        ScopeIndex::unflatten(nodes).map_err(serde::de::Error::custom)
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ScopeIndex;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of index nodes")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ScopeIndex, A::Error> {
+                let mut ix = ScopeIndex::default();
+                while let Some(n) = seq.next_element::<FlatNodeIn<'de>>()? {
+                    ix.insert_flat(n).map_err(serde::de::Error::custom)?;
+                }
+                Ok(ix)
+            }
+        }
+        d.deserialize_seq(V)
     }
 }
 
@@ -493,7 +514,7 @@ mod tests {
     #[test]
     fn a_checkpointed_claim_multiplicity_is_rebuilt_without_a_loop_per_claim() {
         use crate::engine::Text;
-        let path = vec![Text("kv".into()), Text("a".into())];
+        let path = smallvec::smallvec![Text("kv".into()), Text("a".into())];
         let nodes = vec![FlatNodeIn { path, here: vec![(1, u32::MAX)], write: 0 }];
         let ix = ScopeIndex::unflatten(nodes).unwrap();
         assert!(ix.blocked_before(&s("kv:a:b"), Epoch(2)));
