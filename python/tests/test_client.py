@@ -172,6 +172,80 @@ def test_an_exception_aborts_and_the_server_compensates(client: tidegate.Client,
     assert sink.log("send") == [], "a held effect of an aborted transaction never fires"
 
 
+def _unbook(suffix: str) -> tidegate.Compensate:
+    return tidegate.Compensate(f"unbook{suffix}", {"booking": tidegate.Compensate.output("/receipt")})
+
+
+def test_a_plan_over_http_unwinds_its_steps_lifo_on_the_server(client: tidegate.Client, sink: Sink) -> None:
+    """Three committed steps of a plan, each booking a room through the server's webhook with
+    a descriptor; an exception in the plan block fails the plan and the server's executor
+    calls the compensation capability for each, last first, exactly once."""
+    s = unique("p")
+    _, book = webhook_tools(client, sink, s)
+    rooms = [f"{s}-{i}" for i in range(3)]
+    receipts = []
+    with pytest.raises(RuntimeError, match="visa refused"):
+        with client.plan(owner="ops", deadline=3600) as plan:
+            assert plan.remote_id is not None and plan.remote_id.startswith("plan_") and plan.id > 0
+            for room in rooms:
+                with plan.transaction(may_touch=[f"travel:hotel:{room}"]) as tx:
+                    receipts.append(tx.call(book, room=room, _compensate=_unbook(s))["receipt"])
+                assert tx.outcome is not None and tx.outcome.committed
+            d = plan.detail()
+            assert d["state"] == "open" and d["held"] == 3 and len(d["steps"]) == 3, d
+            assert sink.log("unbook") == [], "a committed step's compensation is held, not run"
+            raise RuntimeError("visa refused")
+    undone = sink.wait_for("unbook", 3)
+    assert [r["args"] for r in undone] == [{"booking": r} for r in reversed(receipts)], undone
+    assert len({r["key"] for r in undone}) == 3
+    final = plan.wait(20)
+    assert final["state"] == "unwound" and final["held"] == 0, final
+    assert plan.remote_id in {p["id"] for p in client.plans()}
+    # The same plan through a fresh handle: ended plans refuse commands as PlanError.
+    again = client.get_plan(plan.remote_id)
+    with pytest.raises(tidegate.PlanError) as ended:
+        again.commit()
+    assert ended.value.kind == "plan_state"
+    time.sleep(0.3)
+    assert len(sink.log("unbook")) == 3, "no compensation runs twice"
+
+
+def test_a_plan_over_http_commits_retires_and_refuses_a_step_without_a_descriptor(
+    client: tidegate.Client, sink: Sink
+) -> None:
+    s = unique("q")
+    _, book = webhook_tools(client, sink, s)
+    with client.plan(owner="ops") as plan:
+        with plan.transaction(may_touch=[f"travel:hotel:{s}-a", f"travel:hotel:{s}-b"]) as tx:
+            with pytest.raises(tidegate.MissingDescriptor) as missing:
+                tx.call(book, room=f"{s}-a")
+            assert missing.value.argument == "compensate" and book in str(missing.value)
+            tx.call(book, room=f"{s}-b", _compensate=_unbook(s))
+        # A tool of this process with a descriptor: it runs here, its compensation is the
+        # server's (the capability's webhook), held like the server tool's.
+        @tidegate.tool(name=f"plan_room{s}", scope=lambda room: f"travel:py-plan:{room}", effect="reversible", compensate=_unbook(s))
+        def plan_room(room: str) -> dict:
+            return {"receipt": f"local-{room}"}
+
+        with plan.transaction(may_touch=[f"travel:py-plan:{s}"]) as tx2:
+            assert plan_room(s) == {"receipt": f"local-{s}"}
+        assert tx2.outcome is not None and tx2.outcome.committed
+        assert plan.detail()["held"] == 2
+    d = plan.detail()
+    assert d["state"] == "committed" and d["held"] == 0, d
+    time.sleep(0.3)
+    assert sink.log("unbook") == [], "a committed plan compensates nothing"
+    with pytest.raises(tidegate.InvalidArgument) as bad:
+        client.plan(owner="")
+    assert bad.value.argument == "owner"
+    with pytest.raises(tidegate.InvalidArgument) as bad_comp:
+        with client.transaction(may_touch=[f"travel:hotel:{s}-c"]) as tx3:
+            tx3.call(book, room=f"{s}-c", _compensate={"capability": "x"})
+    assert bad_comp.value.argument == "_compensate"
+    with pytest.raises(tidegate.PlanError) as unknown:
+        client.get_plan("plan_zz_999999")
+    assert unknown.value.kind == "unknown_plan"
+
 def test_errors_are_the_package_exception_types(client: tidegate.Client, sink: Sink) -> None:
     send, _ = webhook_tools(client, sink, unique("c"))
     tx = client.begin(may_touch=["mail:to:carol"])

@@ -27,7 +27,7 @@ Modules: :mod:`tidegate.engine` (``open``, ``Tidegate``), :mod:`tidegate.transac
 Everything public is re-exported here.
 """
 
-from .client import Client, RemoteTransaction, connect
+from .client import Client, RemotePlan, RemoteTransaction, connect
 from .engine import ISOLATIONS, LEVELS, ScopeType, Tidegate, default_engine, open
 from .errors import (
     Aborted,
@@ -83,6 +83,7 @@ __all__ = [
     "MissingDescriptor",
     "Client",
     "RemoteTransaction",
+    "RemotePlan",
     "ReviewClient",
     "connect",
     "EffectOutcome",

@@ -51,6 +51,7 @@ bufferable effects beyond what the server returns, and speculation groups from t
 from __future__ import annotations
 
 import asyncio
+import datetime as _dt
 import hashlib
 import inspect
 import json
@@ -71,12 +72,15 @@ from .errors import (
     KeyUnresolved,
     LeaseExpired,
     LostBranch,
+    MissingDescriptor,
     NotApplied,
     PartialCommit,
+    PlanError,
     ProtocolViolation,
     ReleaseFailed,
     StaleRead,
     StoreError,
+    CrossTenant,
     TidegateError,
     ToolFailed,
     TransientError,
@@ -86,13 +90,14 @@ from .errors import (
     WrongState,
 )
 from .outcome import EffectOutcome, Happened, Held, Outcome, ReadResult
+from .plans import Compensate, _bad, _choice, _deadline_seconds, _reason
 from .tools import Tool
 from .transaction import Transaction, _check_agent, _scopes_arg, _seconds
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["Client", "RemoteTransaction", "connect"]
+__all__ = ["Client", "RemotePlan", "RemoteTransaction", "connect"]
 
 #: Abort reasons (the server's ``outcome.reason.kind``) and the exception each raises.
 _ABORTS: Dict[str, Type[Aborted]] = {
@@ -271,6 +276,12 @@ def _problem_error(status: int, doc: Mapping[str, Any]) -> TidegateError:
         if arg is not None and ("scope" in arg or "may_touch" in arg):
             cls = InvalidScope
         return cls(detail, kind="invalid_argument", argument=arg)
+    if code == "missing_descriptor":
+        return MissingDescriptor(detail, kind="missing_descriptor", argument="compensate")
+    if code == "cross_tenant":
+        return CrossTenant(detail, kind="cross_tenant", argument=str(field) if field is not None else None)
+    if code == "plan_refused":
+        return PlanError(detail, kind="plan_state")
     if status >= 500 and code not in _CODES:
         return StoreError(detail, kind=code, retryable=True)
     return _CODES.get(code, TidegateError)(detail, kind=code, retryable=retryable)
@@ -522,6 +533,55 @@ class Client:
         """The server's view of a transaction (``GET /v1/transactions/{id}``)."""
         return dict(self._request("GET", f"/v1/transactions/{transaction_id}")[1])
 
+    # -- plans ----------------------------------------------------------------------------------
+
+    def plan(
+        self,
+        owner: str,
+        *,
+        deadline: Union[_dt.timedelta, float, None] = None,
+        cascade_limit: Optional[int] = None,
+        triggers: Optional[Sequence[Mapping[str, Any]]] = None,
+        unwind_wait: Optional[float] = 30.0,
+    ) -> "RemotePlan":
+        """A plan held by the server (:class:`RemotePlan`), opened when its ``with`` block is
+        entered; the arguments are :meth:`tidegate.Tidegate.plan`'s. The server's executor
+        keeps its held compensations, deadline and triggers after this process is gone."""
+        return _remote_plan(self, owner, deadline, cascade_limit, triggers, unwind_wait)
+
+    def open_plan(
+        self,
+        owner: str,
+        *,
+        deadline: Union[_dt.timedelta, float, None] = None,
+        cascade_limit: Optional[int] = None,
+        triggers: Optional[Sequence[Mapping[str, Any]]] = None,
+    ) -> "RemotePlan":
+        """Opens a plan now (end it with :meth:`RemotePlan.commit` / :meth:`RemotePlan.fail`)."""
+        p = _remote_plan(self, owner, deadline, cascade_limit, triggers, None)
+        p._open()
+        return p
+
+    def get_plan(self, plan_id: str) -> "RemotePlan":
+        """A handle on an existing plan (``plan_<tag>_<n>``), e.g. one an agent that has
+        exited opened: post a signal, a verdict or an owner's choice, or read its detail."""
+        if not isinstance(plan_id, str) or not plan_id:
+            raise InvalidArgument(
+                f"invalid `plan_id` = {plan_id!r}: expected a plan id such as `plan_<tag>_<n>`",
+                kind="invalid_argument",
+                argument="plan_id",
+            )
+        p = RemotePlan(self, "", None, None, [], None)
+        p.remote_id = plan_id
+        p._view = p.detail()
+        return p
+
+    def plans(self, *, stuck: bool = False) -> List[Dict[str, Any]]:
+        """The tenant's plans (``GET /v1/plans``), or only the owner-intervention queue
+        (``stuck=True``, ``GET /v1/plans/stuck``), as the server's JSON."""
+        _, v = self._request("GET", "/v1/plans/stuck" if stuck else "/v1/plans")
+        return [dict(x) for x in v["stuck" if stuck else "plans"]]
+
     def close(self) -> None:
         """Stops the worker thread and closes the connection pool."""
         self._stop.set()
@@ -538,6 +598,19 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<tidegate.Client {self.url}>"
+
+
+def _descriptor_arg(comp: Any) -> Optional[Dict[str, Any]]:
+    """The ``_compensate=`` of a server tool's call as the wire's ``compensate`` object."""
+    if comp is None:
+        return None
+    if not isinstance(comp, Compensate):
+        raise InvalidArgument(
+            f"invalid `_compensate` = {comp!r}: expected a tidegate.Compensate descriptor",
+            kind="invalid_argument",
+            argument="_compensate",
+        )
+    return comp._to_dict()
 
 
 def _unpack(payload: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
@@ -610,6 +683,7 @@ class RemoteTransaction(Transaction):
         may_touch: Optional[Sequence[str]],
         lease: Optional[float],
         wait_timeout: Optional[float],
+        plan: Optional["RemotePlan"] = None,
     ) -> None:
         _check_agent(agent)
         if lease is not None:
@@ -622,7 +696,8 @@ class RemoteTransaction(Transaction):
         self._lease = lease
         self._wait_timeout = wait_timeout
         self._branch = False
-        self._plan = None  # plans over HTTP are not in the client (use /v1/plans)
+        self._plan = None  # the in-process plan of the base class: never one here
+        self._remote_plan = plan
         self._held: List[Held] = []
         self._tokens = []
         self._view: Dict[str, Any] = {}
@@ -639,9 +714,16 @@ class RemoteTransaction(Transaction):
             body["may_touch"] = self._may_touch
         if self._lease is not None:
             body["lease_ms"] = max(1, int(self._lease * 1000))
+        if self._remote_plan is not None:
+            body["plan"] = self._remote_plan._rid()
         _, v = self._client._request("POST", "/v1/transactions", body, ok=(201,))
         self._view = v
         self.remote_id = str(v["id"])
+
+    @property
+    def remote_plan(self) -> Optional["RemotePlan"]:
+        """The plan this transaction is a step of, if any."""
+        return self._remote_plan
 
     def _rid(self) -> str:
         if self.remote_id is None:
@@ -686,20 +768,23 @@ class RemoteTransaction(Transaction):
 
     def call(self, tool: Union[Tool, str], *args: Any, **kwargs: Any) -> Any:
         """Calls a tool: a server tool by name (keyword arguments are its JSON arguments;
-        ``_key=`` and ``_scopes=`` override its key and scopes), or a :func:`tidegate.tool`
+        ``_key=`` and ``_scopes=`` override its key and scopes; ``_compensate=`` gives a
+        :class:`~tidegate.Compensate` descriptor, required for a reversible tool in a plan
+        step), or a :func:`tidegate.tool`
         of this process (an eager one runs here, through a ticket; a held one is released
         at commit by this client's worker thread). Returns the output of an
         executed (or replayed) effect, a :class:`~tidegate.Held` for a staged or queued one."""
         if isinstance(tool, str):
             key = kwargs.pop("_key", None)
             scopes = kwargs.pop("_scopes", None)
+            comp = _descriptor_arg(kwargs.pop("_compensate", None))
             if args:
                 raise InvalidArgument(
                     f"invalid arguments of server tool `{tool}`: pass them by keyword (they are its JSON object)",
                     kind="invalid_argument",
                     argument="args",
                 )
-            return self._effect(tool, dict(kwargs), key, None if scopes is None else list(scopes))
+            return self._effect(tool, dict(kwargs), key, None if scopes is None else list(scopes), comp)
         if not isinstance(tool, Tool):
             raise InvalidArgument(
                 f"invalid `tool` = {tool!r}: expected a function declared with @tidegate.tool or a server tool's name",
@@ -788,9 +873,10 @@ class RemoteTransaction(Transaction):
         if key is None and tool.key is not None:
             key = tool._key(args, kwargs)
         name = _server_name(tool.name)
+        comp = tool.descriptor._to_dict() if tool.descriptor is not None else None
         if tool.effect not in _EAGER:
-            return self._effect(name, _pack(args, kwargs), key, scopes)
-        r = self._post_effect(name, _pack(args, kwargs), key, scopes, client=True)
+            return self._effect(name, _pack(args, kwargs), key, scopes, comp)
+        r = self._post_effect(name, _pack(args, kwargs), key, scopes, client=True, compensate=comp)
         if str(r.get("ack")) != "execute":
             return self._acked(tool.name, r)
         effect = r["effect"]
@@ -834,9 +920,18 @@ class RemoteTransaction(Transaction):
         return None, (answer or {}).get("output") if isinstance(answer, dict) else None
 
     def _post_effect(
-        self, tool: str, payload: Dict[str, Any], key: Optional[str], scopes: Optional[List[str]], *, client: bool = False
+        self,
+        tool: str,
+        payload: Dict[str, Any],
+        key: Optional[str],
+        scopes: Optional[List[str]],
+        *,
+        client: bool = False,
+        compensate: Optional[Dict[str, Any]] = None,
     ) -> Dict[str, Any]:
         body: Dict[str, Any] = {"tool": tool, "args": payload}
+        if compensate is not None:
+            body["compensate"] = compensate
         if key is not None:
             body["key"] = key
         if scopes is not None:
@@ -854,8 +949,17 @@ class RemoteTransaction(Transaction):
         self._held.append(held)
         return held
 
-    def _effect(self, tool: str, payload: Dict[str, Any], key: Optional[str], scopes: Optional[List[str]]) -> Any:
-        return self._acked(_LOCAL_NAMES.get(tool, tool), self._post_effect(tool, payload, key, scopes))
+    def _effect(
+        self,
+        tool: str,
+        payload: Dict[str, Any],
+        key: Optional[str],
+        scopes: Optional[List[str]],
+        compensate: Optional[Dict[str, Any]] = None,
+    ) -> Any:
+        return self._acked(
+            _LOCAL_NAMES.get(tool, tool), self._post_effect(tool, payload, key, scopes, compensate=compensate)
+        )
 
     def _request_aborting(
         self, method: str, path: str, body: Optional[Mapping[str, Any]] = None, ok: Sequence[int] = (200, 201)
@@ -966,6 +1070,224 @@ class RemoteTransaction(Transaction):
         if self.remote_id is None:
             return f"<tidegate.RemoteTransaction agent={self._agent!r} (not begun)>"
         return f"<tidegate.RemoteTransaction {self.remote_id} {self.state or 'settled'}>"
+
+
+#: Plan states (the server's ``state``) in which a plan waits for nobody but its owner.
+_PLAN_SETTLED = ("committed", "unwound", "accepted", "stuck")
+
+
+def _remote_plan(
+    client: Client, owner: Any, deadline: Any, cascade_limit: Any, triggers: Any, unwind_wait: Any
+) -> "RemotePlan":
+    if not isinstance(owner, str) or not 1 <= len(owner) <= 256:
+        raise _bad("owner", owner, "a str of 1 to 256 characters")
+    seconds = _deadline_seconds(deadline)
+    if cascade_limit is not None and (
+        isinstance(cascade_limit, bool) or not isinstance(cascade_limit, int) or not 0 <= cascade_limit <= 64
+    ):
+        raise _bad("cascade_limit", cascade_limit, "an int from 0 to 64 (default 3)")
+    if triggers is None:
+        triggers = []
+    if isinstance(triggers, (str, bytes, Mapping)) or not isinstance(triggers, Sequence):
+        raise _bad("triggers", triggers, "a list of predicate dicts")
+    if unwind_wait is not None:
+        _seconds(unwind_wait, "unwind_wait", positive=False)
+    return RemotePlan(client, owner, seconds, cascade_limit, list(triggers), unwind_wait)
+
+
+class RemotePlan:
+    """A plan held by the server (``/v1/plans``, docs/plans.md): the API of
+    :class:`tidegate.Plan` over HTTP. Use it as ``with client.plan(owner=...) as plan:``;
+    steps are ``plan.transaction(...)`` (or :meth:`begin`), transactions of the server whose
+    effects need a :class:`~tidegate.Compensate` descriptor when reversible (a tool's
+    ``compensate=`` descriptor, or ``_compensate=`` for a server tool by name). Leaving the
+    block commits the plan; an exception fails it and waits up to ``unwind_wait`` seconds for
+    the server's executor to unwind it. The compensations run on the server, dispatched by
+    capability (webhooks, pull workers): they need nothing of this process, which may exit.
+
+    ``remote_id`` is the server's id (``plan_<tag>_<n>``); :meth:`detail` returns the server's
+    JSON view (``state``: ``open``, ``failing``, ``stuck``, ``committed``, ``unwound`` or
+    ``accepted``)."""
+
+    #: The server's id, once opened.
+    remote_id: Optional[str]
+
+    def __init__(
+        self,
+        client: Client,
+        owner: str,
+        deadline: Optional[float],
+        cascade_limit: Optional[int],
+        triggers: List[Mapping[str, Any]],
+        unwind_wait: Optional[float],
+    ) -> None:
+        self._client = client
+        self._owner = owner
+        self._deadline = deadline
+        self._cascade_limit = cascade_limit
+        self._triggers = triggers
+        self._unwind_wait = unwind_wait
+        self._view: Dict[str, Any] = {}
+        self.remote_id = None
+
+    def _open(self) -> None:
+        if self.remote_id is not None:
+            raise WrongState("the plan is already open; use a new client.plan(...)", kind="wrong_state")
+        body: Dict[str, Any] = {"owner": self._owner}
+        if self._deadline is not None:
+            body["deadline_in_ms"] = max(1, int(self._deadline * 1000))
+        if self._cascade_limit is not None:
+            body["cascade_limit"] = self._cascade_limit
+        if self._triggers:
+            body["triggers"] = [dict(t) for t in self._triggers]
+        _, v = self._client._request("POST", "/v1/plans", body, ok=(201,))
+        self._view = dict(v)
+        self.remote_id = str(v["id"])
+
+    def _rid(self) -> str:
+        if self.remote_id is None:
+            raise WrongState(
+                "the plan is not open: use it in a `with` block or get one from client.open_plan()",
+                kind="wrong_state",
+            )
+        return self.remote_id
+
+    def _post(self, action: str, body: Mapping[str, Any]) -> Dict[str, Any]:
+        """A command on the plan; the server's refusals as :class:`PlanError` (kind
+        ``unknown_plan``, ``plan_state``, ``step_unsettled``) like the in-process binding."""
+        rid = self._rid()
+        try:
+            _, v = self._client._request("POST", f"/v1/plans/{rid}/{action}", body, ok=(200, 201, 202))
+        except (PlanError, InvalidArgument):
+            raise
+        except TidegateError as e:
+            if e.kind == "not_found":
+                raise PlanError(str(e), kind="unknown_plan") from e
+            if e.kind == "wrong_state":
+                kind = "step_unsettled" if "unsettled" in str(e) else "plan_state"
+                raise PlanError(str(e), kind=kind) from e
+            raise
+        self._view = dict(v) if isinstance(v, dict) else self._view
+        return self._view
+
+    @property
+    def id(self) -> int:
+        """The plan's number (``n`` of ``plan_<tag>_<n>``)."""
+        return int(self._rid().rsplit("_", 1)[-1])
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def transaction(
+        self,
+        agent: str = "agent",
+        may_touch: Optional[Sequence[str]] = None,
+        *,
+        lease: Optional[float] = None,
+        wait_timeout: Optional[float] = None,
+    ) -> RemoteTransaction:
+        """A transaction that is the plan's next step, begun when its ``with`` block is
+        entered (the arguments are :meth:`Client.transaction`'s)."""
+        return RemoteTransaction(self._client, agent, may_touch, lease, wait_timeout, plan=self)
+
+    def begin(
+        self, agent: str = "agent", may_touch: Optional[Sequence[str]] = None, *, lease: Optional[float] = None
+    ) -> RemoteTransaction:
+        """Begins the plan's next step now (explicit ``commit()``/``abort()``)."""
+        tx = RemoteTransaction(self._client, agent, may_touch, lease, None, plan=self)
+        tx._begin()
+        return tx
+
+    # -- ending and signals --------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Commits the plan: every held compensation is retired at once. Raises
+        :class:`PlanError` if a step has not settled or the plan already failed."""
+        self._post("commit", {})
+
+    def fail(self, reason: str) -> None:
+        """Fails the plan: the server's executor unwinds it last-in-first-out. Returns at
+        once; :meth:`wait` waits for the unwind."""
+        self._post("fail", {"reason": _reason(reason)})
+
+    #: Alias of :meth:`fail`.
+    signal = fail
+
+    def verdict(self, tx: Union[RemoteTransaction, str], effect: int, verdict: str) -> None:
+        """Posts a compliance verdict about effect ``effect`` of step ``tx`` (the transaction
+        or its ``remote_id``): ``"block"`` compensates it, ``"allow"`` lets it stand."""
+        rid = tx._rid() if isinstance(tx, RemoteTransaction) else tx
+        if not isinstance(rid, str):
+            raise _bad("tx", tx, "a RemoteTransaction or its remote_id")
+        if isinstance(effect, bool) or not isinstance(effect, int) or effect < 0:
+            raise _bad("effect", effect, "an effect number (int, from 0)")
+        if verdict not in ("block", "allow"):
+            raise _bad("verdict", verdict, '"block" or "allow"')
+        self._post("verdict", {"transaction": rid, "effect": effect, "verdict": verdict})
+
+    def resolve(self, choice: str) -> None:
+        """Resolves a stuck plan with its owner's choice: ``"retry"``, ``"accept"`` or
+        ``"unwind"``."""
+        self._post("resolve", {"choice": _choice(choice)})
+
+    def arm(self, predicate: Mapping[str, Any]) -> None:
+        """Arms a predicate trigger (docs/plans.md "Predicates")."""
+        if not isinstance(predicate, Mapping):
+            raise _bad("predicate", predicate, "a predicate dict")
+        self._post("triggers", {"predicate": dict(predicate)})
+
+    # -- inspection ------------------------------------------------------------------------------
+
+    def detail(self) -> Dict[str, Any]:
+        """The server's view of the plan (``GET /v1/plans/{id}``): state, steps, held
+        compensations in unwind order, triggers with their values."""
+        rid = self._rid()
+        try:
+            _, v = self._client._request("GET", f"/v1/plans/{rid}")
+        except TidegateError as e:
+            if e.kind == "not_found":
+                raise PlanError(str(e), kind="unknown_plan") from e
+            raise
+        self._view = dict(v)
+        return self._view
+
+    @property
+    def state(self) -> str:
+        """The plan's state now (one request)."""
+        return str(self.detail()["state"])
+
+    def wait(self, timeout: Optional[float] = None, *, poll: float = 0.05) -> Dict[str, Any]:
+        """Waits until the plan has ended or is stuck (at most ``timeout`` seconds) and returns
+        its detail, whatever the state then."""
+        if timeout is not None:
+            _seconds(timeout, "timeout", positive=False)
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            d = self.detail()
+            if d.get("state") in _PLAN_SETTLED or (end is not None and time.monotonic() >= end):
+                return d
+            time.sleep(poll)
+
+    # -- the with block --------------------------------------------------------------------------
+
+    def __enter__(self) -> "RemotePlan":
+        self._open()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        if exc is None:
+            self.commit()
+            return
+        try:
+            self.fail(f"exception in the plan block: {type(exc).__name__}: {exc}")
+        except TidegateError:
+            return  # already failed (its deadline, a trigger) or ended
+        if self._unwind_wait:
+            self.wait(self._unwind_wait)
+
+    def __repr__(self) -> str:
+        if self.remote_id is None:
+            return f"<tidegate.RemotePlan owner={self._owner!r} (not open)>"
+        return f"<tidegate.RemotePlan {self.remote_id} owner={self._owner!r}>"
 
 
 def connect(url: str, api_key: str, *, timeout: float = 60.0, worker: Optional[str] = None) -> Client:
