@@ -46,8 +46,11 @@ cleanup() {
 trap cleanup EXIT
 
 # A small body limit so that "oversized" is cheap to send; event streams (the tenant-wide
-# `/v1/transactions/stream` answers any valid key) end after 2 s, within the request timeout.
-TIDEGATE_LIMITS_MAX_BODY_BYTES=65536 TIDEGATE_LIMITS_MAX_SSE_MS=2000 RUST_LOG="${RUST_LOG:-warn}" \
+# `/v1/transactions/stream` answers any valid key) end after 2 s, and long polls and commit
+# waits (`wait_ms`, default 30 s: a task poll with no task to give blocks that long) last at
+# most 2 s, within the request timeout.
+TIDEGATE_LIMITS_MAX_BODY_BYTES=65536 TIDEGATE_LIMITS_MAX_SSE_MS=2000 TIDEGATE_LIMITS_MAX_WAIT_MS=2000 \
+    RUST_LOG="${RUST_LOG:-warn}" \
     "$bin" serve --memory --listen 127.0.0.1:0 --bootstrap-tenant fuzz >"$work/out" 2>"$work/err" &
 server_pid=$!
 for _ in $(seq 1 200); do
