@@ -90,7 +90,7 @@ from .errors import (
     WrongState,
 )
 from .outcome import EffectOutcome, Happened, Held, Outcome, ReadResult
-from .plans import Compensate, _bad, _choice, _deadline_seconds, _reason
+from .plans import Compensate, _bad, _choice, _plan_args, _reason
 from .tools import Tool
 from .transaction import Transaction, _check_agent, _scopes_arg, _seconds
 
@@ -1079,20 +1079,7 @@ _PLAN_SETTLED = ("committed", "unwound", "accepted", "stuck")
 def _remote_plan(
     client: Client, owner: Any, deadline: Any, cascade_limit: Any, triggers: Any, unwind_wait: Any
 ) -> "RemotePlan":
-    if not isinstance(owner, str) or not 1 <= len(owner) <= 256:
-        raise _bad("owner", owner, "a str of 1 to 256 characters")
-    seconds = _deadline_seconds(deadline)
-    if cascade_limit is not None and (
-        isinstance(cascade_limit, bool) or not isinstance(cascade_limit, int) or not 0 <= cascade_limit <= 64
-    ):
-        raise _bad("cascade_limit", cascade_limit, "an int from 0 to 64 (default 3)")
-    if triggers is None:
-        triggers = []
-    if isinstance(triggers, (str, bytes, Mapping)) or not isinstance(triggers, Sequence):
-        raise _bad("triggers", triggers, "a list of predicate dicts")
-    if unwind_wait is not None:
-        _seconds(unwind_wait, "unwind_wait", positive=False)
-    return RemotePlan(client, owner, seconds, cascade_limit, list(triggers), unwind_wait)
+    return RemotePlan(client, *_plan_args(owner, deadline, cascade_limit, triggers, unwind_wait))
 
 
 class RemotePlan:

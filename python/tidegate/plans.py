@@ -36,7 +36,7 @@ import contextvars
 import datetime as _dt
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _context, _native
 from .errors import InvalidArgument, TidegateError
@@ -633,6 +633,13 @@ def _new_plan(
     triggers: Any,
     unwind_wait: Any,
 ) -> Plan:
+    return Plan(engine, *_plan_args(owner, deadline, cascade_limit, triggers, unwind_wait))
+
+
+def _plan_args(
+    owner: Any, deadline: Any, cascade_limit: Any, triggers: Any, unwind_wait: Any
+) -> Tuple[str, Optional[float], Optional[int], List[Mapping[str, Any]], Optional[float]]:
+    """The checked arguments of a plan (in process and over HTTP)."""
     if not isinstance(owner, str) or not 1 <= len(owner) <= 256:
         raise _bad("owner", owner, "a str of 1 to 256 characters")
     seconds = _deadline_seconds(deadline)
@@ -646,5 +653,5 @@ def _new_plan(
         raise _bad("triggers", triggers, "a list of predicate dicts")
     if unwind_wait is not None:
         _seconds(unwind_wait, "unwind_wait", positive=False)
-    return Plan(engine, owner, seconds, cascade_limit, list(triggers), unwind_wait)
+    return owner, seconds, cascade_limit, list(triggers), unwind_wait
 
