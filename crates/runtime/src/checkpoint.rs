@@ -294,10 +294,9 @@ fn run(
         None => {
             Ok(Shadow { replay: Replay::new(cfg.clone(), scopes.clone()), plans: Some(PlanShadow::new(&seed.tenant)) })
         }
-        Some(b) => Checkpoint::parse(seed.lsn, b).and_then(|c| {
-            let (replay, plans) = load_both(&cfg, &scopes, &seed.tenant, &c);
-            replay.map(|replay| Shadow { replay, plans: plans.and_then(std::result::Result::ok) })
-        }),
+        Some(b) => Checkpoint::parse(seed.lsn, b)
+            .and_then(|c| load_both(&cfg, &scopes, &seed.tenant, &c))
+            .map(|(replay, plans)| Shadow { replay, plans: plans.and_then(std::result::Result::ok) }),
     };
     let mut shadow = match shadow {
         Ok(s) => s,
@@ -472,12 +471,12 @@ fn load_both(
     scopes: &ScopeRegistry,
     tenant: &str,
     c: &Checkpoint<'_>,
-) -> (
-    std::result::Result<Replay, tidegate_core::engine::CheckpointError>,
-    Option<std::result::Result<PlanShadow, String>>,
-) {
+) -> std::result::Result<
+    (Replay, Option<std::result::Result<PlanShadow, String>>),
+    tidegate_core::engine::CheckpointError,
+> {
     if c.section(SECTION).is_none() {
-        return (Replay::from_checkpoint(cfg.clone(), scopes.clone(), c), None);
+        return Replay::from_checkpoint(cfg.clone(), scopes.clone(), c).map(|r| (r, None));
     }
     std::thread::scope(|s| {
         let plans =
@@ -488,7 +487,7 @@ fn load_both(
             // No second thread: decode it here.
             Err(_) => plan_section(tenant, c),
         };
-        (replay, plans)
+        replay.map(|r| (r, plans))
     })
 }
 
@@ -528,8 +527,8 @@ pub(crate) fn replay(
                     c.lsn
                 ));
             }
-            Some(c) => match Checkpoint::parse(c.lsn, &c.bytes).map(|v| load_both(cfg, scopes, tenant, &v)) {
-                Ok((Ok(r), section)) => {
+            Some(c) => match Checkpoint::parse(c.lsn, &c.bytes).and_then(|v| load_both(cfg, scopes, tenant, &v)) {
+                Ok((r, section)) => {
                     report.checkpoint_lsn = Some(c.lsn);
                     match section {
                         Some(Ok(p)) => {
@@ -551,8 +550,7 @@ pub(crate) fn replay(
                         stored = Some(c.bytes);
                     }
                 }
-                Ok((Err(tidegate_core::engine::CheckpointError::NewerFormat { what, found, supported, .. }), _))
-                | Err(tidegate_core::engine::CheckpointError::NewerFormat { what, found, supported, .. }) => {
+                Err(tidegate_core::engine::CheckpointError::NewerFormat { what, found, supported, .. }) => {
                     return Err(Error::Store(StoreError::NewerFormat {
                         path: format!("the checkpoint at LSN {}", c.lsn).into(),
                         key: if what == "format version" {
@@ -564,7 +562,7 @@ pub(crate) fn replay(
                         supported: supported.into(),
                     }));
                 }
-                Ok((Err(e), _)) | Err(e) => {
+                Err(e) => {
                     report.checkpoint_fallback = Some(format!("{e}; replayed the whole ledger"));
                 }
             },
