@@ -121,6 +121,11 @@ pub enum Event {
         stamp: Option<u64>,
         /// Why, for aborts.
         reason: Option<AbortReason>,
+        /// When the engine decided (the `now` given to `Core::try_commit`): written for
+        /// commits, the transaction's commit point on the engine's clock, which the plan
+        /// executor's `no_commit` predicates compare with their time. `None` for aborts and in
+        /// records written before the field existed.
+        at: Option<Timestamp>,
     },
     /// A held effect is about to be released: written (durably) before its tool is called,
     /// so that recovery can tell "never attempted" (release it) from "outcome unknown"

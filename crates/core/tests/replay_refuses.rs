@@ -190,7 +190,7 @@ fn commit_stamp_goes_backwards_is_refused() {
         lease_until: Timestamp(9),
     });
     l.push(Event::Sealed { tx: t });
-    l.push(Event::Decided { tx: t, commit: true, stamp: Some(stamp), reason: None });
+    l.push(Event::Decided { tx: t, commit: true, stamp: Some(stamp), reason: None, at: None });
     let n = l.len();
     assert_rule(&refused(&l), ReplayRule::StampNotIncreasing, n);
 }
@@ -221,7 +221,7 @@ fn u64_max_stamp_is_refused() {
     let l = vec![
         begin_at(1, 1),
         Event::Sealed { tx: TxId(1) },
-        Event::Decided { tx: TxId(1), commit: true, stamp: Some(u64::MAX), reason: None },
+        Event::Decided { tx: TxId(1), commit: true, stamp: Some(u64::MAX), reason: None, at: None },
     ];
     assert_rule(&refused(&l), ReplayRule::Overflow, 3);
 }
@@ -265,7 +265,7 @@ fn values_next_to_u64_max_never_wrap_live() {
     let l = vec![
         begin_at(1, 1),
         Event::Sealed { tx: TxId(1) },
-        Event::Decided { tx: TxId(1), commit: true, stamp: Some(u64::MAX - 1), reason: None },
+        Event::Decided { tx: TxId(1), commit: true, stamp: Some(u64::MAX - 1), reason: None, at: None },
         Event::Settled { tx: TxId(1), committed: true, effects: vec![] },
         Event::ToolChanged { tool: "t".into(), version: u64::MAX - 1, present: true },
     ];
@@ -318,12 +318,12 @@ fn transitions_not_allowed_from_the_current_state_are_refused() {
     let d = pos(&l, |e| matches!(e, Event::Decided { .. }));
     let mut m = l.clone();
     let Event::Decided { stamp: Some(stamp), .. } = l[d] else { panic!() };
-    m.insert(d + 1, Event::Decided { tx, commit: true, stamp: Some(stamp + 1), reason: None });
+    m.insert(d + 1, Event::Decided { tx, commit: true, stamp: Some(stamp + 1), reason: None, at: None });
     assert_rule(&refused(&m), ReplayRule::IllegalTransition, d + 2);
     // An abort after something was released is not a retraction.
     let rel = pos(&l, |e| matches!(e, Event::Released { .. }));
     let mut m = l.clone();
-    m.insert(rel + 1, Event::Decided { tx, commit: false, stamp: None, reason: None });
+    m.insert(rel + 1, Event::Decided { tx, commit: false, stamp: None, reason: None, at: None });
     assert_rule(&refused(&m), ReplayRule::IllegalTransition, rel + 2);
     // A seal with a call in flight.
     let mut m = l.clone();
@@ -367,9 +367,9 @@ fn a_second_branch_of_a_group_to_commit_is_refused() {
     let d = pos(&l, |e| matches!(e, Event::Decided { tx, .. } if *tx == loser));
     l.truncate(d);
     l.push(Event::Sealed { tx: loser });
-    l.push(Event::Decided { tx: loser, commit: true, stamp: Some(1), reason: None });
+    l.push(Event::Decided { tx: loser, commit: true, stamp: Some(1), reason: None, at: None });
     l.push(Event::Sealed { tx: g.branches[0] });
-    l.push(Event::Decided { tx: g.branches[0], commit: true, stamp: Some(2), reason: None });
+    l.push(Event::Decided { tx: g.branches[0], commit: true, stamp: Some(2), reason: None, at: None });
     let n = l.len();
     assert_rule(&refused(&l), ReplayRule::IllegalTransition, n);
     // A branch begun after other events joins a group that is no longer being begun.

@@ -2994,7 +2994,7 @@ impl Synth {
         {
             r.aborted_by_agent = true;
         }
-        self.h.events.push(Event::Decided { tx: TxId(tx), commit: stamp.is_some(), stamp, reason });
+        self.h.events.push(Event::Decided { tx: TxId(tx), commit: stamp.is_some(), stamp, reason, at: None });
     }
 
     fn settle(&mut self, tx: u64, committed: bool, effects: &[(Disposition, Tag)]) {

@@ -488,3 +488,75 @@ async fn a_checkpoint_without_a_usable_plans_section_falls_back_to_the_whole_led
         expect_three_lifo(&dir, &tool, &sink, tg, plan).await;
     }
 }
+
+/// A `no_commit` predicate read from the ledger: a commit on its scope is compared with the
+/// predicate's time by the commit's own recorded time (`decided.at`), not by when the executor
+/// happens to fold it. The second process commits on the scope before its executor starts (it
+/// starts at `recover`), so the executor learns of the commit only by folding the ledger: a
+/// commit after the predicate's time leaves it to fire (the plan unwinds), a commit before it
+/// makes it false (nothing is compensated, ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_commit_predicate_rebuilt_from_the_ledger_reads_the_commit_time_recorded_there() {
+    use tidegate_runtime::plans::NoCommit;
+    for (case, commit_at_s, fires) in [("after", 20, true), ("before", 5, false)] {
+        let dir = std::env::temp_dir().join(format!("tidegate-plans-nocommit-{case}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let sink = Sink::default();
+        let tool = book(&sink);
+        let no_close = tidegate_runtime::CheckpointPolicy { every_events: None, on_close: false };
+        let open = |clock: &tidegate_runtime::ManualClock| {
+            let store = Arc::new(SqliteStore::open(&dir).unwrap());
+            let tg = Tidegate::builder().store(store).clock(Arc::new(clock.clone())).checkpoints(no_close).build();
+            tg.unwrap()
+        };
+        let plan_id = {
+            let clock = tidegate_runtime::ManualClock::new();
+            clock.advance(Duration::from_secs(1));
+            let tg = open(&clock);
+            tg.register(&tool).unwrap();
+            tg.recover().await.unwrap();
+            let unpaid =
+                Predicate::NoCommit(NoCommit { tenant: None, scope: "travel:booking:pay".into(), before_ms: 10_000 });
+            let plan = tg.plan(PlanOptions::owner("ops").trigger(unpaid)).await.unwrap();
+            step(&plan, &tool, &["f1"]).await;
+            let id = plan.id();
+            tg.stop();
+            id
+        };
+        // The engine's lock is released once the first engine's tasks end.
+        let mut tg = None;
+        let clock = tidegate_runtime::ManualClock::new();
+        clock.advance(Duration::from_secs(commit_at_s));
+        for _ in 0..400 {
+            match SqliteStore::open(&dir) {
+                Ok(s) => {
+                    drop(s);
+                    tg = Some(open(&clock));
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        let tg = tg.expect("the directory stayed locked");
+        tg.register(&tool).unwrap();
+        cancel_capability(&tg, &sink);
+        let pay = tg.begin_with(TxOptions::agent("payer").may_touch(["travel:booking:pay"])).unwrap();
+        pay.call(&tool, json!({"id": "pay"})).await.unwrap();
+        pay.seal().unwrap();
+        pay.commit().await.unwrap();
+        clock.advance(Duration::from_secs(30));
+        tg.recover().await.unwrap();
+        if fires {
+            wait_for("the unpaid plan's compensation", || sink.compensations().len() == 1).await;
+            assert_eq!(sink.compensations(), vec!["cancel B-f1 book-f1#compensate"], "{case}");
+        } else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(sink.compensations().is_empty(), "{case}: {:?}", sink.seen());
+            let d = tg.plan_detail(plan_id).await.unwrap().unwrap();
+            assert_eq!(d.triggers[0].value, Tri::False, "{case}: {d:?}");
+        }
+        tg.stop();
+        drop(tg);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -19,7 +19,7 @@
 //! | `effect_executed` | `tx`, `effect`, `output` (any JSON; registers the compensation) |
 //! | `effect_failed` | `tx`, `effect`, `error`, `unknown` |
 //! | `sealed` | `tx` |
-//! | `decided` | `tx`, `commit`, `stamp`? (commits), `reason`? (aborts: an object tagged by `kind`: `tool_failed` (with an optional `unavailable: true` for `AbortReason::ToolUnavailable`, added within format 2), `release_failed`, `vetoed`, `lost_branch`, `stale_read`, `lease_expired`, `wait_timeout`, `protocol_violation`, `explicit`, `write_conflict`, `lock_conflict`, `cascading_abort`, `phantom_tool`, with their fields) |
+//! | `decided` | `tx`, `commit`, `stamp`? (commits), `reason`? (aborts: an object tagged by `kind`: `tool_failed` (with an optional `unavailable: true` for `AbortReason::ToolUnavailable`, added within format 2), `release_failed`, `vetoed`, `lost_branch`, `stale_read`, `lease_expired`, `wait_timeout`, `protocol_violation`, `explicit`, `write_conflict`, `lock_conflict`, `cascading_abort`, `phantom_tool`, with their fields), `at`? (commits: the decision's time, ns on the engine clock; added within format 3) |
 //! | `release_started` | `tx`, `effect` |
 //! | `released` | `tx`, `effect`, `output`?, `error`?, `unknown`? |
 //! | `compensated` | `tx`, `effect`, `residue`?, `error`? |
@@ -32,7 +32,8 @@
 //! The format version is [`LEDGER_FORMAT_VERSION`] (1, the first; 2 added `tool_changed`; 3
 //! added `extension`, and within 3, before its release, the optional `compensation` of
 //! `effect_recorded`: a record without it reads as an effect with no durable compensation, so
-//! ledgers of formats 1 to 3 written before it read unchanged).
+//! ledgers of formats 1 to 3 written before it read unchanged; and the optional `at` of a
+//! commit's `decided`: a record without it has no known commit time).
 //! Within one version, fields may only be *added*, and must be optional (absent in older
 //! records reads as a default), so older ledgers still read; removing a field, changing its
 //! meaning or shape, or adding an event kind (or class, disposition, tag, abort reason) older

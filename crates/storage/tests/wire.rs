@@ -35,7 +35,7 @@ fn samples() -> Vec<Event> {
         Event::EffectExecuted { tx: t, effect: EffectId(1), output: Arc::new(json!({"k": [1, 2.5, null, "ü"]})) },
         Event::EffectFailed { tx: t, effect: EffectId(1), error: "down\nhard".into(), unknown: true },
         Event::Sealed { tx: t },
-        Event::Decided { tx: t, commit: true, stamp: Some(9), reason: None },
+        Event::Decided { tx: t, commit: true, stamp: Some(9), reason: None, at: None },
         Event::ReleaseStarted { tx: t, effect: EffectId(0) },
         Event::Released {
             tx: t,
@@ -89,7 +89,7 @@ fn samples() -> Vec<Event> {
         AbortReason::PhantomTool { tool: "t".into(), pinned: 1, current: None },
     ];
     for r in reasons {
-        v.push(Event::Decided { tx: t, commit: false, stamp: None, reason: Some(r) });
+        v.push(Event::Decided { tx: t, commit: false, stamp: None, reason: Some(r), at: None });
     }
     let dispositions = [
         Disposition::Accepted,
@@ -166,6 +166,7 @@ fn tool_unavailable_is_a_tool_failed_record_with_an_optional_flag() {
         commit: false,
         stamp: None,
         reason: Some(AbortReason::ToolUnavailable { tool: "x".into(), message: "m".into() }),
+        at: None,
     };
     let text = wire::encode(0, &event).unwrap();
     assert!(text.contains(r#""kind":"tool_failed""#) && text.contains(r#""unavailable":true"#), "{text}");
@@ -223,4 +224,23 @@ fn a_compensation_descriptor_rides_the_effect_record_and_old_records_read_withou
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Within format 3, a commit's `decided` gained the optional `at` (the decision's time on the
+/// engine clock, which the plan executor's `no_commit` predicates read after a rebuild):
+/// written last and only when known, so records without it keep their bytes (the golden file
+/// above), and an older record reads as a decision of unknown time.
+#[test]
+fn a_commit_decision_carries_its_time_and_old_records_read_without_one() {
+    let event =
+        Event::Decided { tx: TxId(5), commit: true, stamp: Some(12), reason: None, at: Some(Timestamp(7_000_000)) };
+    let text = wire::encode(0, &event).unwrap();
+    assert_eq!(text, r#"{"event":"decided","tx":5,"commit":true,"stamp":12,"at":7000000}"#);
+    assert_eq!(wire::decode(&text).unwrap(), event);
+    match wire::decode(r#"{"event":"decided","tx":5,"commit":true,"stamp":12}"#).unwrap() {
+        Event::Decided { at, stamp, .. } => assert_eq!((at, stamp), (None, Some(12))),
+        other => panic!("{other:?}"),
+    }
+    let err = wire::decode(r#"{"event":"decided","tx":5,"commit":true,"at":"noon"}"#).unwrap_err();
+    assert!(err.contains("does not decode"), "{err}");
 }

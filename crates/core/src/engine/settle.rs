@@ -229,7 +229,7 @@ impl Core {
     }
 
     /// Decides a waiting transaction if it can be decided now.
-    pub fn try_commit(&mut self, tx: TxId, _now: Timestamp) -> Result<Decision, EngineError> {
+    pub fn try_commit(&mut self, tx: TxId, now: Timestamp) -> Result<Decision, EngineError> {
         let t = self.tx(tx)?;
         if t.state != TxState::Waiting {
             let state = t.state;
@@ -249,7 +249,7 @@ impl Core {
             }
         }
         let stamp = self.next_stamp()?;
-        self.emit(Event::Decided { tx, commit: true, stamp: Some(stamp), reason: None }, Given::Nothing);
+        self.emit(Event::Decided { tx, commit: true, stamp: Some(stamp), reason: None, at: Some(now) }, Given::Nothing);
         let t = self.tx(tx)?;
         let releases = t
             .effects
@@ -431,7 +431,10 @@ impl Core {
     /// Records the abort of `tx` (unfinished, not aborting, and not committing unless its
     /// first release failed before anything left) and returns its plan.
     fn decide_abort(&mut self, tx: TxId, reason: AbortReason) -> AbortPlan {
-        self.emit(Event::Decided { tx, commit: false, stamp: None, reason: Some(reason.clone()) }, Given::Nothing);
+        self.emit(
+            Event::Decided { tx, commit: false, stamp: None, reason: Some(reason.clone()), at: None },
+            Given::Nothing,
+        );
         let compensations = match self.txs.get(&tx) {
             Some(t) => t
                 .effects

@@ -77,6 +77,8 @@ pub(crate) enum Record<'a> {
         stamp: Option<u64>,
         #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
         reason: Option<ReasonRecord<'a>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<u64>,
     },
     ReleaseStarted {
         tx: u64,
@@ -348,11 +350,12 @@ impl<'a> Record<'a> {
                 Record::EffectFailed { tx: tx.0, effect: effect.0, error: Cow::Borrowed(error), unknown: *unknown }
             }
             Event::Sealed { tx } => Record::Sealed { tx: tx.0 },
-            Event::Decided { tx, commit, stamp, reason: r } => Record::Decided {
+            Event::Decided { tx, commit, stamp, reason: r, at } => Record::Decided {
                 tx: tx.0,
                 commit: *commit,
                 stamp: *stamp,
                 reason: r.as_ref().map(reason).transpose()?,
+                at: at.map(|t| t.0),
             },
             Event::ReleaseStarted { tx, effect } => Record::ReleaseStarted { tx: tx.0, effect: effect.0 },
             Event::Released { tx, effect, output, error, unknown } => Record::Released {
@@ -436,9 +439,13 @@ impl<'a> Record<'a> {
                 Event::EffectFailed { tx: TxId(tx), effect: EffectId(effect), error: error.into_owned(), unknown }
             }
             Record::Sealed { tx } => Event::Sealed { tx: TxId(tx) },
-            Record::Decided { tx, commit, stamp, reason } => {
-                Event::Decided { tx: TxId(tx), commit, stamp, reason: reason.map(ReasonRecord::into_reason) }
-            }
+            Record::Decided { tx, commit, stamp, reason, at } => Event::Decided {
+                tx: TxId(tx),
+                commit,
+                stamp,
+                reason: reason.map(ReasonRecord::into_reason),
+                at: at.map(Timestamp),
+            },
             Record::ReleaseStarted { tx, effect } => Event::ReleaseStarted { tx: TxId(tx), effect: EffectId(effect) },
             Record::Released { tx, effect, output, error, unknown } => Event::Released {
                 tx: TxId(tx),
