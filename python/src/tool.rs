@@ -281,10 +281,9 @@ async fn run_compensation(
 /// The in-process compensation of a tool declared with a descriptor: the descriptor's
 /// arguments resolved against the recorded call (as the plan executor resolves them), sent to
 /// this engine's handler for its capability with the key `<forward key>#compensate` (or the
-/// descriptor's own). The forward key is the call's idempotency key, else the engine's
-/// derived `<tool>:<tx>:<effect>` (docs/plans.md); a recovery in a later process knows no
-/// adapter key (`CallCtx::bare`), so a keyed tool's compensation run by recovery gets the
-/// derived one.
+/// descriptor's own). The forward key is the call's idempotency key (a recovery in a later
+/// process reads it from the ledger), else the engine's derived `<tool>:<tx>:<effect>`
+/// (docs/plans.md).
 async fn compensate_by_capability(
     desc: Descriptor,
     caps: Caps,

@@ -385,3 +385,17 @@ def test_a_later_process_fires_the_held_compensations_after_the_agent_exited_exa
     assert (second["status"], second["outcome"]) == ("ended", "unwound")
     again = [json.loads(line) for line in open(log).read().splitlines()]
     assert len(again) == 3 and len({x["key"] for x in again}) == 3, "exactly once per key"
+
+
+def test_recovery_in_a_new_process_gives_a_descriptor_capability_the_tools_own_key(tmp_path: Any) -> None:
+    program = os.path.join(HERE, "descriptor_key_program.py")
+    first = subprocess.run([sys.executable, program, str(tmp_path), "crash"], capture_output=True, text=True, timeout=60)
+    assert first.returncode == -9, first.stderr
+    second = subprocess.run(
+        [sys.executable, program, str(tmp_path), "recover"], capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode == 0, second.stderr
+    log = (tmp_path / "world.log").read_text().splitlines()
+    # The key recovery gives the capability is the call's own (`key=`), read from the ledger,
+    # not the engine's derived `<tool>:<tx>:<effect>`.
+    assert log == ["book r1", "cancel B-r1 book-r1#compensate"], log

@@ -852,14 +852,22 @@ impl Tidegate {
     }
 
     /// The context for a handler of `tool` serving effect `effect` of `tx`: the one kept
-    /// from the call, or a bare one (nothing kept, or a tool that takes none).
+    /// from the call, else one rebuilt from the ledger's record (nothing kept: the call ran
+    /// in an earlier process, or the tool takes no context).
     pub(crate) fn call_ctx(&self, tool: &Tool, tx: TxId, effect: tidegate_core::EffectId) -> CallCtx {
+        let shared = self.inner.shared.lock();
         if tool.wants_ctx()
-            && let Some(c) = self.inner.shared.lock().ctxs.get(&tx).and_then(|v| v.iter().find(|c| c.effect == effect))
+            && let Some(c) = shared.ctxs.get(&tx).and_then(|v| v.iter().find(|c| c.effect == effect))
         {
             return c.clone();
         }
-        CallCtx::bare(tx, effect)
+        CallCtx { key: shared.core.adapter_key(tx, effect), ..CallCtx::bare(tx, effect) }
+    }
+
+    /// The context recovery gives a handler of effect `effect` of `tx`: what the ledger
+    /// recorded of the call (its adapter key), no handle.
+    pub(crate) fn recovered_ctx(&self, tx: TxId, effect: tidegate_core::EffectId) -> CallCtx {
+        CallCtx { key: self.inner.shared.lock().core.adapter_key(tx, effect), ..CallCtx::bare(tx, effect) }
     }
 
     /// Waits until the ledger holds everything up to `lsn` durably.

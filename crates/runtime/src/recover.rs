@@ -1,6 +1,5 @@
 //! Finishing what a previous process left unfinished, once its tools are registered again.
 
-use crate::tool::CallCtx;
 use tidegate_core::engine::{ExecResult, Recovery};
 use tidegate_core::{Action, CallOutcome, EffectId, TxId};
 
@@ -83,7 +82,7 @@ impl Tidegate {
             RecoveryReport { events, unfinished, expired, orphans: open.clone(), ..RecoveryReport::default() };
         for d in in_doubt {
             let tool = self.tool(&d.tool)?;
-            let result = match tool.probe_call(CallCtx::bare(d.tx, d.effect), d.args.clone()) {
+            let result = match tool.probe_call(self.recovered_ctx(d.tx, d.effect), d.args.clone()) {
                 Some(p) => match p.await {
                     Probe::Happened(v) => {
                         report.probed_happened.push((d.tx, d.effect));
@@ -116,7 +115,7 @@ impl Tidegate {
             let (unknown, _) = self.with_core(|c| c.unknown_releases(tx))?;
             for r in unknown {
                 let tool = self.tool(&r.tool)?;
-                let Some(p) = tool.probe_call(CallCtx::bare(tx, r.effect), r.args.clone()) else {
+                let Some(p) = tool.probe_call(self.recovered_ctx(tx, r.effect), r.args.clone()) else {
                     report.unresolved.push((tx, r.effect));
                     continue;
                 };

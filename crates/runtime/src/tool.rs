@@ -90,7 +90,8 @@ pub struct CallCtx {
     pub tx: TxId,
     /// The effect's issuance position in it.
     pub effect: EffectId,
-    /// The adapter's idempotency key, if the call had one (a provider-side key).
+    /// The adapter's idempotency key, if the call had one (a provider-side key). A handler
+    /// run by recovery in a later process gets it from the call's ledger record.
     pub key: Option<Arc<str>>,
     /// The caller's name for the call ([`crate::CallOptions::call_id`]), if any.
     pub call_id: Option<Arc<str>>,
@@ -99,7 +100,7 @@ pub struct CallCtx {
 }
 
 impl CallCtx {
-    /// A context that knows only the effect (what recovery has after a restart).
+    /// A context that knows only the effect.
     pub fn bare(tx: TxId, effect: EffectId) -> CallCtx {
         CallCtx { tx, effect, key: None, call_id: None, handle: None }
     }

@@ -298,3 +298,74 @@ async fn an_adapter_key_that_executed_replays_after_a_restart() {
     assert_eq!(world.count("charge", "exec"), 1, "the provider was charged once across the restart");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A handler run by recovery (no call context survives the process) gets the call's key from
+/// the ledger: an orphaned transaction's compensation and an in-doubt call's probe see the
+/// adapter key the call was made under, and a call with a derived key gets none.
+#[tokio::test(flavor = "current_thread")]
+async fn recovery_gives_handlers_the_adapter_key_recorded_in_the_ledger() {
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let tool = |keyed: bool, name: &str, seen: &Arc<parking_lot::Mutex<Vec<String>>>| {
+        let (c, p) = (seen.clone(), seen.clone());
+        let b = Tool::builder(name, EffectClass::Reversible)
+            .scope(|a| format!("shop:item:{}", a["id"].as_str().unwrap_or_default()))
+            .call(|_| async { Ok(json!("done")) })
+            .compensate_ctx(move |ctx, a, _| {
+                let c = c.clone();
+                async move {
+                    c.lock().push(format!("compensate {} key={:?}", a["id"], ctx.key.as_deref()));
+                    Ok(tidegate_runtime::Compensation::clean())
+                }
+            })
+            .probe_ctx(move |ctx, a| {
+                let p = p.clone();
+                async move {
+                    p.lock().push(format!("probe {} key={:?}", a["id"], ctx.key.as_deref()));
+                    Probe::DidNotHappen
+                }
+            });
+        let b = if keyed { b.key(|a| format!("order-{}", a["id"].as_str().unwrap_or_default())) } else { b };
+        b.build().unwrap()
+    };
+    let (keyed, plain) = (tool(true, "keyed", &seen), tool(false, "plain", &seen));
+    let store = Arc::new(MemoryStore::new());
+    let tg = Tidegate::builder().store(store.clone()).build().unwrap();
+    tg.register(&keyed).unwrap();
+    tg.register(&plain).unwrap();
+    let tx = tg.begin_with(TxOptions::agent("a")).unwrap();
+    tx.call(&keyed, json!({"id": "k1"})).await.unwrap();
+    tx.call(&plain, json!({"id": "p1"})).await.unwrap();
+    // The process stops here: the transaction is open, its two calls executed.
+    let mut events = store.events();
+    std::mem::forget(tx);
+    drop(tg);
+    // A third call was recorded but never finished (in doubt after the restart).
+    let t = events.iter().find(|e| matches!(e, Event::Begin { .. })).map(Event::tx).unwrap();
+    events.push(Event::EffectRecorded {
+        tx: t,
+        effect: tidegate_core::EffectId(2),
+        tool: "keyed".into(),
+        class: EffectClass::Reversible,
+        scopes: vec!["shop:item:k2".into()],
+        key: "order-k2".into(),
+        args: Arc::new(json!({"id": "k2"})),
+        compensable: true,
+        adapter_key: true,
+        compensation: None,
+    });
+    let tg = Tidegate::builder().store(Arc::new(MemoryStore::from_events(events))).build().unwrap();
+    tg.register(&keyed).unwrap();
+    tg.register(&plain).unwrap();
+    let report = tg.recover().await.unwrap();
+    assert_eq!(report.orphans, vec![t]);
+    let mut got = seen.lock().clone();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            r#"compensate "k1" key=Some("order-k1")"#.to_owned(),
+            r#"compensate "p1" key=None"#.to_owned(),
+            r#"probe "k2" key=Some("order-k2")"#.to_owned(),
+        ]
+    );
+}

@@ -192,6 +192,14 @@ impl Core {
         self.txs.get(&tx)?.effects.get(effect.0 as usize).map(|e| e.key.clone())
     }
 
+    /// The adapter's idempotency key of effect `effect` of the unfinished transaction `tx`, if
+    /// its call had one (`None` for a derived key): what a handler run by recovery, which has
+    /// no call context, is given as the call's key.
+    pub fn adapter_key(&self, tx: TxId, effect: EffectId) -> Option<Arc<str>> {
+        let e = self.txs.get(&tx)?.effects.get(effect.0 as usize)?;
+        e.global_key.then(|| e.key.clone())
+    }
+
     /// The key of the call `decl` at issuance position `id` of `tx`, and whether it is an
     /// adapter's (engine-wide) key.
     pub(super) fn derive_key(tx: TxId, id: EffectId, decl: &EffectDecl) -> (Arc<str>, bool) {
