@@ -246,6 +246,60 @@ def test_a_plan_over_http_commits_retires_and_refuses_a_step_without_a_descripto
         client.get_plan("plan_zz_999999")
     assert unknown.value.kind == "unknown_plan"
 
+def test_a_capability_served_by_a_client_worker_unwinds_a_plan_whose_agent_is_gone(
+    server: Server, client: tidegate.Client, sink: Sink
+) -> None:
+    """``client.capability(name)`` serves a compensation capability from this process over
+    the task queue. The agent's client runs three steps and closes; another client (another
+    process's, here another connection) serves the capability, the plan is failed, and the
+    handler gets the three compensations LIFO with the forward receipts, once each (a
+    transient failure is queued again under the same key)."""
+    s = unique("w")
+    _, book = webhook_tools(client, sink, s)
+    cancel = f"py_unbook{s}"
+    agent = tidegate.connect(server.url, api_key=server.key, timeout=20)
+    receipts = []
+    plan = agent.open_plan(owner="ops", deadline=3600)
+    for i in range(3):
+        with plan.transaction(may_touch=[f"travel:hotel:{s}-{i}"]) as tx:
+            comp = tidegate.Compensate(cancel, {"booking": tidegate.Compensate.output("/receipt")})
+            receipts.append(tx.call(book, room=f"{s}-{i}", _compensate=comp)["receipt"])
+    plan_id = plan.remote_id
+    assert plan_id is not None
+    agent.close()
+
+    seen: List[Tuple[str, str, Any]] = []
+    failed_once: List[str] = []
+    lock = threading.Lock()
+
+    def unbook(req: tidegate.CapabilityRequest) -> None:
+        assert req.operation == "compensate" and req.capability == cancel and req.tool == book
+        with lock:
+            if req.args["booking"] == receipts[1] and not failed_once:
+                failed_once.append(req.key)
+                raise tidegate.TransientError("the hotel's API is busy")
+            seen.append((req.key, req.args["booking"], req.output))
+
+    worker = tidegate.connect(server.url, api_key=server.key, timeout=20)
+    try:
+        assert worker.capability(cancel)(unbook) is unbook
+        with pytest.raises(tidegate.InvalidArgument) as bad:
+            worker.capability("")
+        assert bad.value.argument == "name"
+        client.get_plan(plan_id).fail("visa refused")
+        final = client.get_plan(plan_id).wait(30)
+        assert final["state"] == "unwound" and final["held"] == 0, final
+        with lock:
+            assert [b for _, b, _ in seen] == list(reversed(receipts)), seen
+            assert [o for _, _, o in seen] == [{"receipt": r} for r in reversed(receipts)], seen
+            assert len({k for k, _, _ in seen}) == 3 and all(k.endswith("#compensate") for k, _, _ in seen)
+            assert failed_once and failed_once[0] == seen[1][0], "the retry runs under the same key"
+        time.sleep(0.3)
+        assert len(seen) == 3, "no compensation runs twice"
+    finally:
+        worker.close()
+
+
 def test_errors_are_the_package_exception_types(client: tidegate.Client, sink: Sink) -> None:
     send, _ = webhook_tools(client, sink, unique("c"))
     tx = client.begin(may_touch=["mail:to:carol"])

@@ -61,7 +61,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 from . import _context
 from .errors import (
@@ -90,7 +90,7 @@ from .errors import (
     WrongState,
 )
 from .outcome import EffectOutcome, Happened, Held, Outcome, ReadResult
-from .plans import Compensate, _bad, _choice, _plan_args, _reason
+from .plans import CapabilityRequest, Compensate, _bad, _choice, _plan_args, _reason
 from .tools import Tool
 from .transaction import Transaction, _check_agent, _scopes_arg, _seconds
 
@@ -315,6 +315,7 @@ class Client:
         self._worker_name = worker or f"py-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._tools: Dict[str, Tool] = {}
         self._tool_caps: Dict[str, Tool] = {}
+        self._cap_handlers: Dict[str, Callable[[CapabilityRequest], Any]] = {}
         self._lock = threading.Lock()
         self._worker: Optional[threading.Thread] = None
         self._stop = threading.Event()
@@ -369,6 +370,59 @@ class Client:
         """Defines (or redefines) a capability: ``{"kind": "webhook", "url": ...}`` or
         ``{"kind": "worker", ...}`` (docs/server.md). Needs an operator or admin key."""
         return dict(self._request("PUT", f"/v1/capabilities/{name}", dict(spec))[1])
+
+    def capability(
+        self, name: str, handler: Optional[Callable[[CapabilityRequest], Any]] = None, *, deadline: Optional[float] = None
+    ) -> Any:
+        """Serves capability ``name`` from this process (a decorator, or called with the
+        handler), as :meth:`tidegate.Tidegate.capability` does in process::
+
+            @client.capability("cancel_booking")
+            def cancel_booking(req: tidegate.CapabilityRequest) -> None: ...
+
+        Defines ``name`` on the server as a worker capability (replacing an earlier
+        definition of that name, a webhook's too) and runs ``handler(req)`` on this client's
+        worker thread for every task of it: the compensations and probes of descriptors naming
+        it (:class:`tidegate.Compensate`) that the server's plan executor fires, also for plans
+        whose agent is gone, as long as some process serves the capability. The handler's
+        contract is :class:`tidegate.CapabilityRequest`'s; in addition, raising
+        ``NotApplied(retry=True)`` or :class:`~tidegate.TransientError` queues the operation
+        again within the capability's attempts. ``deadline`` (seconds) settles a task no
+        worker took in time. Needs a key with ``registry.write`` and ``tasks.work``."""
+        if not isinstance(name, str) or not 1 <= len(name.encode("utf-8", "surrogatepass")) <= 128:
+            raise InvalidArgument(
+                f"invalid `name` = {name!r}: expected a capability name of 1 to 128 bytes (UTF-8)",
+                kind="invalid_argument",
+                argument="name",
+            )
+
+        def register(fn: Callable[[CapabilityRequest], Any]) -> Callable[[CapabilityRequest], Any]:
+            if not callable(fn):
+                raise InvalidArgument(
+                    f"invalid `handler` = {fn!r} for capability `{name}`: expected a callable",
+                    kind="invalid_argument",
+                    argument="handler",
+                )
+            with self._lock:
+                if name in self._tool_caps:
+                    raise InvalidArgument(
+                        f"invalid `name` = {name!r}: the capability serves tool `{self._tool_caps[name].name}` of this client",
+                        kind="invalid_argument",
+                        argument="name",
+                    )
+            spec: Dict[str, Any] = {"kind": "worker"}
+            if deadline is not None:
+                _seconds(deadline, "deadline", positive=True)
+                spec["deadline_ms"] = int(deadline * 1000)
+            self.define_capability(name, spec)
+            with self._lock:
+                self._cap_handlers[name] = fn
+                self._start_worker()
+            return fn
+
+        if handler is not None:
+            return register(handler)
+        return register
 
     def define_tool(self, name: str, definition: Mapping[str, Any]) -> Dict[str, Any]:
         """Defines (or redefines) a server tool: ``{"class", "scopes", "call", "compensate"?,
@@ -434,17 +488,21 @@ class Client:
             self._tools[t.name] = t
             for cap in caps.values():
                 self._tool_caps[cap] = t
-            if self._worker is None or not self._worker.is_alive():
-                self._stop.clear()
-                self._worker = threading.Thread(target=self._work, name=f"tidegate-worker-{self._worker_name}", daemon=True)
-                self._worker.start()
+            self._start_worker()
+
+    def _start_worker(self) -> None:
+        """Starts the worker thread unless it runs (called with the lock held)."""
+        if self._worker is None or not self._worker.is_alive():
+            self._stop.clear()
+            self._worker = threading.Thread(target=self._work, name=f"tidegate-worker-{self._worker_name}", daemon=True)
+            self._worker.start()
 
     # -- the worker loop ----------------------------------------------------------------------
 
     def _work(self) -> None:
         while not self._stop.is_set():
             with self._lock:
-                caps = sorted(self._tool_caps)
+                caps = sorted({*self._tool_caps, *self._cap_handlers})
             try:
                 _, r = self._request(
                     "POST",
@@ -461,6 +519,10 @@ class Client:
                 self._run_task(task)
 
     def _run_task(self, task: Mapping[str, Any]) -> None:
+        handler = self._cap_handlers.get(str(task.get("capability")))
+        if handler is not None:
+            self._report(task, _run_capability(handler, task))
+            return
         t = self._tool_caps.get(str(task.get("capability")))
         op = str(task.get("operation"))
         args, kwargs = _unpack(task.get("args"))
@@ -502,6 +564,9 @@ class Client:
                 # NotApplied / TransientError: not_applied (with retry: queued again within the
                 # capability's attempts); anything else: unknown.
                 result = _failure(e)
+        self._report(task, result)
+
+    def _report(self, task: Mapping[str, Any], result: Mapping[str, Any]) -> None:
         try:
             self._request("POST", f"/v1/tasks/{task['id']}/report", {"worker": self._worker_name, "result": result}, ok=(200, 409))
         except TidegateError:
@@ -611,6 +676,43 @@ def _descriptor_arg(comp: Any) -> Optional[Dict[str, Any]]:
             argument="_compensate",
         )
     return comp._to_dict()
+
+
+def _run_capability(handler: Callable[[CapabilityRequest], Any], task: Mapping[str, Any]) -> Dict[str, Any]:
+    """Runs a capability handler for a worker task; its answer as the task's result, read as
+    the in-process engine reads it (:class:`tidegate.CapabilityRequest`)."""
+    op = str(task.get("operation"))
+    req = CapabilityRequest(
+        capability=str(task.get("capability")),
+        operation=op,
+        tool=str(task.get("tool", "")),
+        key=str(task.get("key", "")),
+        args=task.get("args"),
+        output=task.get("output"),
+    )
+    try:
+        answer = _invoke(handler, (req,), {})
+    except Exception as e:  # noqa: BLE001 - a handler's failure is reported, not raised here
+        if op == "probe":
+            return {"status": "unknown", "error": f"the probe raised {_error_text(e)}"}
+        return _failure(e)
+    if op == "probe":
+        if answer is None:
+            return {"status": "unknown", "error": "the probe could not tell (returned None)"}
+        if isinstance(answer, Happened):
+            return {"status": "done", "output": _jsonable(answer.output)}
+        try:
+            happened = bool(answer)
+        except Exception as e:  # noqa: BLE001 - an answer without a truth value
+            return {"status": "unknown", "error": f"the probe's answer has no truth value: {_error_text(e)}"}
+        if happened:
+            return {"status": "done"}
+        return {"status": "failed", "error": "the probe says it did not take effect"}
+    if answer is None:
+        return {"status": "done"}
+    if isinstance(answer, str):
+        return {"status": "done", "residue": answer}
+    return {"status": "done", "output": _jsonable(answer)}
 
 
 def _unpack(payload: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
