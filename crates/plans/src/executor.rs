@@ -1224,8 +1224,17 @@ impl Executor {
                     info.settled = Some(*committed);
                     let plan = info.plan;
                     if let Some(p) = self.plans.get_mut(&plan) {
+                        // Still pending at the settlement: an eager call whose outcome never
+                        // came back may have happened; a held effect of a commit was never
+                        // released, unless the commit tagged it unresolved (its release started
+                        // and its outcome was lost: it may have fired).
                         for r in p.regs.iter_mut().filter(|r| r.tx == *tx && r.forward == Forward::Pending) {
-                            r.forward = if !*committed || r.held { Forward::NotApplied } else { Forward::InDoubt };
+                            let unresolved = tags.iter().any(|(e, t)| *e == r.effect && t == "unresolved");
+                            r.forward = if !*committed || (r.held && !unresolved) {
+                                Forward::NotApplied
+                            } else {
+                                Forward::InDoubt
+                            };
                         }
                     }
                     self.agenda.insert(plan);

@@ -56,6 +56,18 @@ impl H {
         self.exec.observe(&o);
         self.log.push(Entry::Engine(o));
     }
+    /// Effect `effect` of `tx` recorded (`send` if held, `book` if eager), key `k<tx>.<effect>`.
+    fn record(&mut self, tx: TxId, effect: u32, held: bool, descriptor: Option<Descriptor>) {
+        self.obs(Observation::EffectRecorded {
+            tx,
+            effect,
+            tool: if held { "send".into() } else { "book".into() },
+            held,
+            key: format!("k{tx}.{effect}"),
+            args: json!({}),
+            descriptor,
+        });
+    }
     /// A committed step of `plan` with one eager effect per descriptor (`None`: gated).
     fn step(&mut self, plan: PlanId, tx: TxId, effects: &[Option<Descriptor>]) {
         self.cmd(|e, _| e.begin_step(plan, tx)).unwrap();
@@ -213,15 +225,7 @@ fn an_aborted_step_is_left_to_the_engine() {
     let p = h.open(None, None);
     h.step(p, 1, &[desc()]);
     h.cmd(|e, _| e.begin_step(p, 2)).unwrap();
-    h.obs(Observation::EffectRecorded {
-        tx: 2,
-        effect: 0,
-        tool: "book".into(),
-        held: false,
-        key: "k2.0".into(),
-        args: json!({}),
-        descriptor: desc(),
-    });
+    h.record(2, 0, false, desc());
     h.obs(Observation::EffectExecuted { tx: 2, effect: 0, output: json!({"id": "b2.0"}) });
     h.obs(Observation::Settled { tx: 2, committed: false, tags: vec![], scopes: vec![], at_ms: 0 });
     // While the plan is open the aborted step's registration is shown as such, not as held.
@@ -261,6 +265,32 @@ fn irreversible_step_makes_a_stuck_plan_and_each_owner_choice_works() {
                 assert_eq!(h.status(p), Status::Open);
                 h.cmd(|e, now| e.commit(p, now)).unwrap();
             }
+        }
+    }
+}
+
+/// A held (irreversible) effect whose release started but whose outcome was lost (a crash
+/// took the `released` record; recovery had no probe) reaches the executor only as the commit's
+/// `unresolved` tag: it may have fired, so a failing plan goes stuck for it as for one that
+/// fired. One never released (no tag) did not leave, and the plan unwinds. Found by the
+/// randomized test through the engine (crates/runtime/tests/plans_random.rs, seed 13).
+#[test]
+fn an_irreversible_effect_whose_release_was_lost_makes_a_failing_plan_stuck() {
+    for (tag, stuck) in [("unresolved", true), ("partial-commit", false)] {
+        let mut h = H::new();
+        let p = h.open(None, None);
+        h.step(p, 1, &[desc()]);
+        h.cmd(|e, _| e.begin_step(p, 2)).unwrap();
+        h.record(2, 0, true, None);
+        h.obs(Observation::Settled { tx: 2, committed: true, tags: vec![(0, tag.into())], scopes: vec![], at_ms: 0 });
+        h.cmd(|e, now| e.signal(p, "x", now)).unwrap();
+        h.pump();
+        if stuck {
+            assert!(h.done.is_empty(), "{tag}: nothing compensated before the owner decides");
+            assert_eq!(h.exec.stuck(), [(p, StuckReason::Irreversible { seqs: vec![1] })], "{tag}");
+        } else {
+            assert_eq!(h.done, ["k1.0#compensate"], "{tag}");
+            assert_eq!(h.status(p), Status::Ended(Outcome::Unwound), "{tag}");
         }
     }
 }
