@@ -17,7 +17,7 @@ use crate::predicate::{Atom, Node, Predicate, Tri};
 use crate::wheel::Wheel;
 
 /// The version of [`Executor::snapshot`]'s form this build writes and reads.
-pub const PLAN_SNAPSHOT_VERSION: u32 = 1;
+pub const PLAN_SNAPSHOT_VERSION: u32 = 2;
 
 /// What a dispatch asks a capability to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -366,6 +366,12 @@ pub struct Executor {
     by_tagged: FxHashMap<(TxId, EffectId), Vec<usize>>,
     by_comp: FxHashMap<PlanId, Vec<usize>>,
     by_scope: FxHashMap<String, Vec<usize>>,
+    /// Commits decided and not yet settled that wrote a scope a `no_commit` atom watches:
+    /// their decision time and those scopes.
+    committing: FxHashMap<TxId, (u64, Vec<String>)>,
+    /// `no_commit` atoms whose time passed while a commit decided before it was pending, by
+    /// that commit: its settlement says whether they read false or true.
+    blocked: FxHashMap<TxId, Vec<usize>>,
     agenda: BTreeSet<PlanId>,
     probing: FxHashSet<(PlanId, Seq)>,
     #[serde(with = "crate::snapshot::as_json")]
@@ -426,6 +432,8 @@ impl Executor {
             by_tagged: FxHashMap::default(),
             by_comp: FxHashMap::default(),
             by_scope: FxHashMap::default(),
+            committing: FxHashMap::default(),
+            blocked: FxHashMap::default(),
             agenda: BTreeSet::new(),
             probing: FxHashSet::default(),
             stuck: BTreeMap::new(),
@@ -487,7 +495,12 @@ impl Executor {
                 return Err(format!("an atom names trigger {} of plan {}, which does not exist", a.trigger, a.plan));
             }
         }
-        let indexed = self.by_tagged.values().chain(self.by_comp.values()).chain(self.by_scope.values());
+        let indexed = self
+            .by_tagged
+            .values()
+            .chain(self.by_comp.values())
+            .chain(self.by_scope.values())
+            .chain(self.blocked.values());
         let timed = self.wheel.items().filter_map(|t| match t {
             Timer::Atom(i) => Some(i),
             Timer::Deadline { .. } => None,
@@ -1130,6 +1143,21 @@ impl Executor {
         Ok(())
     }
 
+    /// For a `no_commit` atom still unknown: the lowest pending commit (decided, not yet
+    /// settled) that wrote its scope before its time, which keeps it unknown until it settles.
+    fn pending_commit_before(&self, id: usize) -> Option<TxId> {
+        let a = &self.atoms[id];
+        let Atom::NoCommit { scope, before_ms } = &a.atom else { return None };
+        if a.value != Tri::Unknown {
+            return None;
+        }
+        self.committing
+            .iter()
+            .filter(|(_, (at, scopes))| at < before_ms && scopes.iter().any(|s| s == scope))
+            .map(|(tx, _)| *tx)
+            .min()
+    }
+
     fn set_atom(&mut self, id: usize, value: Tri, witness: u32) {
         let a = &mut self.atoms[id];
         if a.value != Tri::Unknown {
@@ -1219,7 +1247,14 @@ impl Executor {
                     };
                 }
             }
+            Observation::Committing { tx, scopes, at_ms } => {
+                let watched: Vec<String> = scopes.iter().filter(|s| self.by_scope.contains_key(*s)).cloned().collect();
+                if !watched.is_empty() {
+                    self.committing.insert(*tx, (*at_ms, watched));
+                }
+            }
             Observation::Settled { tx, committed, tags, scopes, at_ms } => {
+                self.committing.remove(tx);
                 if let Some(info) = self.txs.get_mut(tx) {
                     info.settled = Some(*committed);
                     let plan = info.plan;
@@ -1258,6 +1293,15 @@ impl Executor {
                         }
                     }
                 }
+                // Atoms whose time passed while this commit was pending: still unknown (it was
+                // retracted, or did not write their scope), they read true unless another
+                // pending commit holds them.
+                for id in self.blocked.remove(tx).unwrap_or_default() {
+                    match self.pending_commit_before(id) {
+                        Some(other) => self.blocked.entry(other).or_default().push(id),
+                        None => self.set_atom(id, Tri::True, 0),
+                    }
+                }
             }
         }
     }
@@ -1290,7 +1334,10 @@ impl Executor {
                         self.agenda.insert(plan);
                     }
                 }
-                Timer::Atom(id) => self.set_atom(id, Tri::True, 0),
+                Timer::Atom(id) => match self.pending_commit_before(id) {
+                    Some(tx) => self.blocked.entry(tx).or_default().push(id),
+                    None => self.set_atom(id, Tri::True, 0),
+                },
             }
         }
         let mut out = Decision::default();

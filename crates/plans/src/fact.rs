@@ -357,6 +357,14 @@ pub enum Observation {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         output: Option<Value>,
     },
+    /// A commit was decided at `at_ms` (engine clock) for a transaction that wrote `scopes`;
+    /// it settles later, committed or retracted into an abort. Until then a `no_commit` atom
+    /// on one of those scopes whose time passes stays unknown.
+    Committing {
+        tx: TxId,
+        scopes: Vec<String>,
+        at_ms: u64,
+    },
     /// A transaction finished: its tags, and for a commit the scopes it wrote.
     Settled {
         tx: TxId,

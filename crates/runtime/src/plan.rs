@@ -251,10 +251,13 @@ impl FeedState {
     fn map(&mut self, e: &Event, at_ms: u64) -> Option<Observation> {
         match e {
             Event::Decided { tx, commit: true, at: Some(at), .. } => {
-                if self.scopes.contains_key(tx) {
-                    self.decided.insert(*tx, at.0 / 1_000_000);
-                }
-                None
+                let written = self.scopes.get(tx)?;
+                let at_ms = at.0 / 1_000_000;
+                self.decided.insert(*tx, at_ms);
+                let mut scopes: Vec<String> = written.iter().map(|s| s.to_string()).collect();
+                scopes.sort_unstable();
+                scopes.dedup();
+                Some(Observation::Committing { tx: tx.0, scopes, at_ms })
             }
             Event::EffectRecorded { tx, effect, tool, class, scopes, key, args, compensation, .. } => {
                 self.scopes.entry(*tx).or_default().extend(scopes.iter().cloned());

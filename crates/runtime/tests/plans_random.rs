@@ -27,10 +27,10 @@ use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tidegate_runtime::plans::{Operation, Outcome, Status};
+use tidegate_runtime::plans::{NoCommit, Operation, Outcome, Status, Tri};
 use tidegate_runtime::{
-    CallOptions, CallResult, Choice, Compensation, Descriptor, EffectClass, Error, ManualClock, MemoryStore, PlanError,
-    PlanId, PlanOptions, Probe, Tidegate, Tool, ToolError, TxOptions,
+    CallOptions, CallResult, Choice, Compensation, Descriptor, EffectClass, EngineError, Error, ManualClock,
+    MemoryStore, PlanError, PlanId, PlanOptions, Predicate, Probe, Tidegate, Tool, ToolError, TxOptions,
 };
 use tidegate_storage::{FaultOptions, FaultyStore};
 
@@ -125,6 +125,17 @@ fn book(world: &Shared) -> Tool {
         .unwrap()
 }
 
+/// A payment on an order's scope (`pay:order:<n>`), outside any plan: what `no_commit`
+/// predicates watch.
+fn pay() -> Tool {
+    Tool::builder("pay", EffectClass::Idempotent)
+        .scope(|a| format!("pay:order:{}", a["order"].as_u64().unwrap_or_default()))
+        .key(|a| format!("pay-{}", a["order"].as_u64().unwrap_or_default()))
+        .call(|_| async { Ok(json!("paid")) })
+        .build()
+        .unwrap()
+}
+
 /// An irreversible notice (held until its step commits).
 fn notify(world: &Shared) -> Tool {
     let w = world.clone();
@@ -206,6 +217,11 @@ struct Truth {
     /// A step with a notice was acknowledged committed (the notice went out).
     notice_out: bool,
     deadline_ms: u64,
+    /// The plan's `no_commit` predicate on `pay:order:<plan>`: its time (ms).
+    pay_before: Option<u64>,
+    /// When a payment's commit on that scope was acknowledged (ms; the clock does not move
+    /// during it).
+    paid_at: Option<u64>,
 }
 
 struct Run {
@@ -217,6 +233,7 @@ struct Run {
     tg: Tidegate,
     book: Tool,
     notify: Tool,
+    pay: Tool,
     crashes: u32,
     stuck_seen: HashSet<PlanId>,
 }
@@ -234,7 +251,7 @@ impl Run {
         let store = Arc::new(FaultyStore::new(MemoryStore::new(), Self::crash_point(&mut rng, 0)));
         let tg = engine(&clock, store.clone());
         let (book, notify) = (book(&world), notify(&world));
-        Run { seed, rng, world, clock, store, tg, book, notify, crashes: 0, stuck_seen: HashSet::new() }
+        Run { seed, rng, world, clock, store, tg, book, notify, pay: pay(), crashes: 0, stuck_seen: HashSet::new() }
     }
 
     fn crash_point(rng: &mut SmallRng, crashes: u32) -> FaultOptions {
@@ -248,6 +265,7 @@ impl Run {
         loop {
             self.tg.register(&self.book).unwrap();
             self.tg.register(&self.notify).unwrap();
+            self.tg.register(&self.pay).unwrap();
             capabilities(&self.tg, &self.world);
             match self.tg.recover().await {
                 Ok(_) => return,
@@ -339,7 +357,14 @@ impl Run {
                 let idx = fresh.unwrap();
                 let deadline = Duration::from_millis(self.rng.gen_range(200..3_000));
                 truth[idx].deadline_ms = u64::MAX; // tried (a crash may lose the plan)
-                let plan = self.tg.plan(PlanOptions::owner(format!("owner-{idx}")).deadline(deadline)).await;
+                let mut opts = PlanOptions::owner(format!("owner-{idx}")).deadline(deadline);
+                if self.rng.gen_bool(0.4) {
+                    let before_ms = self.clock_ms() + self.rng.gen_range(50..2_000);
+                    let scope = format!("pay:order:{idx}");
+                    opts = opts.trigger(Predicate::NoCommit(NoCommit { tenant: None, scope, before_ms }));
+                    truth[idx].pay_before = Some(before_ms);
+                }
+                let plan = self.tg.plan(opts).await;
                 let plan = plan?;
                 truth[idx].id = Some(plan.id());
                 truth[idx].deadline_ms = self.clock_ms() + deadline.as_millis() as u64;
@@ -364,6 +389,17 @@ impl Run {
                 if plan.fail("visa refused").await.is_ok() {
                     truth[idx].failed = true;
                 }
+            }
+            8 if truth.iter().any(|t| t.id.is_some() && t.pay_before.is_some() && t.paid_at.is_none()) => {
+                let due: Vec<usize> =
+                    (0..truth.len()).filter(|&i| truth[i].pay_before.is_some() && truth[i].paid_at.is_none()).collect();
+                let idx = due[self.rng.gen_range(0..due.len())];
+                let tx = self.tg.begin_with(TxOptions::agent("payer").may_touch([format!("pay:order:{idx}")]))?;
+                tx.call(&self.pay, json!({"order": idx})).await?;
+                tx.seal()?;
+                let at = self.clock_ms();
+                tx.commit().await?;
+                truth[idx].paid_at = Some(at);
             }
             _ => self.clock.advance(Duration::from_millis(self.rng.gen_range(10..600))),
         }
@@ -390,7 +426,12 @@ async fn run_seed(seed: u64) -> Result<(u32, usize, BTreeMap<String, usize>), St
         } else if let Err(e) = acted {
             // A live engine refuses a step of a plan that already failed or ended; anything
             // else is a finding.
-            if !matches!(e, Error::Plan(PlanError::WrongState { .. })) {
+            // A payment whose earlier attempt ended in doubt is refused under its key.
+            let legit = matches!(
+                e,
+                Error::Plan(PlanError::WrongState { .. }) | Error::Engine(EngineError::KeyUnresolved { .. })
+            );
+            if !legit {
                 return Err(format!("a live engine refused: {e:?}"));
             }
         }
@@ -526,6 +567,21 @@ fn check_world(
                 }
             }
             return Err(format!("plan {id} (#{idx}) failed after a notice went out but was never stuck: {detail:?}"));
+        }
+        if let (Some(before), Some(paid)) = (t.pay_before, t.paid_at)
+            && paid < before
+        {
+            let trigger = details
+                .get(&id)
+                .and_then(|d| d.as_ref())
+                .and_then(|d| d.triggers.iter().find(|t| t.kind == "predicate"))
+                .map(|t| t.value);
+            if trigger != Some(Tri::False) {
+                return Err(format!(
+                    "plan {id} (#{idx}): paid at {paid} ms, before its no_commit time {before} ms, but the predicate reads {trigger:?}"
+                ));
+            }
+            *outcomes.entry("paid before no_commit".to_owned()).or_insert(0) += 1;
         }
         let mine: Vec<&String> = w.booked.iter().filter(|k| parse_key(k).is_some_and(|(p, ..)| p == idx)).collect();
         for k in &mine {
