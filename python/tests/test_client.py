@@ -712,3 +712,51 @@ def test_story_a_compensation_runs_exactly_once_after_the_agent_is_killed(
     rows = sink.log("unbook")
     assert len(rows) == 1 and rows[0]["key"] == sink.log("book")[0]["key"] + "#compensate", rows
     assert rows[0]["args"] == {"room": room}
+
+
+def test_a_capability_handlers_answers_map_to_task_results_as_in_process() -> None:
+    """What ``Client.capability``'s worker reports for each answer of a handler (no server:
+    the mapping alone), and that a forward call's task never reaches a compensation handler."""
+    from tidegate.client import _run_capability
+
+    def task(op: str) -> Dict[str, Any]:
+        return {"capability": "c", "operation": op, "tool": "t", "key": "k#compensate", "args": {"a": 1}, "output": 2}
+
+    def answering(value: Any) -> Any:
+        def handler(req: tidegate.CapabilityRequest) -> Any:
+            assert (req.capability, req.tool, req.key, req.args, req.output) == ("c", "t", "k#compensate", {"a": 1}, 2)
+            if isinstance(value, BaseException):
+                raise value
+            return value
+
+        return handler
+
+    comp = [
+        (None, {"status": "done"}),
+        ("fee 3", {"status": "done", "residue": "fee 3"}),
+        ({"refund": 9}, {"status": "done", "output": {"refund": 9}}),
+        (tidegate.NotApplied("closed", retry=True), {"status": "not_applied", "retry": True}),
+        (tidegate.TransientError("busy"), {"status": "not_applied", "retry": True}),
+        (RuntimeError("timeout"), {"status": "unknown"}),
+    ]
+    for value, want in comp:
+        got = _run_capability(answering(value), task("compensate"))
+        assert {k: got[k] for k in want} == want, (value, got)
+    probe = [
+        (True, "done"),
+        (tidegate.Happened({"id": 1}), "done"),
+        (False, "failed"),
+        (None, "unknown"),
+        (RuntimeError("down"), "unknown"),
+    ]
+    for value, status in probe:
+        assert _run_capability(answering(value), task("probe"))["status"] == status, value
+    assert _run_capability(answering(tidegate.Happened({"id": 1})), task("probe"))["output"] == {"id": 1}
+    called: List[str] = []
+    refused = _run_capability(lambda req: called.append(req.key), task("call"))
+    assert refused["status"] == "failed" and "not `call`" in refused["error"] and called == []
+
+    async def coro(req: tidegate.CapabilityRequest) -> str:
+        return "async fee"
+
+    assert _run_capability(coro, task("compensate")) == {"status": "done", "residue": "async fee"}

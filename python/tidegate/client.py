@@ -60,6 +60,7 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
@@ -369,7 +370,7 @@ class Client:
     def define_capability(self, name: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
         """Defines (or redefines) a capability: ``{"kind": "webhook", "url": ...}`` or
         ``{"kind": "worker", ...}`` (docs/server.md). Needs an operator or admin key."""
-        return dict(self._request("PUT", f"/v1/capabilities/{name}", dict(spec))[1])
+        return dict(self._request("PUT", f"/v1/capabilities/{urllib.parse.quote(name, safe='')}", dict(spec))[1])
 
     def capability(
         self, name: str, handler: Optional[Callable[[CapabilityRequest], Any]] = None, *, deadline: Optional[float] = None
@@ -403,19 +404,14 @@ class Client:
                     kind="invalid_argument",
                     argument="handler",
                 )
-            with self._lock:
-                if name in self._tool_caps:
-                    raise InvalidArgument(
-                        f"invalid `name` = {name!r}: the capability serves tool `{self._tool_caps[name].name}` of this client",
-                        kind="invalid_argument",
-                        argument="name",
-                    )
+            self._check_not_a_tool_capability(name)
             spec: Dict[str, Any] = {"kind": "worker"}
             if deadline is not None:
                 _seconds(deadline, "deadline", positive=True)
                 spec["deadline_ms"] = int(deadline * 1000)
             self.define_capability(name, spec)
             with self._lock:
+                self._check_not_a_tool_capability(name)
                 self._cap_handlers[name] = fn
                 self._start_worker()
             return fn
@@ -423,6 +419,15 @@ class Client:
         if handler is not None:
             return register(handler)
         return register
+
+    def _check_not_a_tool_capability(self, name: str) -> None:
+        t = self._tool_caps.get(name)
+        if t is not None:
+            raise InvalidArgument(
+                f"invalid `name` = {name!r}: the capability serves tool `{t.name}` of this client",
+                kind="invalid_argument",
+                argument="name",
+            )
 
     def define_tool(self, name: str, definition: Mapping[str, Any]) -> Dict[str, Any]:
         """Defines (or redefines) a server tool: ``{"class", "scopes", "call", "compensate"?,
@@ -472,6 +477,13 @@ class Client:
             caps["compensate"] = f"py.{name}.compensate"
         if t.probe is not None:
             caps["probe"] = f"py.{name}.probe"
+        taken = [c for c in caps.values() if c in self._cap_handlers]
+        if taken:
+            raise InvalidArgument(
+                f"invalid `tool` = {t!r}: its capability `{taken[0]}` is served by a capability handler of this client",
+                kind="invalid_argument",
+                argument="tool",
+            )
         for cap in caps.values():
             self.define_capability(cap, spec)
         # Calls from this client always send their scopes; the template only answers callers
@@ -485,6 +497,12 @@ class Client:
         }
         self.define_tool(name, definition)
         with self._lock:
+            if any(c in self._cap_handlers for c in caps.values()):
+                raise InvalidArgument(
+                    f"invalid `tool` = {t!r}: a capability handler of this client took one of its capabilities",
+                    kind="invalid_argument",
+                    argument="tool",
+                )
             self._tools[t.name] = t
             for cap in caps.values():
                 self._tool_caps[cap] = t
@@ -516,6 +534,8 @@ class Client:
                     return
                 continue
             for task in r.get("tasks", ()):
+                if self._stop.is_set():
+                    return  # leased tasks not run go back to the queue when their lease ends
                 self._run_task(task)
 
     def _run_task(self, task: Mapping[str, Any]) -> None:
@@ -569,7 +589,7 @@ class Client:
     def _report(self, task: Mapping[str, Any], result: Mapping[str, Any]) -> None:
         try:
             self._request("POST", f"/v1/tasks/{task['id']}/report", {"worker": self._worker_name, "result": result}, ok=(200, 409))
-        except TidegateError:
+        except Exception:  # noqa: BLE001 - also a client closed under the worker (RuntimeError)
             pass  # the lease runs out and the task is offered again under the same key
 
     # -- transactions -------------------------------------------------------------------------
@@ -682,6 +702,10 @@ def _run_capability(handler: Callable[[CapabilityRequest], Any], task: Mapping[s
     """Runs a capability handler for a worker task; its answer as the task's result, read as
     the in-process engine reads it (:class:`tidegate.CapabilityRequest`)."""
     op = str(task.get("operation"))
+    if op not in ("compensate", "probe"):
+        # A tool defined elsewhere that names this capability for its calls: a compensation
+        # handler must not run (and report `done`) for a forward call.
+        return {"status": "failed", "error": f"capability `{task.get('capability')}` serves compensations and probes, not `{op}`"}
     req = CapabilityRequest(
         capability=str(task.get("capability")),
         operation=op,
