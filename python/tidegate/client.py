@@ -91,7 +91,7 @@ from .errors import (
     WrongState,
 )
 from .outcome import EffectOutcome, Happened, Held, Outcome, ReadResult
-from .plans import CapabilityRequest, Compensate, _bad, _choice, _plan_args, _reason
+from .plans import CapabilityRequest, Compensate, _bad, _check_capability_handler, _choice, _name, _plan_args, _reason
 from .tools import Tool
 from .transaction import Transaction, _check_agent, _scopes_arg, _seconds
 
@@ -390,20 +390,10 @@ class Client:
         ``NotApplied(retry=True)`` or :class:`~tidegate.TransientError` queues the operation
         again within the capability's attempts. ``deadline`` (seconds) settles a task no
         worker took in time. Needs a key with ``registry.write`` and ``tasks.work``."""
-        if not isinstance(name, str) or not 1 <= len(name.encode("utf-8", "surrogatepass")) <= 128:
-            raise InvalidArgument(
-                f"invalid `name` = {name!r}: expected a capability name of 1 to 128 bytes (UTF-8)",
-                kind="invalid_argument",
-                argument="name",
-            )
+        _name(name, "name")
 
         def register(fn: Callable[[CapabilityRequest], Any]) -> Callable[[CapabilityRequest], Any]:
-            if not callable(fn):
-                raise InvalidArgument(
-                    f"invalid `handler` = {fn!r} for capability `{name}`: expected a callable",
-                    kind="invalid_argument",
-                    argument="handler",
-                )
+            _check_capability_handler(fn, name)
             self._check_not_a_tool_capability(name)
             spec: Dict[str, Any] = {"kind": "worker"}
             if deadline is not None:

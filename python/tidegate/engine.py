@@ -13,7 +13,7 @@ from . import _context
 from . import _native
 from .errors import InvalidArgument, TidegateError
 from .outcome import RunResult
-from .plans import Plan, PlanDetail, PlanInfo, StuckPlan, _new_plan
+from .plans import Plan, PlanDetail, PlanInfo, StuckPlan, _check_capability_handler, _name, _new_plan
 from .speculation import Speculation
 from .tools import Tool, _check_callable, _is_async
 from .transaction import Transaction, _check_agent, _scopes_arg
@@ -393,20 +393,10 @@ class Tidegate:
         on an event loop of their own (the executor serves no caller's loop). Register
         every capability before :meth:`recover`: the executor starts there and fires what is
         due at once. Replaces an earlier handler of the same name."""
-        if not isinstance(name, str) or not 1 <= len(name.encode("utf-8", "surrogatepass")) <= 128:
-            raise InvalidArgument(
-                f"invalid `name` = {name!r}: expected a capability name of 1 to 128 bytes (UTF-8)",
-                kind="invalid_argument",
-                argument="name",
-            )
+        _name(name, "name")
 
         def register(fn: F) -> F:
-            if not callable(fn):
-                raise InvalidArgument(
-                    f"invalid `handler` = {fn!r} for capability `{name}`: expected a callable",
-                    kind="invalid_argument",
-                    argument="handler",
-                )
+            _check_capability_handler(fn, name)
             self._native.capability(name, fn, _is_async(fn))
             return fn
 

@@ -655,3 +655,9 @@ def _plan_args(
         _seconds(unwind_wait, "unwind_wait", positive=False)
     return owner, seconds, cascade_limit, list(triggers), unwind_wait
 
+
+
+def _check_capability_handler(fn: Any, name: str) -> None:
+    """A capability's handler as ``capability(name, handler)`` takes it (engine and HTTP client)."""
+    if not callable(fn):
+        raise _bad("handler", fn, f"a callable (the handler of capability `{name}`)")

@@ -366,8 +366,8 @@ pub struct Executor {
     by_tagged: FxHashMap<(TxId, EffectId), Vec<usize>>,
     by_comp: FxHashMap<PlanId, Vec<usize>>,
     by_scope: FxHashMap<String, Vec<usize>>,
-    /// Commits decided and not yet settled that wrote a scope a `no_commit` atom watches:
-    /// their decision time and those scopes.
+    /// Commits decided and not yet settled: their decision time (what their settlement is
+    /// compared with) and the scopes they wrote.
     committing: FxHashMap<TxId, (u64, Vec<String>)>,
     /// `no_commit` atoms whose time passed while a commit decided before it was pending, by
     /// that commit: its settlement says whether they read false or true.
@@ -1248,13 +1248,11 @@ impl Executor {
                 }
             }
             Observation::Committing { tx, scopes, at_ms } => {
-                let watched: Vec<String> = scopes.iter().filter(|s| self.by_scope.contains_key(*s)).cloned().collect();
-                if !watched.is_empty() {
-                    self.committing.insert(*tx, (*at_ms, watched));
-                }
+                self.committing.insert(*tx, (*at_ms, scopes.clone()));
             }
             Observation::Settled { tx, committed, tags, scopes, at_ms } => {
-                self.committing.remove(tx);
+                // A commit is compared by its decision time when it was seen decided.
+                let at_ms = &self.committing.remove(tx).map_or(*at_ms, |(at, _)| at);
                 if let Some(info) = self.txs.get_mut(tx) {
                     info.settled = Some(*committed);
                     let plan = info.plan;

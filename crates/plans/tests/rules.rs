@@ -64,7 +64,7 @@ impl H {
             tool: if held { "send".into() } else { "book".into() },
             held,
             key: format!("k{tx}.{effect}"),
-            args: json!({}),
+            args: json!({"n": effect}),
             descriptor,
         });
     }
@@ -74,15 +74,7 @@ impl H {
         for (i, d) in effects.iter().enumerate() {
             let effect = i as u32;
             let held = d.is_none();
-            self.obs(Observation::EffectRecorded {
-                tx,
-                effect,
-                tool: if held { "send".into() } else { "book".into() },
-                held,
-                key: format!("k{tx}.{effect}"),
-                args: json!({"n": effect}),
-                descriptor: d.clone(),
-            });
+            self.record(tx, effect, held, d.clone());
             if held {
                 self.obs(Observation::Released { tx, effect, ok: true, unknown: false, output: None });
             } else {

@@ -224,9 +224,6 @@ pub(crate) struct FeedState {
     pub(crate) steps: HashMap<TxId, PlanId>,
     /// Scopes written by each unsettled transaction (for `no_commit` predicates).
     scopes: HashMap<TxId, Vec<Arc<str>>>,
-    /// Commit times (ms on the engine clock, from `decided.at`) of decided, unsettled
-    /// transactions that wrote scopes: the time their `settled` carries.
-    decided: HashMap<TxId, u64>,
 }
 
 impl FeedState {
@@ -245,19 +242,16 @@ impl FeedState {
         }
     }
 
-    /// Maps one ledger event to the executor's fact, if it is one. A commit's `settled`
-    /// carries the time of its `decided` record; `at_ms` stands in for a record written
-    /// before decisions carried one (the clock live, 0 when rebuilding).
+    /// Maps one ledger event to the executor's fact, if it is one. A commit's `decided`
+    /// record carries its time (the executor stamps the settlement with it); `at_ms` stands
+    /// in for a commit recorded without one (the clock live, 0 when rebuilding).
     fn map(&mut self, e: &Event, at_ms: u64) -> Option<Observation> {
         match e {
             Event::Decided { tx, commit: true, at: Some(at), .. } => {
-                let written = self.scopes.get(tx)?;
-                let at_ms = at.0 / 1_000_000;
-                self.decided.insert(*tx, at_ms);
-                let mut scopes: Vec<String> = written.iter().map(|s| s.to_string()).collect();
+                let mut scopes: Vec<String> = self.scopes.get(tx)?.iter().map(|s| s.to_string()).collect();
                 scopes.sort_unstable();
                 scopes.dedup();
-                Some(Observation::Committing { tx: tx.0, scopes, at_ms })
+                Some(Observation::Committing { tx: tx.0, scopes, at_ms: at.0 / 1_000_000 })
             }
             Event::EffectRecorded { tx, effect, tool, class, scopes, key, args, compensation, .. } => {
                 self.scopes.entry(*tx).or_default().extend(scopes.iter().cloned());
@@ -294,7 +288,6 @@ impl FeedState {
             }
             Event::Settled { tx, committed, effects } => {
                 self.steps.remove(tx);
-                let at_ms = self.decided.remove(tx).unwrap_or(at_ms);
                 let scopes = self.scopes.remove(tx).unwrap_or_default();
                 let mut scopes: Vec<String> =
                     if *committed { scopes.iter().map(|s| s.to_string()).collect() } else { Vec::new() };
@@ -322,26 +315,16 @@ pub(crate) struct PlanShadow {
     map: FeedState,
 }
 
-/// The header of a checkpoint's `plans` section (postcard: the fields in order, the version
-/// first); the executor's snapshot follows it.
+/// The header of a checkpoint's `plans` section; the executor's snapshot follows it.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct SectionHead {
-    steps: Vec<(u64, PlanId)>,
-    scopes: Vec<(u64, Vec<String>)>,
-    /// Added in section version 2: `FeedState::decided`.
-    decided: Vec<(u64, u64)>,
-}
-
-/// Section version 1's header (no commit times): still read, as a section whose decided,
-/// unsettled transactions have no known commit time.
-#[derive(serde::Deserialize)]
-struct SectionHeadV1 {
+    version: u32,
     steps: Vec<(u64, PlanId)>,
     scopes: Vec<(u64, Vec<String>)>,
 }
 
-/// The version of the `plans` section this build writes; it reads this one and 1.
-const SECTION_VERSION: u32 = 2;
+/// The version of the `plans` section this build writes and reads.
+const SECTION_VERSION: u32 = 1;
 
 /// The name of the executor's section in the engine's checkpoint.
 pub(crate) const SECTION: &str = "plans";
@@ -369,12 +352,11 @@ impl PlanShadow {
     pub(crate) fn encode(&self) -> std::result::Result<Vec<u8>, PlanError> {
         let bad = |detail: String| PlanError::Snapshot { detail };
         let head = SectionHead {
+            version: SECTION_VERSION,
             steps: self.map.steps.iter().map(|(t, p)| (t.0, *p)).collect(),
             scopes: self.map.scopes.iter().map(|(t, v)| (t.0, v.iter().map(|s| s.to_string()).collect())).collect(),
-            decided: self.map.decided.iter().map(|(t, at)| (t.0, *at)).collect(),
         };
-        let mut out = postcard::to_stdvec(&(SECTION_VERSION, head))
-            .map_err(|e| bad(format!("encoding the section header: {e}")))?;
+        let mut out = postcard::to_stdvec(&head).map_err(|e| bad(format!("encoding the section header: {e}")))?;
         out.extend_from_slice(&self.exec.snapshot()?);
         Ok(out)
     }
@@ -383,21 +365,15 @@ impl PlanShadow {
     /// is another version's, another tenant's or damaged.
     pub(crate) fn decode(tenant: &str, bytes: &[u8]) -> std::result::Result<PlanShadow, PlanError> {
         let bad = |detail: String| PlanError::Snapshot { detail };
-        let header = |e: postcard::Error| bad(format!("decoding the section header: {e}"));
-        let (version, rest) = postcard::take_from_bytes::<u32>(bytes).map_err(header)?;
-        let (head, rest) = match version {
-            SECTION_VERSION => postcard::take_from_bytes::<SectionHead>(rest).map_err(header)?,
-            1 => {
-                let (h, rest) = postcard::take_from_bytes::<SectionHeadV1>(rest).map_err(header)?;
-                (SectionHead { steps: h.steps, scopes: h.scopes, decided: Vec::new() }, rest)
-            }
-            v => return Err(bad(format!("section version {v}; this build reads 1 and {SECTION_VERSION}"))),
-        };
+        let (head, rest) = postcard::take_from_bytes::<SectionHead>(bytes)
+            .map_err(|e| bad(format!("decoding the section header: {e}")))?;
+        if head.version != SECTION_VERSION {
+            return Err(bad(format!("section version {}; this build reads {SECTION_VERSION}", head.version)));
+        }
         let exec = tidegate_plans::Executor::restore(tenant, rest)?;
         let map = FeedState {
             steps: head.steps.into_iter().map(|(t, p)| (TxId(t), p)).collect(),
             scopes: head.scopes.into_iter().map(|(t, v)| (TxId(t), v.into_iter().map(Arc::from).collect())).collect(),
-            decided: head.decided.into_iter().map(|(t, at)| (TxId(t), at)).collect(),
             ..FeedState::default()
         };
         Ok(PlanShadow { exec, map })
@@ -721,7 +697,6 @@ impl tidegate_plans::PlanLog for LedgerLog {
         feed.queue.clear();
         feed.steps = st.steps;
         feed.scopes = st.scopes;
-        feed.decided = st.decided;
         Ok(out)
     }
 
@@ -732,36 +707,5 @@ impl tidegate_plans::PlanLog for LedgerLog {
     fn changed(&self) -> impl Future<Output = ()> + Send {
         let feed = self.feed.clone();
         async move { feed.notify.notified().await }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The feed state rides the section: a decided, unsettled transaction's commit time
-    /// survives an encode and decode (version 2), and a version 1 section (no commit times)
-    /// still reads, as one without them; an unknown version is refused naming both.
-    #[test]
-    fn the_plans_section_keeps_commit_times_and_still_reads_version_1() {
-        let mut shadow = PlanShadow::new("t");
-        shadow.map.steps.insert(TxId(3), 1);
-        shadow.map.scopes.insert(TxId(4), vec![Arc::from("s")]);
-        shadow.map.decided.insert(TxId(4), 20_000);
-        let back = PlanShadow::decode("t", &shadow.encode().unwrap()).unwrap();
-        assert_eq!(back.map.decided.get(&TxId(4)), Some(&20_000));
-        assert_eq!(back.map.steps.get(&TxId(3)), Some(&1u64));
-
-        let snapshot = shadow.exec.snapshot().unwrap();
-        let mut v1 = postcard::to_stdvec(&(1u32, vec![(3u64, 1u64)], vec![(4u64, vec!["s".to_owned()])])).unwrap();
-        v1.extend_from_slice(&snapshot);
-        let old = PlanShadow::decode("t", &v1).unwrap();
-        assert!(old.map.decided.is_empty());
-        assert_eq!(old.map.scopes.get(&TxId(4)).map(Vec::len), Some(1));
-
-        let mut v9 = postcard::to_stdvec(&9u32).unwrap();
-        v9.extend_from_slice(&snapshot);
-        let err = PlanShadow::decode("t", &v9).err().unwrap().to_string();
-        assert!(err.contains("section version 9") && err.contains("reads 1 and 2"), "{err}");
     }
 }
