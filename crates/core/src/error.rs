@@ -162,6 +162,26 @@ pub enum EngineError {
         /// The scope.
         scope: String,
     },
+    /// An eager effect of a speculation branch on a scope where a sibling branch of the same
+    /// group holds an executed (or running) eager effect with a compensation. Whichever branch
+    /// wins, the loser's compensation would restore a value over the winner's write (a lost
+    /// update), so the call is refused before anything runs; the branch stays open. Not
+    /// retryable while the group is unsettled: give the branches disjoint scopes, or make
+    /// the effect bufferable or gated (held effects of a winner are released only after every
+    /// loser's compensations settled).
+    #[error(
+        "speculation branch {tx} may not run an eager effect on `{scope}`: sibling branch {sibling} already has an \
+         uncommitted eager write there whose compensation would overwrite this one if {tx} wins; nothing was run \
+         (use disjoint scopes per branch, or a held effect class)"
+    )]
+    SiblingConflict {
+        /// The branch whose call was refused.
+        tx: TxId,
+        /// The sibling branch holding the eager write.
+        sibling: TxId,
+        /// The scope of the refused call.
+        scope: String,
+    },
     /// A group was asked to settle before a winner was chosen.
     #[error("speculation group {group} has no winner chosen; choose one of {branches:?} or abort the group")]
     NoWinner {

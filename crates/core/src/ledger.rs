@@ -27,8 +27,10 @@ use crate::ids::{EffectId, Epoch, GroupId, Timestamp, TxId, Version};
 /// time there): a new event kind is a new format.
 ///
 /// History: 1, the first; 2 adds [`Event::ToolChanged`] (the versioned tool registry); 3 adds
-/// [`Event::Extension`] (opaque records of other components kept in the ledger).
-pub const LEDGER_FORMAT_VERSION: u32 = 3;
+/// [`Event::Extension`] (opaque records of other components kept in the ledger); 4 adds
+/// [`Event::Touched`] (a compensation of an effect whose transaction had already settled
+/// advances its scopes' versions).
+pub const LEDGER_FORMAT_VERSION: u32 = 4;
 
 /// One ledger fact.
 #[derive(Debug, Clone, PartialEq)]
@@ -179,6 +181,26 @@ pub enum Event {
         /// `false`: the tool was removed.
         present: bool,
     },
+    /// Scopes written by a compensation of an effect whose transaction had already settled:
+    /// a plan's unwind or a verdict's compensation, an operator's retry, or the late result of
+    /// a call that returned after its transaction's abort settled and is compensated then.
+    /// Appended (durably) before the compensation is dispatched (`done: false`) and again with
+    /// its outcome (`done: true`); each one gives every scope a fresh version (one new stamp),
+    /// so a read made before or while the compensation wrote there is stale, and at L2 and
+    /// above it dooms the unsettled transactions that read an overlapping scope
+    /// (`cascading_abort` naming `undoes`). Engine-wide: it belongs to no running transaction
+    /// and carries `tx` 0.
+    Touched {
+        /// Canonical scopes the compensation writes (the forward effect's).
+        scopes: Vec<Arc<str>>,
+        /// The settled transaction whose effect is undone.
+        undoes: TxId,
+        /// That effect.
+        effect: EffectId,
+        /// `false`: the compensation is about to run; `true`: it ended (its outcome is known
+        /// or given up on).
+        done: bool,
+    },
     /// An opaque record of another component (e.g. the review manager's decision log) kept
     /// in the ledger for its durability and order. Engine-wide; the state machine ignores it
     /// both live and on replay.
@@ -192,7 +214,7 @@ pub enum Event {
 
 impl Event {
     /// The transaction the event belongs to; engine-wide events ([`Event::ToolChanged`],
-    /// [`Event::Extension`]) return `TxId(0)`, an id never allocated.
+    /// [`Event::Extension`], [`Event::Touched`]) return `TxId(0)`, an id never allocated.
     pub fn tx(&self) -> TxId {
         match self {
             Event::Begin { tx, .. }
@@ -206,7 +228,7 @@ impl Event {
             | Event::Released { tx, .. }
             | Event::Compensated { tx, .. }
             | Event::Settled { tx, .. } => *tx,
-            Event::ToolChanged { .. } | Event::Extension { .. } => TxId(0),
+            Event::ToolChanged { .. } | Event::Extension { .. } | Event::Touched { .. } => TxId(0),
         }
     }
 }

@@ -51,6 +51,7 @@ fn plan_entries(i: u64, out: &mut Vec<Entry>) {
         key: format!("k{tx}"),
         args: json!({"room": i}),
         descriptor: Some(Descriptor::new("cancel", json!({"booking": {"$output": "/id"}}))),
+        scopes: vec![format!("hotel:room:{i}")],
     }));
     out.push(Entry::Engine(Observation::EffectExecuted { tx, effect: 0, output: json!({"id": i}) }));
     out.push(Entry::Engine(Observation::Settled { tx, committed: true, tags: vec![], scopes: vec![], at_ms: 0 }));

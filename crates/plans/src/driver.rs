@@ -11,7 +11,7 @@ use tokio::sync::{Mutex, Notify, mpsc};
 
 use crate::error::PlanError;
 use crate::executor::{Action, CallResult, DispatchRequest, Executor, PlanDetail, PlanView};
-use crate::fact::{Choice, EffectId, Entry, Observation, PlanFact, PlanId, StuckReason, TxId, Verdict};
+use crate::fact::{Choice, EffectId, Entry, Observation, PlanFact, PlanId, StuckReason, Touch, TxId, Verdict};
 use crate::predicate::Predicate;
 
 /// The durable log the executor is a fold of: plan records and engine facts in ledger order.
@@ -42,10 +42,34 @@ pub trait PlanLog: Send + Sync + 'static {
     }
 }
 
+/// How long the executor waits for one dispatch by default (5 minutes of engine clock)
+/// before it takes the outcome as unknown; see [`Dispatch::deadline_ms`].
+pub const DEFAULT_DISPATCH_DEADLINE_MS: u64 = 300_000;
+
 /// Runs a dispatch by capability (webhook or pull worker in the server).
 pub trait Dispatch: Send + Sync + 'static {
     /// One dispatch, with the dispatcher's own retries; see [`CallResult`].
     fn dispatch(&self, request: DispatchRequest) -> impl Future<Output = CallResult> + Send;
+
+    /// How long the executor waits for `request` (ms of engine clock, at least 1) before it
+    /// stops waiting and records the outcome as unknown: a compensation is then probed
+    /// (docs/plans.md invariant 6) and retried or sent to the owner, never left in flight. The
+    /// dispatch's future is dropped at the deadline, and a panic in it is an unknown outcome
+    /// too. Default [`DEFAULT_DISPATCH_DEADLINE_MS`]; a dispatcher returns each capability's
+    /// own setting.
+    fn deadline_ms(&self, request: &DispatchRequest) -> u64 {
+        let _ = request;
+        DEFAULT_DISPATCH_DEADLINE_MS
+    }
+}
+
+/// The text of a panic payload.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-text payload".to_owned())
 }
 
 /// The engine clock, in milliseconds.
@@ -272,6 +296,36 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
         self.exec.lock().await.tenant().to_owned()
     }
 
+    /// One dispatch under its deadline ([`Dispatch::deadline_ms`]), in a task of its own so
+    /// that a panic in the dispatcher or the handler is caught: both a panic and a missed
+    /// deadline are an unknown outcome (the handler may have acted before it stopped), which
+    /// the executor resolves by probing, never by firing blindly again. The dispatch's future
+    /// is dropped at the deadline.
+    async fn bounded_dispatch(self: &Arc<Self>, request: DispatchRequest) -> CallResult {
+        let capability = request.capability.clone();
+        let limit = self.dispatch.deadline_ms(&request).max(1);
+        let at = self.clock.now_ms().saturating_add(limit);
+        let this = Arc::clone(self);
+        let task = tokio::spawn(async move { this.dispatch.dispatch(request).await });
+        let abort = task.abort_handle();
+        tokio::select! {
+            r = task => match r {
+                Ok(r) => r,
+                Err(e) if e.is_panic() => CallResult::Unknown(format!(
+                    "the handler of capability `{capability}` panicked: {}",
+                    panic_text(&*e.into_panic())
+                )),
+                Err(_) => CallResult::Unknown(format!("the dispatch to capability `{capability}` was cancelled")),
+            },
+            () = self.clock.sleep_until(at) => {
+                abort.abort();
+                CallResult::Unknown(format!(
+                    "capability `{capability}` did not answer within its deadline of {limit} ms"
+                ))
+            }
+        }
+    }
+
     /// The executor loop: decide, make the decision durable, dispatch, record results, sleep
     /// until a command, a result or the next deadline. Returns only on a log failure.
     pub async fn run(self: Arc<Self>) -> Result<(), PlanError> {
@@ -283,7 +337,11 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
                 self.catch_up(&mut exec);
                 let d = exec.decide(self.clock.now_ms());
                 if !d.facts.is_empty() {
-                    self.guard(self.log.append(d.facts.into_iter().map(Entry::Plan).collect()).await)?;
+                    // A compensation's scopes are touched in the same append as its
+                    // `comp_started`, before it is dispatched.
+                    let touches = d.actions.iter().filter_map(|a| a.touch().cloned().map(Entry::Touch));
+                    let entries = d.facts.into_iter().map(Entry::Plan).chain(touches).collect();
+                    self.guard(self.log.append(entries).await)?;
                 }
                 (d.actions, exec.next_deadline())
             };
@@ -291,7 +349,7 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
                 let this = Arc::clone(&self);
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let r = this.dispatch.dispatch(a.request().clone()).await;
+                    let r = this.bounded_dispatch(a.request().clone()).await;
                     let _ = tx.send((a, r));
                 });
             }
@@ -307,7 +365,10 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
                     let mut exec = self.exec.lock().await;
                     self.check()?;
                     self.guard(exec.apply_fact(&fact))?;
-                    self.guard(self.log.append(vec![Entry::Plan(fact)]).await)?;
+                    // Touched again with the outcome: a read made while it ran is stale.
+                    let mut entries = vec![Entry::Plan(fact)];
+                    entries.extend(a.touch().map(|t| Entry::Touch(Touch { done: true, ..t.clone() })));
+                    self.guard(self.log.append(entries).await)?;
                 }
                 _ = self.wake.notified() => {}
                 _ = self.log.changed() => {}

@@ -11,13 +11,13 @@ use serde_json::Value;
 use crate::error::PlanError;
 use crate::fact::{
     Cause, Choice, CompResult, DEFAULT_CASCADE_LIMIT, Descriptor, EffectId, Entry, MAX_CASCADE_LIMIT, Observation,
-    Outcome, PlanFact, PlanId, Seq, SkipReason, StuckReason, TxId, Verdict,
+    Outcome, PlanFact, PlanId, Seq, SkipReason, StuckReason, Touch, TxId, Verdict,
 };
 use crate::predicate::{Atom, Node, Predicate, Tri};
 use crate::wheel::Wheel;
 
 /// The version of [`Executor::snapshot`]'s form this build writes and reads.
-pub const PLAN_SNAPSHOT_VERSION: u32 = 2;
+pub const PLAN_SNAPSHOT_VERSION: u32 = 3;
 
 /// What a dispatch asks a capability to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +75,9 @@ pub enum Action {
         depth: u32,
         /// The dispatch.
         request: DispatchRequest,
+        /// The scopes it writes: appended as [`Entry::Touch`] with the decision's facts and
+        /// again with the result.
+        touch: Touch,
     },
     /// Ask whether a forward effect took effect.
     ProbeForward {
@@ -97,6 +100,14 @@ pub enum Action {
 }
 
 impl Action {
+    /// The scopes this action writes when it runs (a compensation's), if any.
+    pub fn touch(&self) -> Option<&Touch> {
+        match self {
+            Action::Compensate { touch, .. } if !touch.scopes.is_empty() => Some(touch),
+            _ => None,
+        }
+    }
+
     /// The dispatch to run.
     pub fn request(&self) -> &DispatchRequest {
         match self {
@@ -187,6 +198,8 @@ struct Reg {
     args: Box<str>,
     output: Option<Box<str>>,
     descriptor: Option<Box<str>>,
+    /// The forward effect's canonical scopes (what its compensation writes).
+    scopes: Box<[Box<str>]>,
     /// `PROBE` and `FORWARD_PROBE` bits of the descriptor.
     probes: u8,
     held: bool,
@@ -833,6 +846,7 @@ impl Executor {
                 self.observe(o);
                 Ok(())
             }
+            Entry::Touch(_) => Ok(()),
         }
     }
 
@@ -1192,7 +1206,7 @@ impl Executor {
     /// Folds one engine fact.
     pub fn observe(&mut self, o: &Observation) {
         match o {
-            Observation::EffectRecorded { tx, effect, tool, held, key, args, descriptor } => {
+            Observation::EffectRecorded { tx, effect, tool, held, key, args, descriptor, scopes } => {
                 let Some(info) = self.txs.get(tx).copied() else { return };
                 let Some(p) = self.plans.get_mut(&info.plan) else { return };
                 if matches!(p.status, Status::Ended(_)) {
@@ -1210,6 +1224,7 @@ impl Executor {
                         .as_ref()
                         .and_then(|d| serde_json::to_string(d).ok())
                         .map(String::into_boxed_str),
+                    scopes: scopes.iter().map(|s| s.as_str().into()).collect(),
                     probes: descriptor.as_ref().map_or(0, |d| {
                         u8::from(d.probe.is_some()) * PROBE + u8::from(d.forward_probe.is_some()) * FORWARD_PROBE
                     }),
@@ -1495,7 +1510,13 @@ impl Executor {
                                 output: output.clone(),
                             };
                             let fact = PlanFact::CompStarted { plan, seq, incarnation, attempt: r.attempts + 1 };
-                            Next::Fact(fact, Some(Action::Compensate { plan, seq, depth: depth + 1, request }))
+                            let touch = Touch {
+                                tx: r.tx,
+                                effect: r.effect,
+                                scopes: r.scopes.iter().map(|s| s.to_string()).collect(),
+                                done: false,
+                            };
+                            Next::Fact(fact, Some(Action::Compensate { plan, seq, depth: depth + 1, request, touch }))
                         }
                     },
                     Forward::InDoubt | Forward::Pending => match (r.fwd_probe, d.forward_probe.as_deref()) {

@@ -338,6 +338,10 @@ pub enum Observation {
         key: String,
         args: Value,
         descriptor: Option<Descriptor>,
+        /// The canonical scopes the effect touches: its compensation writes them, so the
+        /// binding advances their versions when it fires ([`Entry::Touch`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        scopes: Vec<String>,
     },
     EffectExecuted {
         tx: TxId,
@@ -383,4 +387,23 @@ pub enum Entry {
     Plan(PlanFact),
     /// An engine fact.
     Engine(Observation),
+    /// A compensation is about to write, or has written, the scopes of a forward effect:
+    /// appended with its `comp_started` and with its `comp_done`, in the same append. The
+    /// ledger-backed binding turns it into the engine's own record that advances the scopes'
+    /// versions (so a read made before the compensation cannot commit after it); the executor
+    /// keeps nothing of it.
+    Touch(Touch),
+}
+
+/// The scopes a compensation of one forward effect writes (see [`Entry::Touch`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Touch {
+    /// The forward effect's transaction.
+    pub tx: TxId,
+    /// The forward effect.
+    pub effect: EffectId,
+    /// Its canonical scopes (empty when the binding did not give them: nothing to touch).
+    pub scopes: Vec<String>,
+    /// `false` with `comp_started` (about to run), `true` with `comp_done` (ended).
+    pub done: bool,
 }

@@ -29,7 +29,7 @@ mod predicate;
 mod snapshot;
 mod wheel;
 
-pub use driver::{Clock, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
+pub use driver::{Clock, DEFAULT_DISPATCH_DEADLINE_MS, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
 pub use error::PlanError;
 pub use executor::{
     Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PLAN_SNAPSHOT_VERSION, PlanDetail,
@@ -38,7 +38,7 @@ pub use executor::{
 pub use fact::{
     Cause, Choice, CompResult, DEFAULT_CASCADE_LIMIT, Descriptor, EffectId, Entry, MAX_CASCADE_LIMIT,
     MAX_DESCRIPTOR_BYTES, Observation, Outcome, PLAN_FORMAT_VERSION, PlanFact, PlanId, STREAM, Seq, SkipReason,
-    StuckReason, TxId, Verdict,
+    StuckReason, Touch, TxId, Verdict,
 };
 pub use predicate::{Compensated, MAX_ATOMS, MAX_DEPTH, NoCommit, Predicate, Tagged, Tri};
 pub use wheel::Wheel;

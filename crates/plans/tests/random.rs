@@ -376,6 +376,7 @@ fn run_seed(seed: u64) -> Result<(u32, u32, Vec<Outcome>, usize), String> {
                         key,
                         args: json!({"n": effect}),
                         descriptor: desc,
+                        scopes: vec![format!("world:{tx}:{effect}")],
                     });
                 }
                 Ev::Executed { tx, effect } => {

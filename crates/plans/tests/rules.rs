@@ -66,6 +66,7 @@ impl H {
             key: format!("k{tx}.{effect}"),
             args: json!({"n": effect}),
             descriptor,
+            scopes: vec![format!("world:{tx}:{effect}")],
         });
     }
     /// A committed step of `plan` with one eager effect per descriptor (`None`: gated).
@@ -190,6 +191,7 @@ fn never_externalised_effects_are_not_compensated_and_in_doubt_ones_are_probed()
             key: format!("k1.{effect}"),
             args: json!({}),
             descriptor: desc(),
+            scopes: vec![],
         };
         h.obs(o);
     }
@@ -488,6 +490,7 @@ async fn the_driver_fires_a_deadline_on_virtual_time_and_a_restart_repeats_nothi
             key: format!("k{tx}"),
             args: json!({}),
             descriptor: desc(),
+            scopes: vec![],
         };
         plans.observe(o).await.unwrap();
         plans.observe(Observation::EffectExecuted { tx, effect: 0, output: json!({"id": tx}) }).await.unwrap();

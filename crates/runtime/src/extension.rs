@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use serde_json::Value;
-use tidegate_core::Event;
+use tidegate_core::{EffectId, Event, TxId};
 use tidegate_storage::Lsn;
 
 use crate::engine::Tidegate;
@@ -70,19 +70,55 @@ impl Tidegate {
         Ok(lsn)
     }
 
-    /// Records `bodies` to `stream` in one append (both or none) and returns the last LSN,
-    /// without waiting for durability.
-    pub(crate) fn record_extensions(&self, stream: &str, bodies: Vec<Value>) -> Result<Lsn> {
+    /// Records `bodies` to `stream` and the scopes compensations write
+    /// ([`tidegate_core::Event::Touched`]) in one append (all or none), the touches after the
+    /// records (the plan executor's `comp_started` and `comp_done` with their touches), and
+    /// returns the last LSN without waiting for durability.
+    pub(crate) fn record_extensions_touching(
+        &self,
+        stream: &str,
+        bodies: Vec<Value>,
+        touches: Vec<tidegate_plans::Touch>,
+    ) -> Result<Lsn> {
         let stream = stream_name(stream)?;
         for b in &bodies {
             check_body(b)?;
+        }
+        let mut parsed = Vec::with_capacity(touches.len());
+        for t in touches {
+            let scopes = t.scopes.iter().map(|s| self.parse_scope(s, "touch.scopes")).collect::<Result<Vec<_>>>()?;
+            parsed.push((TxId(t.tx), EffectId(t.effect), scopes, t.done));
         }
         let ((), lsn) = self.with_core(|c| {
             for b in bodies {
                 c.record_extension(stream.clone(), Arc::new(b));
             }
+            for (tx, effect, scopes, done) in parsed {
+                c.touched(tx, effect, scopes, done)?;
+            }
             Ok(())
         })?;
+        Ok(lsn)
+    }
+
+    /// Records that a compensation of effect `effect` of the settled transaction `undoes`
+    /// writes `scopes`, and returns once that is durable: each scope gets a fresh version, so a
+    /// read made before the compensation cannot commit after it, and at L2 and above its
+    /// unsettled readers are doomed (docs/engine.md, "A compensation advances the version").
+    /// A front door that runs such a compensation itself (an operator's retry) calls it with
+    /// `done: false` before dispatching and with `done: true` once the dispatch ended (in a
+    /// task that outlives its caller, so that a dropped request cannot leave the scopes
+    /// marked); in between, reads and eager effects on the scopes are refused
+    /// (`lock_conflict`, retryable). The engine's own aborts, late compensations and the plan
+    /// executor do so already.
+    pub async fn touched(&self, undoes: TxId, effect: EffectId, scopes: &[&str], done: bool) -> Result<Lsn> {
+        let scopes = scopes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| self.parse_scope(s, &format!("scopes[{i}]")))
+            .collect::<Result<Vec<_>>>()?;
+        let ((), lsn) = self.with_core(|c| c.touched(undoes, effect, scopes, done))?;
+        self.durable(lsn).await?;
         Ok(lsn)
     }
 

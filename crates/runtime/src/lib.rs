@@ -55,7 +55,7 @@ pub use error::{Error, FailureKind, Result};
 pub use extension::MAX_STREAM_BYTES;
 pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
-pub use plan::{CapabilityHandler, Plan, PlanDispatch, PlanOptions};
+pub use plan::{CapabilityHandler, CapabilityOptions, Plan, PlanDispatch, PlanOptions};
 pub use read::Read;
 pub use recover::RecoveryReport;
 pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};

@@ -43,10 +43,41 @@ use crate::tx::Transaction;
 pub trait PlanDispatch: Send + Sync + fmt::Debug {
     /// One dispatch, with the dispatcher's own retries.
     fn dispatch(&self, request: DispatchRequest) -> BoxFuture<'static, CallResult>;
+
+    /// How long the executor waits for `request` before its outcome counts as unknown (ms of
+    /// engine clock; see [`tidegate_plans::Dispatch::deadline_ms`]). Default
+    /// [`tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS`].
+    fn deadline_ms(&self, request: &DispatchRequest) -> u64 {
+        let _ = request;
+        tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS
+    }
 }
 
 /// An in-process capability handler.
 pub type CapabilityHandler = Arc<dyn Fn(DispatchRequest) -> BoxFuture<'static, CallResult> + Send + Sync>;
+
+/// Options of an in-process capability ([`Tidegate::capability_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapabilityOptions {
+    /// How long the executor waits for one call of the handler before its outcome counts as
+    /// unknown (the handler's future is dropped; a compensation is then probed, and retried
+    /// or sent to the plan's owner). Default 5 minutes
+    /// ([`tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS`]); at least 1 ms.
+    pub deadline: Duration,
+}
+
+impl Default for CapabilityOptions {
+    fn default() -> Self {
+        CapabilityOptions { deadline: Duration::from_millis(tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS) }
+    }
+}
+
+impl CapabilityOptions {
+    /// Options with this deadline.
+    pub fn deadline(deadline: Duration) -> CapabilityOptions {
+        CapabilityOptions { deadline }
+    }
+}
 
 /// Options of [`Tidegate::plan`].
 #[derive(Debug, Clone, Default)]
@@ -161,7 +192,7 @@ impl Plan {
 /// The engine's plan state: the feed of engine facts, the capabilities, the executor.
 pub(crate) struct PlanState {
     pub(crate) feed: Arc<Feed>,
-    caps: RwLock<HashMap<String, CapabilityHandler>>,
+    caps: RwLock<HashMap<String, (CapabilityHandler, CapabilityOptions)>>,
     external: RwLock<Option<Arc<dyn PlanDispatch>>>,
     tenant: String,
     running: Mutex<Option<Running>>,
@@ -255,6 +286,7 @@ impl FeedState {
             }
             Event::EffectRecorded { tx, effect, tool, class, scopes, key, args, compensation, .. } => {
                 self.scopes.entry(*tx).or_default().extend(scopes.iter().cloned());
+                let effect_scopes = scopes;
                 self.steps.contains_key(tx).then(|| Observation::EffectRecorded {
                     tx: tx.0,
                     effect: effect.0,
@@ -267,6 +299,7 @@ impl FeedState {
                         .as_ref()
                         .filter(|_| *class != EffectClass::Gated)
                         .and_then(|d| serde_json::from_value((**d).clone()).ok()),
+                    scopes: effect_scopes.iter().map(|s| s.to_string()).collect(),
                 })
             }
             Event::EffectExecuted { tx, effect, output } => self
@@ -421,8 +454,20 @@ impl Tidegate {
         F: Fn(DispatchRequest) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = CallResult> + Send + 'static,
     {
+        self.capability_with(capability, CapabilityOptions::default(), handler);
+    }
+
+    /// [`Tidegate::capability`] with options: the deadline after which a call of the handler
+    /// counts as an unknown outcome. A handler that panics is an unknown outcome too (it may
+    /// have acted before it panicked): the executor probes, then retries or makes the plan
+    /// stuck, and never leaves it waiting on a call that will not answer.
+    pub fn capability_with<F, Fut>(&self, capability: impl Into<String>, opts: CapabilityOptions, handler: F)
+    where
+        F: Fn(DispatchRequest) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = CallResult> + Send + 'static,
+    {
         let h: CapabilityHandler = Arc::new(move |r| Box::pin(handler(r)));
-        self.inner.plans.caps.write().insert(capability.into(), h);
+        self.inner.plans.caps.write().insert(capability.into(), (h, opts));
     }
 
     /// Sends the compensations and probes of capabilities without an in-process handler to
@@ -572,9 +617,20 @@ pub(crate) struct EngineDispatch {
 }
 
 impl tidegate_plans::Dispatch for EngineDispatch {
+    fn deadline_ms(&self, request: &DispatchRequest) -> u64 {
+        let Some(inner) = self.inner.upgrade() else { return tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS };
+        if let Some((_, opts)) = inner.plans.caps.read().get(&request.capability) {
+            return u64::try_from(opts.deadline.as_millis()).unwrap_or(u64::MAX);
+        }
+        match inner.plans.external.read().as_ref() {
+            Some(d) => d.deadline_ms(request),
+            None => tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS,
+        }
+    }
+
     fn dispatch(&self, request: DispatchRequest) -> impl Future<Output = CallResult> + Send {
         let target = self.inner.upgrade().map(|inner| {
-            let local = inner.plans.caps.read().get(&request.capability).cloned();
+            let local = inner.plans.caps.read().get(&request.capability).map(|(h, _)| h.clone());
             (local, inner.plans.external.read().clone())
         });
         async move {
@@ -639,18 +695,20 @@ impl LedgerLog {
 impl tidegate_plans::PlanLog for LedgerLog {
     fn append(&self, entries: Vec<Entry>) -> impl Future<Output = std::result::Result<(), PlanError>> + Send {
         let recorded = (|| {
-            let facts: Vec<Value> = entries
-                .into_iter()
-                .filter_map(|e| match e {
-                    Entry::Plan(f) => Some(f.encode()),
-                    Entry::Engine(_) => None,
-                })
-                .collect();
-            if facts.is_empty() {
+            let mut facts: Vec<Value> = Vec::with_capacity(entries.len());
+            let mut touches = Vec::new();
+            for e in entries {
+                match e {
+                    Entry::Plan(f) => facts.push(f.encode()),
+                    Entry::Touch(t) if !t.scopes.is_empty() => touches.push(t),
+                    Entry::Touch(_) | Entry::Engine(_) => {}
+                }
+            }
+            if facts.is_empty() && touches.is_empty() {
                 return Ok(0);
             }
             let tg = self.engine()?;
-            tg.record_extensions(STREAM, facts).map_err(|e| PlanError::Log(e.to_string()))
+            tg.record_extensions_touching(STREAM, facts, touches).map_err(|e| PlanError::Log(e.to_string()))
         })();
         let store = self.store.clone();
         async move {

@@ -847,26 +847,11 @@ impl Gen<'_> {
         let branches = (0..n)
             .map(|_| {
                 let k = self.rng.gen_range(1..=3);
-                let mut ops = self.ops(decl.as_deref(), k);
-                // Branches of one group are exempt from each other's dirty marks, so a loser's
-                // snapshot undo could overwrite a sibling's set: sets stay out of groups
-                // (docs/engine.md, isolation of eager effects).
-                let no_set = |p: &mut CallPlan| {
-                    if TOOLS[p.tool].name == "set" {
-                        p.tool = 0;
-                    }
-                };
-                for op in &mut ops {
-                    match op {
-                        Op::Call(p) => no_set(p),
-                        Op::Concurrent(a, b) => {
-                            no_set(a);
-                            no_set(b);
-                        }
-                        _ => {}
-                    }
-                }
-                ops
+                // Sets (undo restores the previous value) run inside groups too: a sibling's
+                // second eager write on a scope is refused (`SiblingConflict`), and the winner
+                // commits only after the losers' compensations settled, so `check_cells` must
+                // find every cell at the winner's value (issue 26 item 1).
+                self.ops(decl.as_deref(), k)
             })
             .collect();
         let end = match self.rng.gen_range(0..10) {
@@ -987,6 +972,8 @@ struct AgentReport {
     txs: Vec<TxRec>,
     groups: Vec<GroupRec>,
     problems: Vec<String>,
+    /// Eager calls of a branch refused because a sibling wrote the scope eagerly first.
+    sibling_refusals: u64,
 }
 
 struct Agent {
@@ -1249,6 +1236,19 @@ impl Agent {
                 rec.touches.push(at);
                 (Flow::Alive, CallResult::Refused)
             }
+            // A speculation branch's eager call on a scope a sibling already wrote eagerly
+            // (docs/engine.md, "Speculation and eager effects"): refused before it ran; the
+            // branch goes on.
+            Err(Error::Engine(EngineError::SiblingConflict { tx, .. })) => {
+                if tx != rec.tx || rec.group.is_none() || !spec.class.executes_eagerly() {
+                    self.problem(format!(
+                        "{} call #{} of `{}` refused as a sibling conflict, but it is not an eager call of a branch",
+                        rec.tx, plan.uid, spec.name
+                    ));
+                }
+                self.report.sibling_refusals += 1;
+                (Flow::Alive, CallResult::Refused)
+            }
             // Every new call has a new uid in its arguments, so an adapter key the engine still
             // remembers is refused for it; only the same call (a retry) may reuse a key.
             Err(Error::Engine(EngineError::KeyReused { ref differs, ref this, .. })) => {
@@ -1507,6 +1507,7 @@ struct History {
     txs: Vec<TxRec>,
     groups: Vec<GroupRec>,
     problems: Vec<String>,
+    sibling_refusals: u64,
     /// `(unfinished, committed, aborted)` from the engine's counters.
     stats: (usize, u64, u64),
 }
@@ -1627,6 +1628,7 @@ async fn drive(plan: &SchedulePlan) -> Result<History, String> {
         h.txs.extend(r.txs);
         h.groups.extend(r.groups);
         h.problems.extend(r.problems);
+        h.sibling_refusals += r.sibling_refusals;
     }
     Ok(h)
 }
@@ -1693,6 +1695,9 @@ struct LTx {
     /// The fresh version its settlement gave the scopes of its eager compensable effects, if it
     /// aborted before any commit decision (L1 and above; docs/engine.md).
     abort_stamp: Option<u64>,
+    /// `touched` records of compensations of its effects after it settled (a late call's
+    /// compensation): (the fresh version each gave, the effect's scopes, done).
+    touches: Vec<(u64, Vec<String>, bool)>,
 }
 
 impl LTx {
@@ -1749,6 +1754,15 @@ fn parse_ledger(events: &[Event]) -> Result<BTreeMap<TxId, LTx>, String> {
     for e in events {
         if matches!(e, Event::ToolChanged { .. }) {
             continue; // engine-wide registry change, no transaction
+        }
+        if let Event::Touched { scopes, undoes, effect, done } = e {
+            // A compensation of a settled transaction's effect: one fresh version.
+            let t = txs.get_mut(undoes).filter(|t| t.settled.is_some()).ok_or_else(|| {
+                format!("ledger: touched by the compensation of {undoes}#{}, which has not settled", effect.0)
+            })?;
+            last_stamp += 1;
+            t.touches.push((last_stamp, scopes.iter().map(|s| s.to_string()).collect(), *done));
+            continue;
         }
         let id = e.tx();
         if !matches!(e, Event::Begin { .. }) && !txs.contains_key(&id) {
@@ -1880,7 +1894,22 @@ fn check_decisions(h: &History, txs: &BTreeMap<TxId, LTx>) -> Result<(), String>
     // of transactions not aborting, not yet released: (effect, scope).
     let mut recorded: HashMap<TxId, usize> = HashMap::new();
     let mut held: HashMap<TxId, Vec<(u32, String)>> = HashMap::new();
+    // Compensations of settled transactions' effects running now (between their two
+    // `touched`): (transaction, effect, scopes).
+    let mut undoing: Vec<(TxId, u32, Vec<String>)> = Vec::new();
     for (i, e) in h.events.iter().enumerate() {
+        if let Event::Touched { scopes, undoes, effect, done } = e {
+            last_stamp += 1;
+            for s in scopes {
+                versions.write(s, last_stamp);
+            }
+            if *done {
+                undoing.retain(|(t, e, _)| !(t == undoes && *e == effect.0));
+            } else {
+                undoing.push((*undoes, effect.0, scopes.iter().map(|s| s.to_string()).collect()));
+            }
+            continue;
+        }
         let id = e.tx();
         let Some(t) = txs.get(&id) else { continue };
         match e {
@@ -1907,7 +1936,9 @@ fn check_decisions(h: &History, txs: &BTreeMap<TxId, LTx>) -> Result<(), String>
                         && txs.get(uid).is_some_and(|u| u.epoch != t.epoch)
                         && list.iter().any(|(_, s)| reference::overlaps(s, scope))
                 });
-                if !dirty && !holds {
+                // Or a compensation of a settled transaction's effect is writing there.
+                let undone = undoing.iter().any(|(_, _, list)| list.iter().any(|s| reference::overlaps(s, scope)));
+                if !dirty && !holds && !undone {
                     return Err(format!(
                         "event {i}: {id} aborted as a lock conflict on `{scope}`, but no other unfinished transaction \
                          has an uncommitted eager write or an unreleased held write there"
@@ -2327,9 +2358,19 @@ fn check_reason(id: TxId, t: &LTx, rec: &TxRec, groups: &[GroupRec], txs: &BTree
         // commit wrote before the retraction's fresh version (the version each read recorded,
         // including the one just below an unreleased commit's stamp, is checked exactly in
         // `check_decisions`).
+        // Or a compensation of one of its effects after it settled (`touched`) wrote a scope
+        // this transaction had read.
         AbortReason::CascadingAbort { predecessor } => txs.get(predecessor).is_some_and(|p| {
-            let (Some(_), Some(retracted)) = (p.stamp(), p.retract_stamp) else { return false };
-            t.reads.iter().any(|(s, v)| *v < retracted && p.writes().iter().any(|w| reference::overlaps(w, s)))
+            let retracted = match (p.stamp(), p.retract_stamp) {
+                (Some(_), Some(retracted)) => {
+                    t.reads.iter().any(|(s, v)| *v < retracted && p.writes().iter().any(|w| reference::overlaps(w, s)))
+                }
+                _ => false,
+            };
+            let touched = p.touches.iter().any(|(stamp, scopes, _)| {
+                t.reads.iter().any(|(s, v)| v < stamp && scopes.iter().any(|w| reference::overlaps(w, s)))
+            });
+            retracted || touched
         }),
         other => return Err(format!("{id} aborted for a reason this model does not know: {other}")),
     };
@@ -2356,6 +2397,7 @@ fn check(h: &History) -> Result<Coverage, String> {
     let txs = parse_ledger(&h.events)?;
     let mut cov = Coverage::default();
     cov.add("schedules", 1);
+    cov.add("sibling eager writes refused", h.sibling_refusals);
     if h.ordering == Ordering::FirstCommitterWins {
         cov.add("schedules:first_committer_wins", 1);
     }
@@ -2601,6 +2643,16 @@ fn check(h: &History) -> Result<Coverage, String> {
                 phantom: true,
             });
         }
+        for (stamp, scopes, done) in &t.touches {
+            cov.add("late compensations touched", 1);
+            decided.push(reference::Decided {
+                label: format!("late compensation of {id} ({})", if *done { "done" } else { "started" }),
+                stamp: *stamp,
+                reads: Vec::new(),
+                writes: scopes.clone(),
+                phantom: true,
+            });
+        }
     }
     for r in &h.txs {
         if !txs.contains_key(&r.tx) {
@@ -2816,6 +2868,7 @@ fn random_schedules_match_the_serial_reference_model() {
             "aborted:wait_timeout",
             "aborted:protocol_violation",
             "aborted:explicit",
+            "sibling eager writes refused",
         ] {
             assert!(cov.get(what) > 0, "{n} schedules never exercised `{what}`: {cov:#?}");
         }

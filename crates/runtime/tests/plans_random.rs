@@ -14,6 +14,13 @@
 //! irreversible effect fired went through the stuck queue; and a clean reopen of the ledger
 //! rebuilds the same plans.
 //!
+//! Issue 26 added two races: readers that read a booking, race its plan's unwind (sometimes
+//! failing the plan themselves) and then commit, checked against the world (no reader commits
+//! when a plan's compensation of what it read took effect between its read and its commit
+//! decision); and a `cancel` capability that, on a booking's first attempt, panics before or
+//! after acting or never answers (its deadline, two seconds of engine clock, makes the outcome
+//! unknown; the probe then says what happened), so no plan is ever stranded `failing`.
+//!
 //! `TIDEGATE_PLAN_ENGINE_SEEDS` sets the number of seeds (default 25, 12 plans each);
 //! `TIDEGATE_PLAN_ENGINE_SEED=<n>` runs one. A failure names its seed.
 
@@ -29,9 +36,10 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tidegate_runtime::plans::{NoCommit, Operation, Outcome, Status, Tri};
 use tidegate_runtime::{
-    CallOptions, CallResult, Choice, Compensation, Descriptor, EffectClass, EngineError, Error, ManualClock,
-    MemoryStore, PlanError, PlanId, PlanOptions, Predicate, Probe, Tidegate, Tool, ToolError, TxOptions,
+    CallOptions, CallResult, CapabilityOptions, Choice, Compensation, Descriptor, EffectClass, EngineError, Error,
+    ManualClock, MemoryStore, PlanError, PlanId, PlanOptions, Predicate, Probe, Tidegate, Tool, ToolError, TxOptions,
 };
+use tidegate_storage::LedgerStore;
 use tidegate_storage::{FaultOptions, FaultyStore};
 
 const PLANS: usize = 12;
@@ -50,7 +58,32 @@ struct World {
     /// An abort's compensation run again for an undone booking (allowed, counted).
     abort_reruns: u32,
     errors: Vec<String>,
+    /// When each plan compensation took effect: (process generation, the ledger's last LSN
+    /// then, the booking's scope).
+    comp_at: Vec<(u32, u64, String)>,
+    /// The process generation (one more at each reopen) and its store.
+    generation: u32,
+    store: Option<Arc<FaultyStore<MemoryStore>>>,
+    /// How `cancel` misbehaves on a booking's first attempt, by forward key.
+    trouble: HashMap<String, Trouble>,
+    /// Misbehaviours that happened, by kind.
+    troubles_seen: BTreeMap<&'static str, usize>,
 }
+
+/// A `cancel` attempt that goes wrong (issue 26 item 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trouble {
+    /// Panics before doing anything.
+    PanicBefore,
+    /// Cancels, then panics before answering.
+    PanicAfter,
+    /// Never answers.
+    Hang,
+}
+
+/// A reader that committed: (process generation of its read and commit, its transaction, the
+/// scope it read).
+type ReaderRec = (u32, tidegate_runtime::TxId, String);
 
 type Shared = Arc<Mutex<World>>;
 
@@ -157,11 +190,30 @@ fn notify(world: &Shared) -> Tool {
 /// whether a forward booking took effect.
 fn capabilities(tg: &Tidegate, world: &Shared) {
     let w = world.clone();
-    tg.capability("cancel", move |req| {
+    let opts = CapabilityOptions::deadline(Duration::from_secs(2));
+    tg.capability_with("cancel", opts, move |req| {
         let w = w.clone();
         async move {
             let fwd = req.key.trim_end_matches("#compensate").to_owned();
+            let trouble = match req.operation {
+                Operation::Compensate => w.lock().trouble.remove(&fwd),
+                Operation::Probe => None,
+            };
+            match trouble {
+                Some(Trouble::Hang) => {
+                    *w.lock().troubles_seen.entry("hang").or_insert(0) += 1;
+                    return std::future::pending().await;
+                }
+                Some(Trouble::PanicBefore) => {
+                    *w.lock().troubles_seen.entry("panic_before").or_insert(0) += 1;
+                    panic!("cancel {fwd}: the handler broke before acting");
+                }
+                Some(Trouble::PanicAfter) | None => {}
+            }
             let mut w = w.lock();
+            if trouble == Some(Trouble::PanicAfter) {
+                *w.troubles_seen.entry("panic_after").or_insert(0) += 1;
+            }
             match req.operation {
                 Operation::Probe => {
                     if w.undone.get(&fwd).is_some_and(|v| v.contains(&"plan")) {
@@ -178,7 +230,14 @@ fn capabilities(tg: &Tidegate, world: &Shared) {
                         w.errors.push(format!("the plan undid {fwd}, which never took effect"));
                     }
                     w.undone.entry(fwd.clone()).or_default().push("plan");
-                    w.comp_order.push(fwd);
+                    let at = w.store.as_ref().map_or(0, |s| s.last_lsn());
+                    let generation = w.generation;
+                    w.comp_at.push((generation, at, format!("trip:booking:{fwd}")));
+                    w.comp_order.push(fwd.clone());
+                    if trouble == Some(Trouble::PanicAfter) {
+                        drop(w);
+                        panic!("cancel {fwd}: the handler broke after acting");
+                    }
                     CallResult::Done { output: json!({"cancelled": req.key}), residue: None }
                 }
             }
@@ -234,8 +293,21 @@ struct Run {
     book: Tool,
     notify: Tool,
     pay: Tool,
+    report: Tool,
     crashes: u32,
     stuck_seen: HashSet<PlanId>,
+    readers: Vec<ReaderRec>,
+    /// Readers that did not commit (refused reads, stale or cascading aborts).
+    readers_refused: usize,
+}
+
+/// A report written by a reader of a booking (held until its commit).
+fn report() -> Tool {
+    Tool::builder("report", EffectClass::Gated)
+        .scope(|a| format!("report:{}", a["key"].as_str().unwrap_or_default()))
+        .call(|_| async { Ok(json!("filed")) })
+        .build()
+        .unwrap()
 }
 
 fn engine(clock: &ManualClock, store: Arc<FaultyStore<MemoryStore>>) -> Tidegate {
@@ -250,8 +322,24 @@ impl Run {
         let mut rng = SmallRng::seed_from_u64(seed);
         let store = Arc::new(FaultyStore::new(MemoryStore::new(), Self::crash_point(&mut rng, 0)));
         let tg = engine(&clock, store.clone());
+        world.lock().store = Some(store.clone());
         let (book, notify) = (book(&world), notify(&world));
-        Run { seed, rng, world, clock, store, tg, book, notify, pay: pay(), crashes: 0, stuck_seen: HashSet::new() }
+        Run {
+            seed,
+            rng,
+            world,
+            clock,
+            store,
+            tg,
+            book,
+            notify,
+            pay: pay(),
+            report: report(),
+            crashes: 0,
+            stuck_seen: HashSet::new(),
+            readers: Vec::new(),
+            readers_refused: 0,
+        }
     }
 
     fn crash_point(rng: &mut SmallRng, crashes: u32) -> FaultOptions {
@@ -266,6 +354,7 @@ impl Run {
             self.tg.register(&self.book).unwrap();
             self.tg.register(&self.notify).unwrap();
             self.tg.register(&self.pay).unwrap();
+            self.tg.register(&self.report).unwrap();
             capabilities(&self.tg, &self.world);
             match self.tg.recover().await {
                 Ok(_) => return,
@@ -285,6 +374,9 @@ impl Run {
         let opts = if crash_again { Self::crash_point(&mut self.rng, self.crashes) } else { FaultOptions::default() };
         self.store = Arc::new(FaultyStore::new(MemoryStore::from_events(events), opts));
         self.tg = engine(&self.clock, self.store.clone());
+        let mut w = self.world.lock();
+        w.generation += 1;
+        w.store = Some(self.store.clone());
     }
 
     async fn restart(&mut self, crash_again: bool) {
@@ -330,6 +422,17 @@ impl Run {
             scopes.push(format!("mail:notice:{notice_key}"));
         }
         let tx = plan.begin(TxOptions::agent(format!("agent-{idx}")).may_touch(scopes)).await?;
+        for i in 0..n {
+            let trouble = match self.rng.gen_range(0..20) {
+                0 => Some(Trouble::PanicBefore),
+                1 => Some(Trouble::PanicAfter),
+                2 => Some(Trouble::Hang),
+                _ => None,
+            };
+            if let Some(t) = trouble {
+                self.world.lock().trouble.insert(fwd_key(idx, s, i), t);
+            }
+        }
         for (i, fate) in fates.iter().enumerate() {
             let args = json!({"key": fwd_key(idx, s, i), "fate": fate});
             if tx.call_with(&self.book, args, CallOptions::compensate(descriptor())).await.is_err() {
@@ -390,6 +493,7 @@ impl Run {
                     truth[idx].failed = true;
                 }
             }
+            9 if !open.is_empty() && self.rng.gen_bool(0.7) => self.read_and_report(truth).await?,
             8 if truth.iter().any(|t| t.id.is_some() && t.pay_before.is_some() && t.paid_at.is_none()) => {
                 let due: Vec<usize> =
                     (0..truth.len()).filter(|&i| truth[i].pay_before.is_some() && truth[i].paid_at.is_none()).collect();
@@ -404,6 +508,72 @@ impl Run {
             _ => self.clock.advance(Duration::from_millis(self.rng.gen_range(10..600))),
         }
         Ok(())
+    }
+
+    /// A reader of one of an open plan's bookings: reads it, sometimes fails the plan itself,
+    /// lets the executor run (its unwind races the reader), then files a report and commits.
+    /// A refused read or an abort is a legitimate answer; a commit is recorded for the check
+    /// that no plan compensation of the booking took effect between its read and its commit.
+    async fn read_and_report(&mut self, truth: &mut [Truth]) -> Result<(), Error> {
+        let booked: Vec<String> = {
+            let w = self.world.lock();
+            let mut v: Vec<String> = w
+                .booked
+                .iter()
+                .filter(|k| parse_key(k).is_some_and(|(p, ..)| truth.get(p).is_some_and(|t| t.id.is_some())))
+                .cloned()
+                .collect();
+            v.sort();
+            v
+        };
+        if booked.is_empty() {
+            return Ok(());
+        }
+        let key = booked[self.rng.gen_range(0..booked.len())].clone();
+        let Some((idx, ..)) = parse_key(&key) else { return Ok(()) };
+        let scope = format!("trip:booking:{key}");
+        let generation = self.world.lock().generation;
+        let tx = self.tg.begin_with(TxOptions::agent("reader").may_touch([scope.clone(), format!("report:{key}")]))?;
+        let refused = |e: &Error| {
+            matches!(e, Error::Aborted(_) | Error::Finished { .. } | Error::Engine(EngineError::LockConflict { .. }))
+        };
+        if let Err(e) = tx.read(&scope) {
+            if refused(&e) {
+                self.readers_refused += 1;
+                return Ok(());
+            }
+            return Err(e);
+        }
+        if self.rng.gen_bool(0.5) {
+            let plan = self.tg.plan_by_id(truth[idx].id.unwrap()).await?;
+            if plan.fail("a reader saw a problem").await.is_ok() {
+                truth[idx].failed = true;
+            }
+        }
+        self.settle().await;
+        if self.rng.gen_bool(0.3) {
+            self.clock.advance(Duration::from_millis(self.rng.gen_range(1..50)));
+            self.settle().await;
+        }
+        let outcome = async {
+            tx.call(&self.report, json!({"key": key})).await?;
+            tx.seal()?;
+            tx.commit().await
+        }
+        .await;
+        match outcome {
+            Ok(_) => {
+                if self.world.lock().generation == generation && !self.store.crashed() {
+                    self.readers.push((generation, tx.id(), scope));
+                }
+                Ok(())
+            }
+            Err(e) if refused(&e) => {
+                self.readers_refused += 1;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn clock_ms(&self) -> u64 {
@@ -447,6 +617,9 @@ async fn run_seed(seed: u64) -> Result<(u32, usize, BTreeMap<String, usize>), St
     run.clock.advance(Duration::from_secs(3_600));
     for _ in 0..50 {
         run.settle().await;
+        // Time goes on: a capability call that hangs reaches its deadline.
+        run.clock.advance(Duration::from_secs(5));
+        run.settle().await;
         let plans = run.tg.plan_list().await.map_err(|e| e.to_string())?;
         let mut waiting = false;
         for v in &plans {
@@ -475,7 +648,13 @@ async fn check(run: &mut Run, truth: &[Truth]) -> Result<(u32, usize, BTreeMap<S
     for v in &plans {
         details.insert(v.plan, run.tg.plan_detail(v.plan).await.map_err(|e| e.to_string())?);
     }
-    let outcomes = check_world(&run.world.lock(), truth, &by_id, &details, &run.stuck_seen, &run.store)?;
+    let mut outcomes = check_world(&run.world.lock(), truth, &by_id, &details, &run.stuck_seen, &run.store)?;
+    check_readers(&run.world.lock(), &run.readers, &run.store.inner().events())?;
+    *outcomes.entry("readers committed".to_owned()).or_insert(0) += run.readers.len();
+    *outcomes.entry("readers refused or aborted".to_owned()).or_insert(0) += run.readers_refused;
+    for (k, n) in &run.world.lock().troubles_seen {
+        *outcomes.entry(format!("cancel {k}")).or_insert(0) += n;
+    }
     // A clean reopen rebuilds the same plans from the ledger.
     run.restart(false).await;
     let again = run.tg.plan_list().await.map_err(|e| e.to_string())?;
@@ -520,7 +699,40 @@ async fn random_plans_through_the_engine_with_crashes_lose_and_duplicate_no_comp
         assert!(crashes > 0 && stuck > 0, "crashes {crashes}, stuck {stuck}");
         let n = |o: &str| outcomes.get(o).copied().unwrap_or(0);
         assert!(n("Unwound") > 0 && n("Committed") > 0, "{outcomes:?}");
+        for what in [
+            "readers committed",
+            "readers refused or aborted",
+            "cancel panic_before",
+            "cancel panic_after",
+            "cancel hang",
+        ] {
+            assert!(n(what) > 0, "{} seeds never exercised `{what}`: {outcomes:?}", seeds.len());
+        }
     }
+}
+
+/// No reader committed over a plan compensation of what it read (issue 26 item 2): between
+/// its read and its commit decision (ledger positions) no compensation of that booking took
+/// effect in the same process generation.
+fn check_readers(w: &World, readers: &[ReaderRec], events: &[tidegate_core::Event]) -> Result<(), String> {
+    use tidegate_core::Event;
+    for (generation, tx, scope) in readers {
+        let lsn_of = |f: &dyn Fn(&Event) -> bool| events.iter().position(f).map(|i| i as u64 + 1);
+        let read = lsn_of(&|e| matches!(e, Event::Read { tx: t, scope: s, .. } if t == tx && &**s == scope));
+        let decided = lsn_of(&|e| matches!(e, Event::Decided { tx: t, commit: true, .. } if t == tx));
+        let (Some(read), Some(decided)) = (read, decided) else {
+            return Err(format!("reader {tx}'s acknowledged read and commit are not both in the ledger"));
+        };
+        if let Some((_, at, _)) =
+            w.comp_at.iter().find(|(g, at, s)| g == generation && s == scope && read <= *at && *at < decided)
+        {
+            return Err(format!(
+                "reader {tx} read `{scope}` at LSN {read} and committed at LSN {decided}, but a plan compensation of \
+                 it took effect at LSN {at} in between: a stale read committed"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The world's record against what the test knows and the plans' final states.

@@ -530,6 +530,10 @@ impl Tenant {
 struct PlanDispatcher(Arc<Dispatcher>);
 
 impl tidegate_runtime::PlanDispatch for PlanDispatcher {
+    fn deadline_ms(&self, r: &tidegate_runtime::DispatchRequest) -> u64 {
+        self.0.deadline_ms(&r.capability).unwrap_or(tidegate_runtime::plans::DEFAULT_DISPATCH_DEADLINE_MS)
+    }
+
     fn dispatch(
         &self,
         r: tidegate_runtime::DispatchRequest,

@@ -26,11 +26,12 @@
 //! | `settled` | `tx`, `committed`, `effects`: list of `[effect, disposition, tag]` (dispositions `accepted`, `applied`, `fired`, `discarded`, `compensated`, `compensation_failed`, `not_compensable`, `release_failed`, `not_released`, `unknown`, `replayed`; tags `clean`, `leaked`, `unresolved`, `partial-commit`) |
 //! | `tool_changed` | `tool`, `version`, `present` (engine-wide: no transaction; its `tx` is 0) |
 //! | `extension` | `stream` (string), `body` (any JSON): another component's record, ignored by the engine (engine-wide; its `tx` is 0) |
+//! | `touched` | `scopes` (list of scopes), `undoes` (transaction id), `effect`, `done`? (absent: the compensation is about to run; `true`: it ended): a compensation of that settled transaction's effect writes the scopes; each record gives them a fresh version (engine-wide; its `tx` is 0; added in format 4) |
 //!
 //! # Version and the rule for adding fields
 //!
 //! The format version is [`LEDGER_FORMAT_VERSION`] (1, the first; 2 added `tool_changed`; 3
-//! added `extension`, and within 3, before its release, the optional `compensation` of
+//! added `extension`; 4 added `touched`; and within 3, before its release, the optional `compensation` of
 //! `effect_recorded`: a record without it reads as an effect with no durable compensation, so
 //! ledgers of formats 1 to 3 written before it read unchanged; and the optional `at` of a
 //! commit's `decided`: a record without it has no known commit time).
@@ -68,10 +69,11 @@ use record::Record;
 
 /// The ledger format version written by this build (the `format_version` a backend stores).
 /// History: 1, the first; 2 adds the `tool_changed` event (the versioned tool registry); 3 adds
-/// the `extension` event (opaque records of other components, e.g. the review manager).
+/// the `extension` event (opaque records of other components, e.g. the review manager); 4
+/// adds the `touched` event (a late compensation advances its scopes' versions).
 /// A new event kind is both an engine change and a format change, so this is the engine's
 /// number; the assertion below keeps the two from drifting apart.
-pub const LEDGER_FORMAT_VERSION: u32 = 3;
+pub const LEDGER_FORMAT_VERSION: u32 = 4;
 const _: () = assert!(LEDGER_FORMAT_VERSION == tidegate_core::ledger::LEDGER_FORMAT_VERSION);
 
 /// A link of the hash chain: BLAKE3 over the previous link, the LSN and the stored bytes.

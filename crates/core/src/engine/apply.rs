@@ -297,7 +297,38 @@ impl Core {
             // Another component's record: the engine keeps nothing of it (replay also leaves a
             // group's run of begins open across it).
             Event::Extension { .. } => {}
+            Event::Touched { undoes, .. } => {
+                let Given::Effect(scopes) = given else {
+                    debug_assert!(false, "touched by {undoes} applied without its scopes");
+                    return;
+                };
+                self.touch(*undoes, &scopes);
+            }
         }
+    }
+
+    /// A compensation outside its transaction's settlement writes `scopes` (docs/engine.md,
+    /// "A compensation advances the version"): one fresh stamp for all of them, and at L2 and
+    /// above every unsettled, undecided transaction that read an overlapping scope is doomed
+    /// (its commit aborts `cascading_abort` naming `undoes`). Waiters that can now only abort
+    /// are woken.
+    fn touch(&mut self, undoes: TxId, scopes: &[Scope]) {
+        // Saturating: at the end of the range the next commit is refused (`Exhausted`).
+        self.stamp = self.stamp.saturating_add(1);
+        for s in scopes {
+            self.index.record_write(s, self.stamp);
+        }
+        if self.cfg.level >= super::Level::L2 {
+            for t in self.txs.values_mut() {
+                if t.lv.doomed.is_none()
+                    && t.lv.stamp.is_none()
+                    && t.reads.iter().any(|(r, _)| scopes.iter().any(|s| s.overlaps(r)))
+                {
+                    t.lv.doomed = Some(undoes);
+                }
+            }
+        }
+        self.wake_after(crate::ids::Epoch(0));
     }
 
     /// Releases everything a finished transaction held, settles its keys by the dispositions

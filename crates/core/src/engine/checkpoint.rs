@@ -514,6 +514,7 @@ fn event_kind(ev: &Event) -> &'static str {
         Event::Settled { .. } => "settled",
         Event::ToolChanged { .. } => "tool_changed",
         Event::Extension { .. } => "extension",
+        Event::Touched { .. } => "touched",
     }
 }
 

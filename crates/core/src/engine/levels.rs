@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use super::{Action, Core, EffStatus, Isolation, Level, Tx};
 use crate::effect::AbortReason;
 use crate::error::{EngineError, TxState};
-use crate::ids::{EffectId, Epoch, TxId};
+use crate::ids::{EffectId, Epoch, GroupId, TxId};
 use crate::scope::Scope;
 use crate::trace::{TRACE_SCHEMA_VERSION, TraceRead, TraceRecord, TraceTool};
 
@@ -101,37 +101,49 @@ impl Core {
         }
         let Some(t) = self.txs.get(&tx) else { return Ok(()) };
         let epoch = t.epoch;
+        if touch == Touch::Eager
+            && let Some(group) = t.group
+            && let Some(sibling) = self.sibling_dirty(tx, group, scope)
+        {
+            return Err(EngineError::SiblingConflict { tx, sibling, scope: scope.to_string() });
+        }
+        // A compensation of a settled transaction's effect is writing here right now: reading
+        // would see a value in flux, writing eagerly would race its restore.
+        let undoing = touch != Touch::Held
+            && !self.undoing.is_empty()
+            && self.undoing.iter().any(|(_, _, scopes)| scopes.iter().any(|s| s.overlaps(scope)));
         // Under the epoch-order frontier, a later transaction settles after this one; without
         // it, either may settle first.
         let ordered = self.cfg.ordering == super::Ordering::EpochOrder && !self.cfg.ablation.no_frontier;
-        let conflict = match touch {
-            // A decided commit's writes are not dirty for readers: L2 makes their readers wait
-            // for the settlement and cascades a retraction; below L2 reading them is A3,
-            // which those levels admit (docs/levels.md).
-            Touch::Read => {
-                self.dirty_elsewhere(epoch)
-                    && self.dirty.claimed_by_other(scope, epoch)
-                    && self.txs.values().any(|o| {
-                        o.epoch != epoch
-                            && o.state != TxState::Committing
-                            && o.effects
-                                .iter()
-                                .any(|e| Self::marks_dirty(e) && e.scopes.iter().any(|s| s.overlaps(scope)))
-                    })
-            }
-            Touch::Held => {
-                if ordered {
-                    self.dirty_epochs.last_key_value().is_some_and(|(e, _)| *e > epoch)
-                        && self.dirty.claimed_after(scope, epoch)
-                } else {
-                    self.dirty_elsewhere(epoch) && self.dirty.claimed_by_other(scope, epoch)
+        let conflict = undoing
+            || match touch {
+                // A decided commit's writes are not dirty for readers: L2 makes their readers wait
+                // for the settlement and cascades a retraction; below L2 reading them is A3,
+                // which those levels admit (docs/levels.md).
+                Touch::Read => {
+                    self.dirty_elsewhere(epoch)
+                        && self.dirty.claimed_by_other(scope, epoch)
+                        && self.txs.values().any(|o| {
+                            o.epoch != epoch
+                                && o.state != TxState::Committing
+                                && o.effects
+                                    .iter()
+                                    .any(|e| Self::marks_dirty(e) && e.scopes.iter().any(|s| s.overlaps(scope)))
+                        })
                 }
-            }
-            Touch::Eager => {
-                (self.dirty_elsewhere(epoch) && self.dirty.claimed_by_other(scope, epoch))
-                    || self.held_elsewhere(tx, epoch, scope, ordered)
-            }
-        };
+                Touch::Held => {
+                    if ordered {
+                        self.dirty_epochs.last_key_value().is_some_and(|(e, _)| *e > epoch)
+                            && self.dirty.claimed_after(scope, epoch)
+                    } else {
+                        self.dirty_elsewhere(epoch) && self.dirty.claimed_by_other(scope, epoch)
+                    }
+                }
+                Touch::Eager => {
+                    (self.dirty_elsewhere(epoch) && self.dirty.claimed_by_other(scope, epoch))
+                        || self.held_elsewhere(tx, epoch, scope, ordered)
+                }
+            };
         if !conflict {
             return Ok(());
         }
@@ -141,6 +153,33 @@ impl Core {
             Err(e) => debug_assert!(false, "eager-isolation abort of {tx} failed: {e}"),
         }
         Err(EngineError::LockConflict { tx, scope })
+    }
+
+    /// A sibling branch of `group` (not `tx`) holding an eager effect with a compensation on a
+    /// scope overlapping `scope` (docs/engine.md, "Speculation and eager effects"): the
+    /// branches share an epoch, so the dirty index cannot tell them apart; a group has at
+    /// most 1,024 branches and only its members are looked at.
+    fn sibling_dirty(&self, tx: TxId, group: GroupId, scope: &Scope) -> Option<TxId> {
+        let g = self.groups.get(&group)?;
+        g.branches.iter().copied().find(|&b| {
+            b != tx
+                && self.txs.get(&b).is_some_and(|o| {
+                    o.state != TxState::Committing
+                        && o.effects.iter().any(|e| Self::marks_dirty(e) && e.scopes.iter().any(|s| s.overlaps(scope)))
+                })
+        })
+    }
+
+    /// Places (`done: false`) or takes away (`done: true`) the live mark of a running
+    /// compensation of effect `effect` of the settled transaction `undoes`.
+    pub(super) fn mark_undoing(&mut self, undoes: TxId, effect: EffectId, scopes: &[Scope], done: bool) {
+        if done {
+            if let Some(i) = self.undoing.iter().position(|(t, e, _)| *t == undoes && *e == effect) {
+                self.undoing.swap_remove(i);
+            }
+        } else if self.keeps_marks() {
+            self.undoing.push((undoes, effect, scopes.iter().cloned().collect()));
+        }
     }
 
     /// Whether a transaction at another epoch holds a dirty mark (O(1)).

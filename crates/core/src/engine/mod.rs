@@ -461,6 +461,16 @@ pub struct Core {
     groups: HashMap<GroupId, Group>,
     #[serde(skip)]
     late: HashMap<(TxId, EffectId), CompensationTask>,
+    /// The scopes of each call still in flight when its transaction's abort settled, until its
+    /// late compensation is recorded: that compensation writes them after the settlement gave
+    /// them their fresh version, so it advances them again ([`Event::Touched`]). Live only.
+    #[serde(skip)]
+    late_scopes: HashMap<(TxId, EffectId), SmallVec<[Scope; 2]>>,
+    /// Compensations of settled transactions' effects running now (between their `touched`
+    /// and `touched {done}`): reads and eager effects on their scopes are refused. Live only,
+    /// like the running late compensations (a replay has none).
+    #[serde(skip)]
+    undoing: Vec<(TxId, EffectId, SmallVec<[Scope; 2]>)>,
     #[serde(skip)]
     events: Vec<Event>,
     #[serde(skip)]
@@ -531,6 +541,8 @@ impl Core {
             keys: HashMap::default(),
             groups: HashMap::default(),
             late: HashMap::default(),
+            late_scopes: HashMap::default(),
+            undoing: Vec::new(),
             events: Vec::new(),
             actions: Vec::new(),
             committed: 0,

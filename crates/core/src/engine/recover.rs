@@ -377,6 +377,27 @@ impl Core {
                 self.guard.open_group = open_group;
                 self.apply(ev, Given::Nothing);
             }
+            Event::Touched { scopes, undoes, effect, .. } => {
+                let mut parsed = SmallVec::new();
+                for s in scopes {
+                    parsed.push(self.parse_logged(s)?);
+                }
+                if parsed.is_empty() {
+                    return refuse(
+                        R::BadScope,
+                        format!("touched by the compensation of {undoes}{effect} has no scope"),
+                    );
+                }
+                if undoes.0 == 0 || undoes.0 >= self.next_tx {
+                    return refuse(
+                        R::IllegalTransition,
+                        format!("touched by the compensation of {undoes}{effect}, a transaction never begun"),
+                    );
+                }
+                // Engine-wide, like an extension: it does not end a group's run of begins.
+                self.guard.open_group = open_group;
+                self.apply(ev, Given::Effect(parsed));
+            }
             Event::ToolChanged { tool, version, present } => {
                 if *version == u64::MAX {
                     return refuse(R::Overflow, format!("registry version {version} of `{tool}` is u64::MAX"));

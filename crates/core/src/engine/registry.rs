@@ -8,11 +8,14 @@
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 
 use super::Core;
 use super::apply::Given;
 use crate::error::EngineError;
+use crate::ids::{EffectId, TxId};
 use crate::ledger::Event;
+use crate::scope::Scope;
 
 /// One tool's definition as visible at some registry version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +70,42 @@ impl Core {
     /// in order with the engine's own events. The state machine keeps nothing of it.
     pub fn record_extension(&mut self, stream: Arc<str>, body: Arc<serde_json::Value>) {
         self.emit(Event::Extension { stream, body }, Given::Nothing);
+    }
+
+    /// Records that a compensation of effect `effect` of the settled transaction `undoes`
+    /// writes `scopes` ([`Event::Touched`]): every scope gets a fresh version, and at L2 and
+    /// above the unsettled readers of an overlapping scope are doomed. Call it with `done:
+    /// false` before the compensation is dispatched and with `done: true` once it ended, each
+    /// time waiting for durability before going on (docs/engine.md, "A compensation advances
+    /// the version"). In between, this engine refuses reads and eager effects on the scopes
+    /// (`lock_conflict`, retryable), as it does for an aborting transaction's dirty marks;
+    /// those marks are live state (a restart forgets them: the compensation's fate is then in
+    /// doubt, and its next attempt is touched again).
+    ///
+    /// Refuses an empty scope list and a transaction id never issued
+    /// ([`EngineError::InvalidArgument`], [`EngineError::UnknownTx`]).
+    pub fn touched(
+        &mut self,
+        undoes: TxId,
+        effect: EffectId,
+        scopes: Vec<Scope>,
+        done: bool,
+    ) -> Result<(), EngineError> {
+        if scopes.is_empty() {
+            return Err(EngineError::InvalidArgument {
+                field: "scopes",
+                value: format!("[] (compensation of {undoes}{effect})"),
+                expected: "at least one scope the compensation writes",
+            });
+        }
+        if undoes.0 == 0 || undoes.0 >= self.next_tx {
+            return Err(EngineError::UnknownTx { tx: undoes });
+        }
+        let scopes: SmallVec<[Scope; 2]> = SmallVec::from_vec(scopes);
+        self.mark_undoing(undoes, effect, &scopes, done);
+        let ev = Event::Touched { scopes: scopes.iter().map(Scope::as_arc).collect(), undoes, effect, done };
+        self.emit(ev, Given::Effect(scopes));
+        Ok(())
     }
 
     /// Removes `tool` from the registry. Returns whether it was present.

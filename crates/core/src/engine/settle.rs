@@ -11,6 +11,7 @@ use crate::effect::{AbortReason, CallOutcome, Disposition, EffectClass, EffectOu
 use crate::error::{EngineError, TxState};
 use crate::ids::{EffectId, Epoch, Timestamp, TxId};
 use crate::ledger::Event;
+use crate::scope::Scope;
 
 /// One compensation to run.
 #[derive(Debug, Clone)]
@@ -108,15 +109,18 @@ impl Core {
                 return Ok(match result {
                     CallOutcome::Done { output } => {
                         self.emit(Event::EffectExecuted { tx, effect, output: output.clone() }, Given::Nothing);
+                        self.touch_late(tx, effect, false);
                         ExecResult::Late(CompensationTask { output, ..task })
                     }
                     CallOutcome::NotApplied { message, .. } => {
                         self.emit(Event::EffectFailed { tx, effect, error: message, unknown: false }, Given::Nothing);
+                        self.late_scopes.remove(&(tx, effect));
                         ExecResult::Done
                     }
                     CallOutcome::Unknown { message } => {
                         // It may have taken effect after its transaction settled: undo it blind.
                         self.emit(Event::EffectFailed { tx, effect, error: message, unknown: true }, Given::Nothing);
+                        self.touch_late(tx, effect, false);
                         ExecResult::Late(CompensationTask { output: Arc::default(), blind: true, ..task })
                     }
                 });
@@ -164,6 +168,19 @@ impl Core {
             AbortReason::ToolFailed { tool, message }
         };
         Ok(ExecResult::Aborted(self.abort(tx, reason)?))
+    }
+
+    /// A late call of the settled transaction `tx` landed (before its compensation is run) or
+    /// its compensation finished (`done`): its scopes get a fresh version
+    /// ([`Event::Touched`]), since the world changed there after the settlement's own.
+    fn touch_late(&mut self, tx: TxId, effect: EffectId, done: bool) {
+        let scopes =
+            if done { self.late_scopes.remove(&(tx, effect)) } else { self.late_scopes.get(&(tx, effect)).cloned() };
+        if let Some(scopes) = scopes.filter(|s| !s.is_empty()) {
+            self.mark_undoing(tx, effect, &scopes, done);
+            let ev = Event::Touched { scopes: scopes.iter().map(Scope::as_arc).collect(), undoes: tx, effect, done };
+            self.emit(ev, Given::Effect(scopes));
+        }
     }
 
     /// An effect of an aborting transaction returned from its call (`blind`: with an unknown
@@ -269,7 +286,7 @@ impl Core {
     /// The commit predicate: no unfinished transaction with a smaller epoch may touch any
     /// scope of the sealed footprint.
     fn admissible(&self, t: &Tx) -> bool {
-        if self.awaits_predecessor(t) {
+        if self.awaits_predecessor(t) || self.awaits_losers(t) {
             return false;
         }
         if self.cfg.level == Level::L0 || self.cfg.ablation.no_frontier {
@@ -292,6 +309,17 @@ impl Core {
             return false;
         }
         !t.claims.iter().any(|s| self.index.blocked_before(s, t.epoch))
+    }
+
+    /// Whether `t` is a speculation group's winner with another branch still unfinished: a
+    /// loser's compensations settle before the winner's commit is decided, so no loser's
+    /// undo can land after the winner's effects are released or accepted (docs/engine.md,
+    /// "Speculation and eager effects"). The losers were aborted when the winner was chosen,
+    /// so this waits only for their compensations; the last one to finish wakes the winner.
+    fn awaits_losers(&self, t: &Tx) -> bool {
+        t.group
+            .and_then(|g| self.groups.get(&g))
+            .is_some_and(|g| g.branches.iter().any(|b| self.txs.get(b).is_some_and(|o| !std::ptr::eq(o, t))))
     }
 
     /// Records that the release of a held effect is about to be attempted. Call it, and wait
@@ -517,6 +545,7 @@ impl Core {
         // Settled meanwhile (tagged unresolved, key held): a clean undo (no residue, no error)
         // frees the key.
         self.emit(Event::Compensated { tx, effect, residue, error }, Given::Nothing);
+        self.touch_late(tx, effect, true);
     }
 
     /// Finishes an abort after its compensations were reported.
@@ -549,6 +578,7 @@ impl Core {
                     detail = Some("irreversible effect left before the abort".into());
                 }
                 if e.status == EffStatus::InFlight {
+                    self.late_scopes.insert((tx, EffectId(i as u32)), e.scopes.clone());
                     self.late.insert(
                         (tx, EffectId(i as u32)),
                         CompensationTask {
@@ -621,7 +651,7 @@ impl Core {
         n
     }
 
-    /// Wakes the waiting transactions later than `epoch` that can now decide (admissible, or
+    /// Wakes the waiting transactions at or after `epoch` that can now decide (admissible, or
     /// stale and therefore bound to abort).
     pub(super) fn wake_after(&mut self, epoch: Epoch) {
         if self.waiting.is_empty() {
@@ -630,10 +660,11 @@ impl Core {
         let mut woken = Vec::new();
         // Under first-committer-wins, and without a frontier, a waiter may be older than the
         // transaction it waited for.
+        // A group's winner shares its losers' epoch and waits for them (`awaits_losers`).
         let from = if self.cfg.ordering == Ordering::FirstCommitterWins || self.cfg.ablation.no_frontier {
             Epoch(0)
         } else {
-            Epoch(epoch.0 + 1)
+            epoch
         };
         for &(e, w) in self.waiting.range((from, TxId(0))..) {
             let Some(t) = self.txs.get(&w) else { continue };

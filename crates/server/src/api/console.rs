@@ -304,7 +304,28 @@ pub async fn retry(
         args: Arc::new(args),
         output,
     };
-    let (outcome, detail) = match t.dispatcher.dispatch(req).await {
+    // The retry writes the effect's scopes after its transaction settled: their versions
+    // advance before it is sent and again with its outcome, and reads and eager writes there
+    // are refused meanwhile, so no read made before it (or while it runs) commits after it
+    // (docs/engine.md, "A compensation advances the version"). The dispatch and the closing
+    // touch run in a task of their own: a client that drops the request cannot leave the
+    // scopes marked.
+    let scopes: Vec<String> = e.scopes.iter().map(|s| s.to_string()).collect();
+    let refs: Vec<&str> = scopes.iter().map(String::as_str).collect();
+    if !scopes.is_empty() {
+        t.engine.touched(tx, EffectId(n), &refs, false).await.map_err(from_runtime)?;
+    }
+    let (engine, dispatcher) = (t.engine.clone(), t.dispatcher.clone());
+    let effect = EffectId(n);
+    let run = tokio::spawn(async move {
+        let outcome = dispatcher.dispatch(req).await;
+        let refs: Vec<&str> = scopes.iter().map(String::as_str).collect();
+        let closed = if refs.is_empty() { Ok(0) } else { engine.touched(tx, effect, &refs, true).await };
+        (outcome, closed)
+    });
+    let (outcome, closed) = run.await.map_err(|_| ApiError::internal("the retry's task failed"))?;
+    closed.map_err(from_runtime)?;
+    let (outcome, detail) = match outcome {
         DispatchOutcome::Done { .. } => ("done", None),
         DispatchOutcome::Failed(m) | DispatchOutcome::Transient(m) => ("failed", Some(m)),
         DispatchOutcome::Unknown(m) => ("unknown", Some(m)),

@@ -166,6 +166,34 @@ impl Dispatcher {
         v
     }
 
+    /// How long one dispatch on `capability` may take with all its attempts and backoffs, in
+    /// milliseconds, plus 10 s of slack: the plan executor's deadline for it, after which the
+    /// outcome counts as unknown. A worker capability without its own `deadline_ms` (tasks
+    /// wait for a worker indefinitely) and an unknown capability get `None`: the executor's
+    /// default applies.
+    pub fn deadline_ms(&self, capability: &str) -> Option<u64> {
+        let d = &self.defaults;
+        let backoffs = |backoff: u64, attempts: u32| -> u64 {
+            (0..attempts.saturating_sub(1))
+                .fold(0u64, |sum, i| sum.saturating_add(backoff.saturating_mul(1 << i.min(30))))
+        };
+        let total = match self.capability(capability)? {
+            CapabilitySpec::Webhook(w) => {
+                let attempts = w.attempts.unwrap_or(d.webhook_attempts);
+                let per = w.timeout_ms.unwrap_or(d.webhook_timeout_ms);
+                per.saturating_mul(u64::from(attempts))
+                    .saturating_add(backoffs(w.backoff_ms.unwrap_or(d.webhook_backoff_ms), attempts))
+            }
+            CapabilitySpec::Worker(w) => {
+                let attempts = w.attempts.unwrap_or(d.webhook_attempts);
+                w.deadline_ms?
+                    .saturating_mul(u64::from(attempts))
+                    .saturating_add(backoffs(w.backoff_ms.unwrap_or(d.webhook_backoff_ms), attempts))
+            }
+        };
+        Some(total.saturating_add(10_000))
+    }
+
     /// The worker queue.
     pub fn queue(&self) -> &Arc<TaskQueue> {
         &self.queue

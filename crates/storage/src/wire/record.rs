@@ -118,6 +118,14 @@ pub(crate) enum Record<'a> {
         stream: Cow<'a, str>,
         body: Cow<'a, Value>,
     },
+    Touched {
+        #[serde(borrow)]
+        scopes: Vec<Cow<'a, str>>,
+        undoes: u64,
+        effect: u32,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        done: bool,
+    },
 }
 
 /// `EffectClass` as stored.
@@ -383,6 +391,12 @@ impl<'a> Record<'a> {
                 Record::ToolChanged { tool: s(tool), version: *version, present: *present }
             }
             Event::Extension { stream, body } => Record::Extension { stream: s(stream), body: Cow::Borrowed(&**body) },
+            Event::Touched { scopes, undoes, effect, done } => Record::Touched {
+                scopes: scopes.iter().map(s).collect(),
+                undoes: undoes.0,
+                effect: effect.0,
+                done: *done,
+            },
             other => return Err(unknown("event", other)),
         })
     }
@@ -470,6 +484,12 @@ impl<'a> Record<'a> {
             },
             Record::ToolChanged { tool, version, present } => Event::ToolChanged { tool: arc(tool), version, present },
             Record::Extension { stream, body } => Event::Extension { stream: arc(stream), body: value(body) },
+            Record::Touched { scopes, undoes, effect, done } => Event::Touched {
+                scopes: scopes.into_iter().map(arc).collect(),
+                undoes: TxId(undoes),
+                effect: EffectId(effect),
+                done,
+            },
         }
     }
 }
