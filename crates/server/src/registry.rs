@@ -51,6 +51,9 @@ impl WireClass {
 /// A tool registered over the API.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"class": "gated", "scopes": ["retail:order:{order_id}"], "key": "invoice:{order_id}", "call": "billing", "description": "Sends the invoice of an order."})
+))]
 pub struct ToolDef {
     /// The effect class.
     pub class: WireClass,
@@ -190,6 +193,11 @@ impl utoipa::PartialSchema for CapabilitySpec {
                 "A queue that pull workers serve.",
             ))
             .discriminator(Some(Discriminator::new("kind")))
+            .examples([
+                serde_json::json!({"kind": "webhook", "url": "https://hooks.example.com/tidegate/billing",
+                    "timeout_ms": 5000, "attempts": 4, "backoff_ms": 100}),
+                serde_json::json!({"kind": "worker", "task_lease_ms": 30000, "deadline_ms": 600000}),
+            ])
             .description(Some("A capability: where the server dispatches an operation."))
             .into()
     }

@@ -26,6 +26,9 @@ const MAX_DEADLINE_MS: u64 = 365 * 86_400_000;
 /// Open a plan.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"owner": "trip-planner", "deadline_in_ms": 3600000, "cascade_limit": 3})
+))]
 pub struct PlanIn {
     /// Who answers for the plan (1 to 256 characters).
     pub owner: String,
@@ -44,6 +47,9 @@ pub struct PlanIn {
 /// A failure signal.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"reason": "the hotel refused the booking"})
+))]
 pub struct SignalIn {
     /// Why the plan fails (at most 1024 bytes).
     #[serde(default)]
@@ -53,6 +59,9 @@ pub struct SignalIn {
 /// A compliance verdict about one effect of a plan.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"transaction": "tx_0a1b2c3d_7", "effect": 0, "verdict": "block"})
+))]
 pub struct VerdictIn {
     /// The step transaction's id.
     pub transaction: String,
@@ -75,7 +84,10 @@ pub enum VerdictKind {
 /// An owner's choice for a stuck plan.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ResolveIn {
+#[schema(examples(
+    json!({"choice": "unwind"})
+))]
+pub struct PlanResolveIn {
     /// `retry`, `accept` or `unwind`.
     pub choice: ChoiceKind,
 }
@@ -95,6 +107,9 @@ pub enum ChoiceKind {
 /// Arm a predicate trigger.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"predicate": {"tagged": {"tx": 7, "effect": 0, "tag": "leaked"}}})
+))]
 pub struct TriggerIn {
     /// The predicate (docs/plans.md, "Predicates").
     #[schema(value_type = Object)]
@@ -549,7 +564,7 @@ pub async fn arm(
     post, path = "/v1/plans/{plan}/resolve", tag = "plans", operation_id = "resolve_plan",
     params(("plan" = String, Path, description = "Plan id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request return the first response")),
-    request_body = ResolveIn,
+    request_body = PlanResolveIn,
     responses(
         (status = 200, description = "Resolved", body = PlanOut),
         (status = 409, description = "The plan is not stuck", body = Problem, content_type = "application/problem+json"),
@@ -560,7 +575,7 @@ pub async fn arm(
 pub async fn resolve(
     caller: Caller<PlanResolve>,
     ApiPath(id): ApiPath<String>,
-    ApiJson(body): ApiJson<ResolveIn>,
+    ApiJson(body): ApiJson<PlanResolveIn>,
 ) -> ApiResult<Json<PlanOut>> {
     let t = &caller.tenant;
     let plan = plan_of(t, &id).await?;
