@@ -52,7 +52,8 @@ impl WireClass {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(examples(
-    json!({"class": "gated", "scopes": ["retail:order:{order_id}"], "key": "invoice:{order_id}", "call": "billing", "description": "Sends the invoice of an order."})
+    json!({"class": "gated", "scopes": ["retail:order:{order_id}"], "key": "invoice:{order_id}", "call": "billing",
+        "description": "Sends the invoice of an order."})
 ))]
 pub struct ToolDef {
     /// The effect class.

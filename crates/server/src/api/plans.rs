@@ -15,7 +15,6 @@ use utoipa::ToSchema;
 
 use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
-use super::transactions::parse_tx;
 use crate::auth::{PlanResolve, TxRead, TxWrite};
 use crate::ids;
 use crate::tenant::Tenant;
@@ -526,13 +525,29 @@ pub async fn verdict(
 ) -> ApiResult<Json<PlanOut>> {
     let t = &caller.tenant;
     let plan = plan_of(t, &id).await?;
-    let tx = parse_tx(t, &body.transaction)
-        .map_err(|_| ApiError::invalid("transaction", &body.transaction, "a step transaction of this plan"))?;
+    let tx = match ids::resolve(ids::Kind::Tx, &t.tag, &body.transaction) {
+        ids::Named::Own(n) => TxId(n),
+        // Another tenant's transaction is no step of this plan, exactly as one of this tenant
+        // never issued (issue 26): `TxId(0)` is never allocated, so the executor refuses it
+        // at the same point and in the same words.
+        ids::Named::Elsewhere => TxId(0),
+        ids::Named::Malformed => {
+            return Err(ApiError::invalid("transaction", &body.transaction, "a transaction id (tx_<tag>_<n>)"));
+        }
+    };
     let v = match body.verdict {
         VerdictKind::Block => tidegate_runtime::plans::Verdict::Block,
         VerdictKind::Allow => tidegate_runtime::plans::Verdict::Allow,
     };
-    plan.verdict(tx, tidegate_runtime::EffectId(body.effect), v).await.map_err(|e| runtime(e, t))?;
+    plan.verdict(tx, tidegate_runtime::EffectId(body.effect), v).await.map_err(|e| match e {
+        // The executor names the effect by its internal numbers; the caller named it by ids.
+        tidegate_runtime::Error::Plan(PlanError::Invalid { field, .. }) if field == "effect" => ApiError::invalid(
+            "effect",
+            format!("{}/{}", body.transaction, body.effect),
+            format!("an effect registered in plan {id} (a step transaction of it and its effect's number)"),
+        ),
+        e => runtime(e, t),
+    })?;
     Ok(Json(detail_out(t, plan.id(), &id).await?))
 }
 

@@ -26,7 +26,19 @@ use crate::tenant::Tenant;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(examples(
-    json!({"set": {"tables": {"account": {"primary_key": ["id"]}}, "invariants": [{"kind": "check", "table": "account", "column": "balance", "op": ">=", "value": 0}], "templates": [{"name": "withdraw", "params": ["id", "amount"], "steps": [{"statements": [{"sql": "UPDATE account SET balance = balance - :amount WHERE id = :id"}]}], "writes": [{"table": "account", "column": "balance", "kind": "decrement", "row": {"id": "id"}}]}]}, "schema": "CREATE TABLE IF NOT EXISTS account (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL CHECK (balance >= 0)); INSERT OR IGNORE INTO account VALUES (1, 100);"})
+    json!({
+        "set": {
+            "tables": {"account": {"primary_key": ["id"]}},
+            "invariants": [{"kind": "check", "table": "account", "column": "balance", "op": ">=", "value": 0}],
+            "templates": [{
+                "name": "withdraw",
+                "params": ["id", "amount"],
+                "steps": [{"statements": [{"sql": "UPDATE account SET balance = balance - :amount WHERE id = :id"}]}],
+                "writes": [{"table": "account", "column": "balance", "kind": "decrement", "row": {"id": "id"}}]
+            }]
+        },
+        "schema": "CREATE TABLE IF NOT EXISTS account (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL CHECK (balance >= 0)); INSERT OR IGNORE INTO account VALUES (1, 100);"
+    })
 ))]
 pub struct TemplatesIn {
     /// A template set: `tables`, `invariants`, `templates` (the format of docs/review.md,

@@ -419,7 +419,8 @@ pub struct ReadResultOut {
 #[serde(deny_unknown_fields)]
 #[schema(examples(
     json!({"tool": "send_invoice", "args": {"order_id": "o-1042", "amount_cents": 1999}}),
-    json!({"tool": "reserve_seat", "args": {"flight": "LX318", "seat": "12A"}, "execute": "client", "compensate": {"capability": "release_seat", "args": {"flight": "LX318", "seat": "12A"}}})
+    json!({"tool": "reserve_seat", "args": {"flight": "LX318", "seat": "12A"}, "execute": "client",
+        "compensate": {"capability": "release_seat", "args": {"flight": "LX318", "seat": "12A"}}})
 ))]
 pub struct EffectIn {
     /// The tool's name.
@@ -721,7 +722,8 @@ pub struct LedgerEventsQuery {
     pub after_lsn: Option<u64>,
     /// Page size (default 50; the export: every matching event, at most 100000).
     pub limit: Option<usize>,
-    /// Only events of this transaction (`tx_<tag>_<n>`).
+    /// Only events of this transaction (`tx_<tag>_<n>`); an id never issued to this tenant
+    /// (another tenant's included) matches nothing.
     pub transaction: Option<String>,
     /// Only events of transactions begun by this agent.
     pub agent: Option<String>,
