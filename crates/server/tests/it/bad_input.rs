@@ -186,9 +186,9 @@ fn fuzz_finding_the_capability_schema_admits_both_kinds() {
     assert!(variants[1]["properties"]["deadline_ms"].is_object());
 }
 
-/// Found by scripts/fuzz-api.sh once the document had examples (issue 26): a worker
-/// capability's `deadline_ms` beyond the document's `int64` (9223372036854775808) was
-/// accepted; a deadline is now 1 ms to 365 days.
+/// Found by scripts/fuzz-api.sh (seed 1, on the document with request body examples, issue
+/// 26): a worker capability's `deadline_ms` beyond the document's `int64`
+/// (9223372036854775808) was accepted; a deadline is now 1 ms to 365 days.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fuzz_finding_a_worker_deadline_beyond_int64_is_refused() {
     let h = Harness::memory(|_| {}).await;
