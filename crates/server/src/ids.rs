@@ -47,6 +47,35 @@ pub fn parse(kind: Kind, tag: &str, id: &str) -> Option<u64> {
     n.parse().ok()
 }
 
+/// What an id names for one tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Named {
+    /// Number `n` of this tenant (issued or not).
+    Own(u64),
+    /// A well-formed id with another tag: another tenant's, or no tenant's. It names nothing
+    /// here, and is answered exactly as an id of this tenant that was never issued.
+    Elsewhere,
+    /// Not an id of this kind at all.
+    Malformed,
+}
+
+/// Tells an id of this tenant from one of another tenant and from something that is not an
+/// id of `kind`. Routes where a never-issued id is not simply a 404 (filters, ids inside a
+/// body) use it to answer a foreign id exactly as a never-issued one.
+pub fn resolve(kind: Kind, tag: &str, id: &str) -> Named {
+    if let Some(n) = parse(kind, tag, id) {
+        return Named::Own(n);
+    }
+    // Tags are 8 lowercase hex digits (`catalog::create_tenant`); the number is checked the
+    // same way as for this tenant's ids.
+    let other = id
+        .strip_prefix(kind.prefix())
+        .and_then(|rest| rest.split_once('_'))
+        .filter(|(t, _)| t.len() == 8 && t.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .and_then(|(t, _)| parse(kind, t, id));
+    if other.is_some() { Named::Elsewhere } else { Named::Malformed }
+}
+
 /// A transaction's public id.
 pub fn tx(tag: &str, tx: TxId) -> String {
     format(Kind::Tx, tag, tx.0)
@@ -71,6 +100,26 @@ mod tests {
             "tx_0a1b2c3d_99999999999999999999999",
         ] {
             assert_eq!(parse(Kind::Tx, "0a1b2c3d", bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn another_tenants_id_is_told_from_a_malformed_one() {
+        let mine = "0a1b2c3d";
+        assert_eq!(resolve(Kind::Tx, mine, "tx_0a1b2c3d_7"), Named::Own(7));
+        assert_eq!(resolve(Kind::Tx, mine, "tx_ffffffff_7"), Named::Elsewhere);
+        assert_eq!(resolve(Kind::Plan, mine, "plan_00000000_0"), Named::Elsewhere);
+        for bad in [
+            "tx_ffffffff_",
+            "tx_ffffffff_01",
+            "tx_FFFFFFFF_1",
+            "tx_fffffff_1",
+            "tx_ffffffff_99999999999999999999999",
+            "plan_ffffffff_1",
+            "tx_0a1b2c3d_x",
+            "garbage",
+        ] {
+            assert_eq!(resolve(Kind::Tx, mine, bad), Named::Malformed, "{bad}");
         }
     }
 }

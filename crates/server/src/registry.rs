@@ -51,6 +51,10 @@ impl WireClass {
 /// A tool registered over the API.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"class": "gated", "scopes": ["retail:order:{order_id}"], "key": "invoice:{order_id}", "call": "billing",
+        "description": "Sends the invoice of an order."})
+))]
 pub struct ToolDef {
     /// The effect class.
     pub class: WireClass,
@@ -105,6 +109,9 @@ impl ToolDef {
     }
 }
 
+/// Longest deadline of a worker capability's tasks (365 days).
+pub const MAX_TASK_DEADLINE_MS: u64 = 365 * 86_400_000;
+
 /// A capability: where the server dispatches an operation. Its OpenAPI schema is written by
 /// hand ([`PartialSchema`](utoipa::PartialSchema) below): the derived one combined each
 /// variant's `additionalProperties: false` with the `kind` tag in an `allOf`, which no value
@@ -144,7 +151,8 @@ pub struct WorkerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_lease_ms: Option<u64>,
     /// If set, a task no worker settled within this many milliseconds of its creation
-    /// settles by itself: `failed` if no worker ever leased it, else `unknown`.
+    /// settles by itself: `failed` if no worker ever leased it, else `unknown` (1 to
+    /// 31536000000, 365 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
     /// Tasks in all for one operation, 1-20, when workers report `not_applied` with `retry:
@@ -190,6 +198,11 @@ impl utoipa::PartialSchema for CapabilitySpec {
                 "A queue that pull workers serve.",
             ))
             .discriminator(Some(Discriminator::new("kind")))
+            .examples([
+                serde_json::json!({"kind": "webhook", "url": "https://hooks.example.com/tidegate/billing",
+                    "timeout_ms": 5000, "attempts": 4, "backoff_ms": 100}),
+                serde_json::json!({"kind": "worker", "task_lease_ms": 30000, "deadline_ms": 600000}),
+            ])
             .description(Some("A capability: where the server dispatches an operation."))
             .into()
     }
@@ -226,8 +239,14 @@ impl CapabilitySpec {
                 if w.task_lease_ms.is_some_and(|t| t == 0 || t > 86_400_000) {
                     return Err(("task_lease_ms".into(), shown(w.task_lease_ms), "1 to 86400000 milliseconds"));
                 }
-                if w.deadline_ms.is_some_and(|t| t == 0) {
-                    return Err(("deadline_ms".into(), "0".into(), "a positive number of milliseconds"));
+                // At most a year: beyond `i64` it was accepted against the document's `int64`
+                // (found by scripts/fuzz-api.sh).
+                if w.deadline_ms.is_some_and(|t| t == 0 || t > MAX_TASK_DEADLINE_MS) {
+                    return Err((
+                        "deadline_ms".into(),
+                        shown(w.deadline_ms),
+                        "1 to 31536000000 milliseconds (365 days)",
+                    ));
                 }
                 if w.attempts.is_some_and(|a| a == 0 || a > 20) {
                     return Err(("attempts".into(), shown(w.attempts), "1 to 20 attempts"));

@@ -187,7 +187,7 @@ pub(crate) fn operator_label<P: crate::auth::Needs>(caller: &Caller<P>) -> Strin
     params(("tx" = String, Path, description = "Transaction id"),
            ("effect" = u32, Path, description = "The effect's issuance position"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request return the first response")),
-    request_body = ResolveIn,
+    request_body = AttentionResolveIn,
     responses(
         (status = 200, description = "Recorded; the entry with its resolution", body = AttentionOut),
         (status = 409, description = "The effect is not in the attention list (`not_in_attention`)", body = Problem, content_type = "application/problem+json"),
@@ -198,7 +198,7 @@ pub(crate) fn operator_label<P: crate::auth::Needs>(caller: &Caller<P>) -> Strin
 pub async fn resolve(
     caller: Caller<AttentionResolve>,
     ApiPath((id, effect)): ApiPath<(String, String)>,
-    ApiJson(body): ApiJson<ResolveIn>,
+    ApiJson(body): ApiJson<AttentionResolveIn>,
 ) -> ApiResult<Json<AttentionOut>> {
     let t = &caller.tenant;
     let (tx, n) = attention_target(t, &id, &effect)?;
@@ -443,9 +443,11 @@ fn asset(content_type: &'static str, body: &'static str) -> axum::response::Resp
 }
 
 /// The console page and its assets (no authentication: the page asks for an API key and sends
-/// it with every API call).
+/// it with every API call), and the server's root, which sends a browser to the console with
+/// `303 See Other` (not a permanent redirect: a later version may serve something there).
 pub fn page_routes() -> Router<AppState> {
     Router::new()
+        .route("/", get(|| async { axum::response::Redirect::to("/console") }))
         .route("/console", get(|| async { asset("text/html; charset=utf-8", PAGE_HTML) }))
         .route("/console/", get(|| async { asset("text/html; charset=utf-8", PAGE_HTML) }))
         .route("/console/console.js", get(|| async { asset("text/javascript; charset=utf-8", PAGE_JS) }))

@@ -118,9 +118,15 @@ impl TxFilter {
     fn of(t: &Tenant, q: &LedgerEventsQuery) -> ApiResult<TxFilter> {
         let transaction = match &q.transaction {
             None => None,
-            Some(id) => Some(ids::parse(ids::Kind::Tx, &t.tag, id).map(TxId).ok_or_else(|| {
-                ApiError::invalid("transaction", id, "a transaction id of this tenant (tx_<tag>_<n>)")
-            })?),
+            Some(id) => match ids::resolve(ids::Kind::Tx, &t.tag, id) {
+                ids::Named::Own(n) => Some(TxId(n)),
+                // Another tenant's id passes nothing, exactly as one of this tenant never
+                // issued (issue 26): `TxId(0)` is never allocated and `admits` refuses it.
+                ids::Named::Elsewhere => Some(TxId(0)),
+                ids::Named::Malformed => {
+                    return Err(ApiError::invalid("transaction", id, "a transaction id (tx_<tag>_<n>)"));
+                }
+            },
         };
         let scope = match &q.scope {
             None => None,
@@ -173,7 +179,9 @@ impl TxFilter {
     /// Whether transaction `tx` passes (asked once per transaction per request, never inside
     /// a scan of the ledger).
     fn admits(&self, t: &Tenant, tx: TxId) -> bool {
-        if self.transaction.is_some_and(|x| x != tx) {
+        // Engine-wide events (`TxId(0)`, never a transaction's id) pass no transaction filter,
+        // also not `transaction=tx_<tag>_0`.
+        if tx.0 == 0 || self.transaction.is_some_and(|x| x != tx) {
             return false;
         }
         let phase = t.index.phase(tx);

@@ -23,10 +23,12 @@ mod transactions;
 mod wait;
 pub mod wire;
 
+use std::collections::BTreeMap;
+
 use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
-use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 use utoipa_axum::routes;
 
 use crate::AppState;
@@ -72,62 +74,90 @@ impl Modify for BearerAuth {
     }
 }
 
+/// Every route with the schemas it names and its path item, in the order they are mounted.
+fn method_routers() -> Vec<UtoipaMethodRouter<AppState>> {
+    vec![
+        routes!(transactions::begin, transactions::list),
+        routes!(console::stream),
+        routes!(transactions::get),
+        routes!(transactions::read),
+        routes!(transactions::effect),
+        routes!(effects::result),
+        routes!(transactions::seal),
+        routes!(transactions::commit),
+        routes!(transactions::abort),
+        routes!(transactions::outcome),
+        routes!(transactions::events),
+        routes!(transactions::timeline),
+        routes!(transactions::call),
+        routes!(groups::begin),
+        routes!(groups::get),
+        routes!(groups::commit),
+        routes!(groups::abort),
+        routes!(registry::put_tool, registry::get_tool, registry::delete_tool),
+        routes!(registry::list_tools),
+        routes!(registry::put_capability, registry::get_capability, registry::delete_capability),
+        routes!(registry::list_capabilities),
+        routes!(tasks::poll),
+        routes!(tasks::heartbeat),
+        routes!(tasks::report),
+        routes!(tasks::list),
+        routes!(ledger::events),
+        routes!(ledger::attention),
+        routes!(console::resolve),
+        routes!(console::retry),
+        routes!(console::export),
+        routes!(console::series),
+        routes!(review::register_templates, review::list_templates),
+        routes!(review::request),
+        routes!(review::get_one),
+        routes!(review::accept),
+        routes!(review::remove),
+        routes!(review::queue),
+        routes!(plans::open, plans::list),
+        routes!(plans::stuck),
+        routes!(plans::get),
+        routes!(plans::commit),
+        routes!(plans::fail),
+        routes!(plans::signal),
+        routes!(plans::verdict),
+        routes!(plans::arm),
+        routes!(plans::resolve),
+        routes!(keys::create, keys::list),
+        routes!(keys::revoke),
+        routes!(meta::whoami),
+        routes!(meta::openapi_json),
+        routes!(meta::healthz),
+        routes!(meta::readyz),
+        routes!(meta::metrics),
+    ]
+}
+
 /// The API's routes with their OpenAPI document.
 pub fn api_router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .routes(routes!(transactions::begin, transactions::list))
-        .routes(routes!(console::stream))
-        .routes(routes!(transactions::get))
-        .routes(routes!(transactions::read))
-        .routes(routes!(transactions::effect))
-        .routes(routes!(effects::result))
-        .routes(routes!(transactions::seal))
-        .routes(routes!(transactions::commit))
-        .routes(routes!(transactions::abort))
-        .routes(routes!(transactions::outcome))
-        .routes(routes!(transactions::events))
-        .routes(routes!(transactions::timeline))
-        .routes(routes!(transactions::call))
-        .routes(routes!(groups::begin))
-        .routes(routes!(groups::get))
-        .routes(routes!(groups::commit))
-        .routes(routes!(groups::abort))
-        .routes(routes!(registry::put_tool, registry::get_tool, registry::delete_tool))
-        .routes(routes!(registry::list_tools))
-        .routes(routes!(registry::put_capability, registry::get_capability, registry::delete_capability))
-        .routes(routes!(registry::list_capabilities))
-        .routes(routes!(tasks::poll))
-        .routes(routes!(tasks::heartbeat))
-        .routes(routes!(tasks::report))
-        .routes(routes!(tasks::list))
-        .routes(routes!(ledger::events))
-        .routes(routes!(ledger::attention))
-        .routes(routes!(console::resolve))
-        .routes(routes!(console::retry))
-        .routes(routes!(console::export))
-        .routes(routes!(console::series))
-        .routes(routes!(review::register_templates, review::list_templates))
-        .routes(routes!(review::request))
-        .routes(routes!(review::get_one))
-        .routes(routes!(review::accept))
-        .routes(routes!(review::remove))
-        .routes(routes!(review::queue))
-        .routes(routes!(plans::open, plans::list))
-        .routes(routes!(plans::stuck))
-        .routes(routes!(plans::get))
-        .routes(routes!(plans::commit))
-        .routes(routes!(plans::fail))
-        .routes(routes!(plans::signal))
-        .routes(routes!(plans::verdict))
-        .routes(routes!(plans::arm))
-        .routes(routes!(plans::resolve))
-        .routes(routes!(keys::create, keys::list))
-        .routes(routes!(keys::revoke))
-        .routes(routes!(meta::whoami))
-        .routes(routes!(meta::openapi_json))
-        .routes(routes!(meta::healthz))
-        .routes(routes!(meta::readyz))
-        .routes(routes!(meta::metrics))
+    method_routers().into_iter().fold(OpenApiRouter::with_openapi(ApiDoc::openapi()), OpenApiRouter::routes)
+}
+
+/// Component names that stand for more than one schema, each with the schemas it was given.
+/// utoipa names a component after the type's bare name (not its module path) and keeps the
+/// last one mounted, so two request types of the same name document one route with the
+/// other's body (issue 26: the attention list's `ResolveIn {action, note}` was documented as
+/// the plans' `ResolveIn {choice}`). Empty when every name is one schema; checked by a test.
+pub fn schema_name_collisions() -> Vec<String> {
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let declared = ApiDoc::openapi().components.map(|c| c.schemas).unwrap_or_default();
+    let collected = method_routers().into_iter().flat_map(|(schemas, _, _)| schemas);
+    for (name, schema) in declared.into_iter().chain(collected) {
+        let json = serde_json::to_string(&schema).unwrap_or_default();
+        let versions = seen.entry(name).or_default();
+        if !versions.contains(&json) {
+            versions.push(json);
+        }
+    }
+    seen.into_iter()
+        .filter(|(_, versions)| versions.len() > 1)
+        .map(|(name, versions)| format!("`{name}` is {} different schemas: {}", versions.len(), versions.join(" | ")))
+        .collect()
 }
 
 /// The OpenAPI document (what `/v1/openapi.json` serves and docs/openapi.json holds).

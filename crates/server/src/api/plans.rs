@@ -15,7 +15,6 @@ use utoipa::ToSchema;
 
 use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
-use super::transactions::parse_tx;
 use crate::auth::{PlanResolve, TxRead, TxWrite};
 use crate::ids;
 use crate::tenant::Tenant;
@@ -26,6 +25,9 @@ const MAX_DEADLINE_MS: u64 = 365 * 86_400_000;
 /// Open a plan.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"owner": "trip-planner", "deadline_in_ms": 3600000, "cascade_limit": 3})
+))]
 pub struct PlanIn {
     /// Who answers for the plan (1 to 256 characters).
     pub owner: String,
@@ -44,6 +46,9 @@ pub struct PlanIn {
 /// A failure signal.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"reason": "the hotel refused the booking"})
+))]
 pub struct SignalIn {
     /// Why the plan fails (at most 1024 bytes).
     #[serde(default)]
@@ -53,6 +58,9 @@ pub struct SignalIn {
 /// A compliance verdict about one effect of a plan.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"transaction": "tx_0a1b2c3d_7", "effect": 0, "verdict": "block"})
+))]
 pub struct VerdictIn {
     /// The step transaction's id.
     pub transaction: String,
@@ -75,7 +83,10 @@ pub enum VerdictKind {
 /// An owner's choice for a stuck plan.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ResolveIn {
+#[schema(examples(
+    json!({"choice": "unwind"})
+))]
+pub struct PlanResolveIn {
     /// `retry`, `accept` or `unwind`.
     pub choice: ChoiceKind,
 }
@@ -95,6 +106,9 @@ pub enum ChoiceKind {
 /// Arm a predicate trigger.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"predicate": {"tagged": {"tx": 7, "effect": 0, "tag": "leaked"}}})
+))]
 pub struct TriggerIn {
     /// The predicate (docs/plans.md, "Predicates").
     #[schema(value_type = Object)]
@@ -511,13 +525,29 @@ pub async fn verdict(
 ) -> ApiResult<Json<PlanOut>> {
     let t = &caller.tenant;
     let plan = plan_of(t, &id).await?;
-    let tx = parse_tx(t, &body.transaction)
-        .map_err(|_| ApiError::invalid("transaction", &body.transaction, "a step transaction of this plan"))?;
+    let tx = match ids::resolve(ids::Kind::Tx, &t.tag, &body.transaction) {
+        ids::Named::Own(n) => TxId(n),
+        // Another tenant's transaction is no step of this plan, exactly as one of this tenant
+        // never issued (issue 26): `TxId(0)` is never allocated, so the executor refuses it
+        // at the same point and in the same words.
+        ids::Named::Elsewhere => TxId(0),
+        ids::Named::Malformed => {
+            return Err(ApiError::invalid("transaction", &body.transaction, "a transaction id (tx_<tag>_<n>)"));
+        }
+    };
     let v = match body.verdict {
         VerdictKind::Block => tidegate_runtime::plans::Verdict::Block,
         VerdictKind::Allow => tidegate_runtime::plans::Verdict::Allow,
     };
-    plan.verdict(tx, tidegate_runtime::EffectId(body.effect), v).await.map_err(|e| runtime(e, t))?;
+    plan.verdict(tx, tidegate_runtime::EffectId(body.effect), v).await.map_err(|e| match e {
+        // The executor names the effect by its internal numbers; the caller named it by ids.
+        tidegate_runtime::Error::Plan(PlanError::Invalid { field, .. }) if field == "effect" => ApiError::invalid(
+            "effect",
+            format!("{}/{}", body.transaction, body.effect),
+            format!("an effect registered in plan {id} (a step transaction of it and its effect's number)"),
+        ),
+        e => runtime(e, t),
+    })?;
     Ok(Json(detail_out(t, plan.id(), &id).await?))
 }
 
@@ -549,7 +579,7 @@ pub async fn arm(
     post, path = "/v1/plans/{plan}/resolve", tag = "plans", operation_id = "resolve_plan",
     params(("plan" = String, Path, description = "Plan id"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request return the first response")),
-    request_body = ResolveIn,
+    request_body = PlanResolveIn,
     responses(
         (status = 200, description = "Resolved", body = PlanOut),
         (status = 409, description = "The plan is not stuck", body = Problem, content_type = "application/problem+json"),
@@ -560,7 +590,7 @@ pub async fn arm(
 pub async fn resolve(
     caller: Caller<PlanResolve>,
     ApiPath(id): ApiPath<String>,
-    ApiJson(body): ApiJson<ResolveIn>,
+    ApiJson(body): ApiJson<PlanResolveIn>,
 ) -> ApiResult<Json<PlanOut>> {
     let t = &caller.tenant;
     let plan = plan_of(t, &id).await?;

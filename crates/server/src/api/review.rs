@@ -25,6 +25,21 @@ use crate::tenant::Tenant;
 /// Templates to register, with an optional schema to run first.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({
+        "set": {
+            "tables": {"account": {"primary_key": ["id"]}},
+            "invariants": [{"kind": "check", "table": "account", "column": "balance", "op": ">=", "value": 0}],
+            "templates": [{
+                "name": "withdraw",
+                "params": ["id", "amount"],
+                "steps": [{"statements": [{"sql": "UPDATE account SET balance = balance - :amount WHERE id = :id"}]}],
+                "writes": [{"table": "account", "column": "balance", "kind": "decrement", "row": {"id": "id"}}]
+            }]
+        },
+        "schema": "CREATE TABLE IF NOT EXISTS account (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL CHECK (balance >= 0)); INSERT OR IGNORE INTO account VALUES (1, 100);"
+    })
+))]
 pub struct TemplatesIn {
     /// A template set: `tables`, `invariants`, `templates` (the format of docs/review.md,
     /// as JSON). A template or table already registered must be given unchanged.
@@ -52,6 +67,9 @@ pub struct TemplatesOut {
 /// A request for a transaction.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"template": "withdraw", "params": {"id": 1, "amount": 30}, "sender": "support-bot", "suspicious": true})
+))]
 pub struct ReviewRequestIn {
     /// The template's name.
     pub template: String,

@@ -332,6 +332,9 @@ pub struct SseEventOut {
 /// Retry an attention entry.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"note": "the billing receiver is back up"})
+))]
 pub struct RetryIn {
     /// Why, for the next person (at most 2000 bytes).
     #[serde(default)]
@@ -354,7 +357,10 @@ pub struct RetryOut {
 /// Resolve an attention entry.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ResolveIn {
+#[schema(examples(
+    json!({"action": "resolved", "note": "refunded by hand in the billing console"})
+))]
+pub struct AttentionResolveIn {
     /// `resolved` (set right outside Tidegate) or `accepted` (may stand as it is).
     pub action: crate::console::OperatorAction,
     /// What was done, for the next person (1 to 2000 bytes).
@@ -364,6 +370,9 @@ pub struct ResolveIn {
 /// Begin a transaction.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"agent": "billing-agent", "may_touch": ["retail:order:o-1042"], "lease_ms": 30000})
+))]
 pub struct BeginIn {
     /// The agent's name (default `agent`), at most 256 bytes.
     #[serde(default)]
@@ -384,6 +393,9 @@ pub struct BeginIn {
 /// Record a read.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"scope": "retail:order:o-1042"})
+))]
 pub struct ReadIn {
     /// The scope read.
     pub scope: String,
@@ -405,6 +417,11 @@ pub struct ReadResultOut {
 /// Call a server tool in a transaction.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"tool": "send_invoice", "args": {"order_id": "o-1042", "amount_cents": 1999}}),
+    json!({"tool": "reserve_seat", "args": {"flight": "LX318", "seat": "12A"}, "execute": "client",
+        "compensate": {"capability": "release_seat", "args": {"flight": "LX318", "seat": "12A"}}})
+))]
 pub struct EffectIn {
     /// The tool's name.
     pub tool: String,
@@ -482,6 +499,11 @@ pub enum ExecuteMode {
 /// How a client-executed call ended.
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+#[schema(examples(
+    json!({"status": "done", "output": {"reservation": "r-5521"}}),
+    json!({"status": "not_applied", "error": "the seat is taken", "retry": false}),
+    json!({"status": "unknown", "error": "timed out after 10 s"})
+))]
 pub enum EffectResultIn {
     /// The call took effect.
     Done {
@@ -549,6 +571,9 @@ pub struct EffectAckOut {
 /// Commit a transaction.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"seal": true, "wait_ms": 5000})
+))]
 pub struct CommitIn {
     /// Seal first if still open (default false).
     #[serde(default)]
@@ -566,6 +591,9 @@ pub struct CommitIn {
 /// Abort a transaction.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"reason": "the user cancelled the order", "wait_ms": 5000})
+))]
 pub struct AbortIn {
     /// Why (recorded in the ledger), at most 1024 bytes.
     #[serde(default)]
@@ -578,6 +606,9 @@ pub struct AbortIn {
 /// A one-call transaction.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"tool": "send_invoice", "args": {"order_id": "o-1042", "amount_cents": 1999}, "agent": "billing-agent", "wait_ms": 1000})
+))]
 pub struct CallIn {
     /// The tool's name.
     pub tool: String,
@@ -691,7 +722,8 @@ pub struct LedgerEventsQuery {
     pub after_lsn: Option<u64>,
     /// Page size (default 50; the export: every matching event, at most 100000).
     pub limit: Option<usize>,
-    /// Only events of this transaction (`tx_<tag>_<n>`).
+    /// Only events of this transaction (`tx_<tag>_<n>`); an id never issued to this tenant
+    /// (another tenant's included) matches nothing.
     pub transaction: Option<String>,
     /// Only events of transactions begun by this agent.
     pub agent: Option<String>,
@@ -809,6 +841,9 @@ pub struct CapabilityOut {
 /// Poll for worker tasks.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"worker": "worker-1", "capabilities": ["billing"], "max_tasks": 10, "wait_ms": 1000})
+))]
 pub struct PollIn {
     /// The worker's name (1-128 bytes).
     pub worker: String,
@@ -835,6 +870,9 @@ pub struct PollOut {
 /// Extend a task's lease.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"worker": "worker-1", "lease_ms": 30000})
+))]
 pub struct HeartbeatIn {
     /// The worker holding the lease.
     pub worker: String,
@@ -884,6 +922,12 @@ pub enum TaskResultIn {
 /// Report a task's result.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"worker": "worker-1", "result": {"status": "done", "output": {"receipt": "r-881"}}}),
+    json!({"worker": "worker-1", "result": {"status": "not_applied", "error": "the receiver is down", "retry": true}}),
+    json!({"worker": "worker-1", "result": {"status": "failed", "error": "card declined"}}),
+    json!({"worker": "worker-1", "result": {"status": "unknown", "error": "timed out after 10 s"}})
+))]
 pub struct ReportIn {
     /// The worker.
     pub worker: String,
@@ -903,6 +947,9 @@ pub struct ReportOut {
 /// A speculation group to begin.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"branches": 2, "agent": "trip-planner", "may_touch": ["travel:seat:*"]})
+))]
 pub struct GroupIn {
     /// Number of branches (2 to `limits.max_branches`).
     pub branches: usize,
@@ -936,6 +983,9 @@ pub struct GroupOut {
 /// Commit a group's winner.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"winner": "tx_0a1b2c3d_7", "wait_ms": 5000})
+))]
 pub struct GroupCommitIn {
     /// The winning branch (`tx_...`).
     pub winner: String,
@@ -947,6 +997,9 @@ pub struct GroupCommitIn {
 /// A key to create.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"role": "agent", "label": "billing agent"})
+))]
 pub struct KeyIn {
     /// Its role.
     pub role: Role,

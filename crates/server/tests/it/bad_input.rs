@@ -185,3 +185,28 @@ fn fuzz_finding_the_capability_schema_admits_both_kinds() {
     assert_eq!(variants[0]["required"], json!(["kind", "url"]));
     assert!(variants[1]["properties"]["deadline_ms"].is_object());
 }
+
+/// Found by scripts/fuzz-api.sh (seed 1, on the document with request body examples, issue
+/// 26): a worker capability's `deadline_ms` beyond the document's `int64`
+/// (9223372036854775808) was accepted; a deadline is now 1 ms to 365 days.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fuzz_finding_a_worker_deadline_beyond_int64_is_refused() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let key = Some(k.admin.as_str());
+    for deadline in [json!(9223372036854775808_u64), json!(31536000001_u64), json!(0)] {
+        let r = h.req("PUT", "/v1/capabilities/q", key, Some(json!({"kind": "worker", "deadline_ms": deadline}))).await;
+        problem(&r, 400, "invalid_field");
+        assert_eq!(
+            (r.body["field"].as_str(), r.body["value"].as_str()),
+            (Some("deadline_ms"), Some(deadline.to_string().as_str())),
+            "{r:?}"
+        );
+    }
+    let r = h.req("GET", "/v1/capabilities/q", key, None).await;
+    assert_eq!(r.status, 404, "nothing was defined: {r:?}");
+    let r =
+        h.req("PUT", "/v1/capabilities/q", key, Some(json!({"kind": "worker", "deadline_ms": 31536000000_u64}))).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    h.stop().await;
+}
