@@ -98,12 +98,11 @@ pub(crate) struct Declared {
 
 /// Builds the engine tool. Scopes and keys are computed in Python and passed with every call.
 pub(crate) fn build(d: Declared) -> Result<tidegate_runtime::Tool, tidegate_runtime::Error> {
-    let tool_name = d.name.clone();
     let comp_tool = d.name.clone();
     let names = d.names.clone();
     let call = d.call;
+    // No scope extractor: every call passes the scopes Python computed.
     let mut builder = tidegate_runtime::Tool::builder(d.name, d.class)
-        .scope(move |_| format!("tool:{tool_name}"))
         .call_ctx(move |engine: tidegate_runtime::CallCtx, args: Arc<Value>| {
             let ctx = current();
             let f = call.clone();

@@ -154,7 +154,7 @@ struct ToolInner {
     name: Arc<str>,
     signature: Signature,
     class: EffectClass,
-    scope: Box<ScopeFn>,
+    scope: Option<Box<ScopeFn>>,
     key: Option<Box<KeyFn>>,
     call: Box<CallFn>,
     compensate: Option<Box<CompFn>>,
@@ -215,8 +215,10 @@ impl Tool {
         self.inner.compensate.is_some()
     }
 
-    pub(crate) fn scopes(&self, args: &Value) -> Vec<String> {
-        (self.inner.scope)(args)
+    /// The scopes its extractor gives for `args`; `None` for a tool declared without one
+    /// (every call must then name its scopes, `CallOptions::scopes`).
+    pub(crate) fn scopes(&self, args: &Value) -> Option<Vec<String>> {
+        self.inner.scope.as_ref().map(|f| f(args))
     }
 
     pub(crate) fn key(&self, args: &Value) -> Option<String> {
@@ -309,7 +311,10 @@ impl IntoScopes for Vec<String> {
 }
 
 impl ToolBuilder {
-    /// The scope extractor: the scope(s) a call with these arguments may touch. Required.
+    /// The scope extractor: the scope(s) a call with these arguments may touch. A tool built
+    /// without one (a front door that computes scopes itself, from templates) must be called
+    /// with `CallOptions::scopes`; a call that names none is refused before anything is
+    /// recorded.
     pub fn scope<S: IntoScopes>(mut self, f: impl Fn(&Value) -> S + Send + Sync + 'static) -> Self {
         self.scope = Some(Box::new(move |a| f(a).into_scopes()));
         self
@@ -418,7 +423,7 @@ impl ToolBuilder {
                 expected: "a non-empty tool name",
             });
         }
-        let Some(scope) = self.scope else { return Err(invalid("scope", "a scope extractor")) };
+        let scope = self.scope;
         let Some(call) = self.call else { return Err(invalid("call", "a call handler")) };
         let reversible = matches!(self.class, EffectClass::Reversible | EffectClass::ReversibleWithCost);
         if reversible && self.compensate.is_none() && !self.uncompensated {

@@ -227,7 +227,11 @@ impl Transaction {
         let compensation = self.compensation(tool, opts.compensate)?;
         let texts = match opts.scopes {
             Some(s) => s,
-            None => tool.scopes(&args),
+            None => tool.scopes(&args).ok_or_else(|| Error::InvalidArgument {
+                field: "scopes",
+                value: format!("none given for tool `{}`, which has no scope extractor", tool.name()),
+                expected: "CallOptions::scopes naming what the call may touch (or a tool built with `scope(..)`)",
+            })?,
         };
         let mut scopes = Vec::with_capacity(texts.len());
         for t in &texts {

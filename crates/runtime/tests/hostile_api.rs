@@ -402,3 +402,26 @@ async fn a_call_handle_reaches_the_compensation_and_is_dropped_at_settlement() {
     );
     assert_eq!(Arc::strong_count(&live), 1, "the handle was dropped when the transaction settled");
 }
+
+/// A tool may be built without a scope extractor (a front door that renders scopes itself):
+/// a call of it that names no scopes is refused before anything is recorded or run.
+#[tokio::test]
+async fn a_tool_without_a_scope_extractor_needs_the_calls_scopes() {
+    let tg = Tidegate::in_memory().unwrap();
+    let ran = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let r = ran.clone();
+    let tool = Tool::builder("send", EffectClass::Idempotent)
+        .call(move |_| {
+            r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok(json!("ok")) }
+        })
+        .build()
+        .unwrap();
+    let tx = tg.begin("agent").unwrap();
+    let err = tx.call(&tool, json!({})).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { field: "scopes", .. }), "{err:?}");
+    let opts = CallOptions { scopes: Some(vec!["mail:ann@example.com".into()]), ..CallOptions::default() };
+    let ack = tx.call_with(&tool, json!({}), opts).await.unwrap();
+    assert_eq!(ack.effect().0, 0, "the refused call recorded nothing");
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -81,6 +81,28 @@ pub fn tx(tag: &str, tx: TxId) -> String {
     format(Kind::Tx, tag, tx.0)
 }
 
+/// `<tx id>:<tool>:<n>`: the key the dispatches of effect `n` of `tx` carry when the call had
+/// no key of its own (the engine records its own derived key; this is its public form).
+pub fn derived_key(tag: &str, tx: TxId, tool: &str, n: u32) -> String {
+    format!("{}:{tool}:{n}", self::tx(tag, tx))
+}
+
+/// The client's arguments of an effect recorded by a server of an earlier version, which
+/// wrapped them as `{"args": <client args>, "key": <effect key>}` and recorded the same key as
+/// the effect's adapter key: `Some(args)` when `recorded` is exactly such an envelope whose
+/// key is `key`. A record of this version holds the client's arguments as they are (a client
+/// value that happens to have that shape would also have to repeat the effect's own key).
+pub fn legacy_envelope<'a>(recorded: &'a serde_json::Value, key: Option<&str>) -> Option<&'a serde_json::Value> {
+    let o = recorded.as_object()?;
+    let (args, k) = (o.get("args")?, o.get("key")?.as_str()?);
+    (o.len() == 2 && key == Some(k)).then_some(args)
+}
+
+/// The client's arguments of a recorded call (see [`legacy_envelope`]).
+pub fn client_args(recorded: &serde_json::Value, key: Option<&str>) -> serde_json::Value {
+    legacy_envelope(recorded, key).unwrap_or(recorded).clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

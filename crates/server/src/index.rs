@@ -190,21 +190,30 @@ impl TxView {
         })
     }
 
-    /// Applies one of this transaction's events (the one apply path).
-    fn apply(&mut self, lsn: Lsn, e: &Event) {
+    /// Applies one of this transaction's events (the one apply path). An effect's key is
+    /// shown in its public form and its arguments as the client sent them (see
+    /// `ids::derived_key`, `ids::legacy_envelope`).
+    fn apply(&mut self, tag: &str, lsn: Lsn, e: &Event) {
         self.lsns.1 = lsn;
         match e {
             Event::Begin { .. } | Event::ToolChanged { .. } => {}
             Event::Read { scope, version, .. } => self.reads.push((scope.clone(), version.0)),
-            Event::EffectRecorded { effect: id, tool, class, scopes, key, args, .. } => {
+            Event::EffectRecorded { tx, effect: id, tool, class, scopes, key, args, adapter_key, .. } => {
                 let status = if class.executes_eagerly() { EffectStatus::InFlight } else { EffectStatus::Held };
+                let (key, args) = if *adapter_key {
+                    let args = crate::ids::legacy_envelope(args, Some(key))
+                        .map_or_else(|| args.clone(), |a| Arc::new(a.clone()));
+                    (key.clone(), args)
+                } else {
+                    (Arc::from(crate::ids::derived_key(tag, *tx, tool, id.0)), args.clone())
+                };
                 let rec = EffectRecord {
                     id: *id,
                     tool: tool.clone(),
                     class: *class,
                     scopes: scopes.clone(),
-                    key: key.clone(),
-                    args: args.clone(),
+                    key,
+                    args,
                     status,
                     output: None,
                     error: None,
@@ -331,6 +340,8 @@ struct State {
 
 /// The ledger index of one tenant.
 pub struct LedgerIndex {
+    /// The tenant's tag (the public form of derived effect keys).
+    tag: Arc<str>,
     state: Mutex<State>,
     retain: usize,
     metrics: Arc<Metrics>,
@@ -362,9 +373,9 @@ pub enum ListFilter {
 
 impl LedgerIndex {
     /// An empty index keeping `retain` settled transactions in memory.
-    pub fn new(retain: usize, metrics: Arc<Metrics>) -> LedgerIndex {
+    pub fn new(tag: &str, retain: usize, metrics: Arc<Metrics>) -> LedgerIndex {
         let (changes, _) = broadcast::channel(4096);
-        LedgerIndex { state: Mutex::new(State::default()), retain, metrics, changes }
+        LedgerIndex { tag: Arc::from(tag), state: Mutex::new(State::default()), retain, metrics, changes }
     }
 
     /// Applies an appended batch whose last event has LSN `last`. `live`: count metrics.
@@ -431,7 +442,7 @@ impl LedgerIndex {
         }
         let mut settled = None;
         if let Some(rec) = s.records.get_mut(&tx) {
-            rec.view.apply(lsn, e);
+            rec.view.apply(&self.tag, lsn, e);
             rec.notify.send_modify(|v| *v += 1);
             if live {
                 let _ = self.changes.send(tx);
@@ -518,7 +529,7 @@ impl LedgerIndex {
             if e.tx() == tx {
                 match &mut view {
                     None => view = TxView::from_begin(lsn, e),
-                    Some(v) => v.apply(lsn, e),
+                    Some(v) => v.apply(&self.tag, lsn, e),
                 }
             }
             true

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -99,18 +98,10 @@ pub struct LiveTx {
     pub handle: Transaction,
     /// Its speculation group.
     pub group: Option<u64>,
-    seq: AtomicU64,
     /// The commit or abort running for it.
     pub settle: Mutex<Option<SettleOp>>,
     /// Tickets of its client-executed effects, by effect number.
     pub tickets: crate::api::effects::Tickets,
-}
-
-impl LiveTx {
-    /// The next per-transaction effect number (for derived keys).
-    pub fn next_seq(&self) -> u64 {
-        self.seq.fetch_add(1, AtomicOrdering::Relaxed)
-    }
 }
 
 /// A speculation group begun through this server process.
@@ -203,7 +194,7 @@ impl Tenant {
             tenant_dir = Some(dir);
             (s.clone() as Arc<dyn LedgerStore>, Some(s))
         };
-        let index = Arc::new(LedgerIndex::new(settings.retain.max(1), metrics.clone()));
+        let index = Arc::new(LedgerIndex::new(&record.tag, settings.retain.max(1), metrics.clone()));
         let tapped = Arc::new(TappedStore::new(store.clone(), index.clone(), metrics.clone()));
         let checkpoints = if settings.memory {
             CheckpointPolicy::never()
@@ -242,7 +233,7 @@ impl Tenant {
                 removed.insert(t.name.clone(), t.def.clone());
                 continue;
             }
-            let Ok(st) = ServerTool::build(&t.name, &t.def, &dispatcher) else { continue };
+            let Ok(st) = ServerTool::build(&t.name, &t.def, &dispatcher, &record.tag) else { continue };
             engine.register(&st.tool).map_err(|e| tenant_err("register a tool", e))?;
             tools.insert(t.name.clone(), Arc::new(st));
         }
@@ -319,7 +310,7 @@ impl Tenant {
                     // A removed tool with unsettled effects: register its last definition
                     // again so they can settle, then remove it from the registry again.
                     let def = self.removed.read().get(&name).cloned();
-                    let built = def.and_then(|d| ServerTool::build(&name, &d, &self.dispatcher).ok());
+                    let built = def.and_then(|d| ServerTool::build(&name, &d, &self.dispatcher, &self.tag).ok());
                     match built {
                         Some(st) if self.engine.register(&st.tool).is_ok() => brought_back.push(name),
                         _ => break TenantStatus::Failed(format!("recovery needs tool `{name}`, which is not defined")),
@@ -361,13 +352,7 @@ impl Tenant {
 
     /// Registers a live transaction.
     pub fn add_live(&self, handle: Transaction, group: Option<u64>) -> Arc<LiveTx> {
-        let lt = Arc::new(LiveTx {
-            handle,
-            group,
-            seq: AtomicU64::new(0),
-            settle: Mutex::new(None),
-            tickets: Default::default(),
-        });
+        let lt = Arc::new(LiveTx { handle, group, settle: Mutex::new(None), tickets: Default::default() });
         self.live.lock().insert(lt.handle.id(), lt.clone());
         lt
     }
@@ -378,13 +363,7 @@ impl Tenant {
         let mut live = self.live.lock();
         live.entry(handle.id())
             .or_insert_with(|| {
-                Arc::new(LiveTx {
-                    handle,
-                    group,
-                    seq: AtomicU64::new(0),
-                    settle: Mutex::new(None),
-                    tickets: Default::default(),
-                })
+                Arc::new(LiveTx { handle, group, settle: Mutex::new(None), tickets: Default::default() })
             })
             .clone()
     }
@@ -444,7 +423,8 @@ impl Tenant {
                 return Err(ApiError::invalid(field, c, "the name of a capability registered with this tenant"));
             }
         }
-        let st = ServerTool::build(name, &def, &self.dispatcher).map_err(|(f, v, e)| ApiError::invalid(f, v, e))?;
+        let st = ServerTool::build(name, &def, &self.dispatcher, &self.tag)
+            .map_err(|(f, v, e)| ApiError::invalid(f, v, e))?;
         self.catalog.put_tool(&self.name, name, &def).map_err(|e| ApiError::internal(e.to_string()))?;
         let mut tools = self.tools.write();
         let existed = tools.contains_key(name) || self.engine.tool_signature(name).is_some();

@@ -1,15 +1,21 @@
-//! Server tools: a [`ToolDef`] turned into a runtime [`Tool`] whose closures dispatch by
+//! Server tools: a [`ToolDef`] turned into a runtime [`Tool`] whose handlers dispatch by
 //! capability name.
 //!
-//! The runtime gives a tool's closures only the arguments it recorded, so a server tool's
-//! recorded arguments are an *envelope* `{"args": <client args>, "key": <effect key>}`: the
-//! key every dispatch of the effect carries travels with them (through the ledger, so also
-//! after a restart).
+//! The engine records a call's arguments as the client sent them and its key once: a key the
+//! client gave (or the tool's key template rendered) is an adapter key; otherwise the engine
+//! derives one from the effect's number. A handler gets the call's [`CallCtx`] and renders
+//! the key every dispatch of the effect carries ([`effect_key`]): the adapter key, else
+//! `<tx id>:<tool>:<effect number>`, the same before and after a restart because the number
+//! is the ledger's. The tool has no scope extractor: the server always passes the scopes its
+//! templates render.
+//!
+//! Ledgers written before this version recorded `{"args": <client args>, "key": <effect key>}`
+//! with the key as an adapter key ([`legacy_envelope`] reads them back).
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
-use tidegate_runtime::{Compensation, EffectClass, Probe, Tool, ToolError};
+use serde_json::Value;
+use tidegate_runtime::{CallCtx, Compensation, EffectClass, Probe, Tool, ToolError};
 
 use crate::dispatch::{DispatchOutcome, DispatchRequest, Dispatcher, Operation};
 use crate::registry::{Template, ToolDef};
@@ -32,22 +38,40 @@ pub fn compensation_key(key: &str) -> String {
     format!("{key}#compensate")
 }
 
-/// The envelope the engine records for a call.
-pub fn envelope(args: Value, key: &str) -> Value {
-    json!({"args": args, "key": key})
+/// The key the dispatches of an effect carry: its adapter key if it has one, else
+/// `<tx id>:<tool>:<effect number>` (the tenant's public transaction id).
+pub fn effect_key(tag: &str, tool: &str, ctx: &CallCtx) -> String {
+    match &ctx.key {
+        Some(k) => k.to_string(),
+        None => derived_key(tag, ctx.tx, tool, ctx.effect.0),
+    }
 }
 
-/// `(args, key)` from a recorded envelope (a value that is not one is taken as bare args).
-pub fn open_envelope(env: &Value) -> (Value, String) {
-    match (env.get("args"), env.get("key").and_then(Value::as_str)) {
-        (Some(a), Some(k)) if env.as_object().is_some_and(|o| o.len() == 2) => (a.clone(), k.to_owned()),
-        _ => (env.clone(), String::new()),
+pub use crate::ids::{client_args, derived_key, legacy_envelope};
+
+/// What a handler dispatches for one call: the client's arguments and the effect key.
+fn call_parts(tag: &str, tool: &str, ctx: &CallCtx, recorded: &Value) -> (Value, String) {
+    (client_args(recorded, ctx.key.as_deref()), effect_key(tag, tool, ctx))
+}
+
+fn tool_error(o: DispatchOutcome) -> ToolError {
+    match o {
+        DispatchOutcome::Done { .. } => ToolError::unknown("a dispatch that succeeded was read as a failure"),
+        DispatchOutcome::Failed(m) => ToolError::failed(m),
+        DispatchOutcome::Transient(m) => ToolError::transient(m),
+        DispatchOutcome::Unknown(m) => ToolError::unknown(m),
     }
 }
 
 impl ServerTool {
-    /// Builds the runtime tool for `def` (validated by the caller) dispatching through `d`.
-    pub fn build(name: &str, def: &ToolDef, d: &Arc<Dispatcher>) -> Result<ServerTool, (String, String, &'static str)> {
+    /// Builds the runtime tool for `def` (validated by the caller) of the tenant tagged `tag`,
+    /// dispatching through `d`.
+    pub fn build(
+        name: &str,
+        def: &ToolDef,
+        d: &Arc<Dispatcher>,
+        tag: &str,
+    ) -> Result<ServerTool, (String, String, &'static str)> {
         def.validate()?;
         let scopes: Vec<Template> = def
             .scopes
@@ -59,22 +83,14 @@ impl ServerTool {
         let class: EffectClass = def.class.into();
         let op = if class.executes_eagerly() { Operation::Call } else { Operation::Release };
         let tool_name: Arc<str> = Arc::from(name);
+        let tag: Arc<str> = Arc::from(tag);
 
-        let scope_templates = scopes.clone();
-        let mut b = Tool::builder(name, class).scope(move |env: &Value| {
-            let (args, _) = open_envelope(env);
-            // Only used when the server did not pass the scopes itself (it always does).
-            scope_templates
-                .iter()
-                .map(|t| t.render(&args).unwrap_or_else(|e| format!("invalid:{e}")))
-                .collect::<Vec<_>>()
-        });
-
-        let (dc, cap, tn) = (d.clone(), def.call.clone(), tool_name.clone());
-        b = b.call(move |env: Arc<Value>| {
+        let mut b = Tool::builder(name, class);
+        let (dc, cap, tn, tg) = (d.clone(), def.call.clone(), tool_name.clone(), tag.clone());
+        b = b.call_ctx(move |ctx: CallCtx, recorded: Arc<Value>| {
             let (d, cap, tn) = (dc.clone(), cap.clone(), tn.clone());
+            let (args, key) = call_parts(&tg, &tn, &ctx, &recorded);
             async move {
-                let (args, key) = open_envelope(&env);
                 let req = DispatchRequest {
                     capability: cap,
                     operation: op,
@@ -86,19 +102,17 @@ impl ServerTool {
                 };
                 match d.dispatch(req).await {
                     DispatchOutcome::Done { output, .. } => Ok(output),
-                    DispatchOutcome::Failed(m) => Err(ToolError::failed(m)),
-                    DispatchOutcome::Transient(m) => Err(ToolError::transient(m)),
-                    DispatchOutcome::Unknown(m) => Err(ToolError::unknown(m)),
+                    other => Err(tool_error(other)),
                 }
             }
         });
 
         if let Some(cap) = def.compensate.clone() {
-            let (dc, tn) = (d.clone(), tool_name.clone());
-            b = b.compensate(move |env: Arc<Value>, output: Arc<Value>| {
+            let (dc, tn, tg) = (d.clone(), tool_name.clone(), tag.clone());
+            b = b.compensate_ctx(move |ctx: CallCtx, recorded: Arc<Value>, output: Arc<Value>| {
                 let (d, cap, tn) = (dc.clone(), cap.clone(), tn.clone());
+                let (args, key) = call_parts(&tg, &tn, &ctx, &recorded);
                 async move {
-                    let (args, key) = open_envelope(&env);
                     let req = DispatchRequest {
                         capability: cap,
                         operation: Operation::Compensate,
@@ -110,9 +124,7 @@ impl ServerTool {
                     };
                     match d.dispatch(req).await {
                         DispatchOutcome::Done { residue, .. } => Ok(Compensation { residue }),
-                        DispatchOutcome::Failed(m) => Err(ToolError::failed(m)),
-                        DispatchOutcome::Transient(m) => Err(ToolError::transient(m)),
-                        DispatchOutcome::Unknown(m) => Err(ToolError::unknown(m)),
+                        other => Err(tool_error(other)),
                     }
                 }
             });
@@ -125,11 +137,11 @@ impl ServerTool {
         }
 
         if let Some(cap) = def.probe.clone() {
-            let (dc, tn) = (d.clone(), tool_name.clone());
-            b = b.probe(move |env: Arc<Value>| {
+            let (dc, tn, tg) = (d.clone(), tool_name.clone(), tag.clone());
+            b = b.probe_ctx(move |ctx: CallCtx, recorded: Arc<Value>| {
                 let (d, cap, tn) = (dc.clone(), cap.clone(), tn.clone());
+                let (args, key) = call_parts(&tg, &tn, &ctx, &recorded);
                 async move {
-                    let (args, key) = open_envelope(&env);
                     let req = DispatchRequest {
                         capability: cap,
                         operation: Operation::Probe,
@@ -174,13 +186,27 @@ fn leak_expected(_e: &tidegate_runtime::Error) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
-    fn envelopes_round_trip_and_foreign_values_are_bare_args() {
-        let env = envelope(json!({"order_id": "W1"}), "k1");
-        assert_eq!(open_envelope(&env), (json!({"order_id": "W1"}), "k1".to_owned()));
-        let bare = json!({"args": 1, "key": "k", "extra": true});
-        assert_eq!(open_envelope(&bare).1, "");
+    fn a_legacy_envelope_is_read_only_with_its_own_key() {
+        let env = json!({"args": {"order_id": "W1"}, "key": "k1"});
+        assert_eq!(client_args(&env, Some("k1")), json!({"order_id": "W1"}));
+        // A client value of that shape is the client's own arguments unless it repeats the
+        // effect's recorded key.
+        assert_eq!(client_args(&env, Some("k2")), env);
+        assert_eq!(client_args(&env, None), env);
+        let extra = json!({"args": 1, "key": "k1", "extra": true});
+        assert_eq!(client_args(&extra, Some("k1")), extra);
         assert_eq!(compensation_key("k1"), "k1#compensate");
+    }
+
+    #[test]
+    fn a_derived_key_names_the_effect_by_its_number() {
+        let ctx = CallCtx::bare(tidegate_runtime::TxId(7), tidegate_runtime::EffectId(2));
+        assert_eq!(effect_key("ab12cd34", "book", &ctx), "tx_ab12cd34_7:book:2");
+        let mut keyed = ctx.clone();
+        keyed.key = Some(Arc::from("order-9"));
+        assert_eq!(effect_key("ab12cd34", "book", &keyed), "order-9");
     }
 }

@@ -281,8 +281,8 @@ pub async fn retry(
             format!("tool `{}` is no longer registered; nothing to retry with", e.tool),
         ));
     };
-    let (args, key) = crate::tools::open_envelope(&e.args);
-    let key = if key.is_empty() { e.key.to_string() } else { key };
+    // The index holds the client's arguments and the effect's public key.
+    let (args, key) = ((*e.args).clone(), e.key.to_string());
     let (operation, capability, send_key, output) = if entry.committed {
         let op = if e.class.executes_eagerly() { Operation::Call } else { Operation::Release };
         (op, tool.def.call.clone(), key.clone(), None)

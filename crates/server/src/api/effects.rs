@@ -73,7 +73,7 @@ pub(super) async fn record(
     planned: Planned,
 ) -> ApiResult<EffectAckOut> {
     let tx = lt.handle.id();
-    let (tool, env, opts) = call_parts(t, lt, planned);
+    let (tool, env, opts) = call_parts(planned);
     let handle = lt.handle.clone();
     // On a server task: a disconnect does not cut the record short (a ticket dropped
     // before it was handed out is reported as not applied, so nothing would be stuck).

@@ -24,7 +24,7 @@ use crate::ids;
 use crate::index::{ListFilter, Phase, TxView};
 use crate::metrics::ResultLabel;
 use crate::tenant::{LiveTx, SettleOp, Tenant};
-use crate::tools::{ServerTool, envelope, open_envelope};
+use crate::tools::{ServerTool, legacy_envelope};
 
 /// Most scopes in a may-touch set or a scope override.
 pub(super) const MAX_SCOPES: usize = 1024;
@@ -244,7 +244,7 @@ pub async fn read(
     Ok(Json(ReadResultOut {
         scope: scope.to_string(),
         version: r.version.0,
-        staged: r.staged.map(|s| open_envelope(&s).0),
+        staged: r.staged.map(|s| staged_args(t, lt.handle.id(), &s)),
     }))
 }
 
@@ -291,21 +291,26 @@ pub(super) fn plan_effect(
     Ok(Planned { tool, scopes, args, key, compensate: None })
 }
 
-/// The runtime tool, recorded arguments (the envelope with the effect key) and options of a
-/// planned effect.
-pub(super) fn call_parts(t: &Tenant, lt: &LiveTx, p: Planned) -> (Tool, Value, CallOptions) {
-    let tx = lt.handle.id();
-    let key = p.key.unwrap_or_else(|| format!("{}:{}:{}", ids::tx(&t.tag, tx), p.tool.name, lt.next_seq()));
-    let env = envelope(p.args, &key);
-    let opts =
-        CallOptions { key: Some(key), scopes: Some(p.scopes), compensate: p.compensate, ..CallOptions::default() };
-    (p.tool.tool.clone(), env, opts)
+/// The client's arguments of a staged effect of `tx` as a read sees them: as recorded, or
+/// unwrapped from the envelope a server of an earlier version recorded (its key names `tx`).
+fn staged_args(t: &Tenant, tx: TxId, staged: &Value) -> Value {
+    let prefix = format!("{}:", ids::tx(&t.tag, tx));
+    let key = staged.get("key").and_then(Value::as_str).filter(|k| k.starts_with(&prefix));
+    legacy_envelope(staged, key).unwrap_or(staged).clone()
+}
+
+/// The runtime tool, recorded arguments (the client's) and options of a planned effect. A
+/// call without a key of its own gets the engine's, derived from its effect number, so the key
+/// its dispatches carry is the same before and after a restart (`tools::effect_key`).
+pub(super) fn call_parts(p: Planned) -> (Tool, Value, CallOptions) {
+    let opts = CallOptions { key: p.key, scopes: Some(p.scopes), compensate: p.compensate, ..CallOptions::default() };
+    (p.tool.tool.clone(), p.args, opts)
 }
 
 /// Runs a planned effect on a server task. Returns the ack.
 pub(super) async fn run_effect(state: &AppState, t: &Tenant, lt: &Arc<LiveTx>, p: Planned) -> ApiResult<Ack> {
     let tx = lt.handle.id();
-    let (tool, env, opts) = call_parts(t, lt, p);
+    let (tool, env, opts) = call_parts(p);
     let handle = lt.handle.clone();
     let r = state
         .spawn(async move { handle.call_with(&tool, env, opts).await })

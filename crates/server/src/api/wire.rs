@@ -12,7 +12,6 @@ use crate::ids;
 use crate::index::{EffectRecord, EffectStatus, TxView};
 use crate::registry::{CapabilitySpec, ToolDef, WireClass};
 use crate::tenant::Tenant;
-use crate::tools::open_envelope;
 
 /// A transaction's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -207,7 +206,7 @@ fn name_of<T: Serialize>(v: &T) -> String {
 
 /// An effect record on the wire.
 pub fn effect_out(r: &EffectRecord) -> EffectOut {
-    let (args, _) = open_envelope(&r.args);
+    let args = (*r.args).clone();
     EffectOut {
         effect: r.id.0,
         tool: r.tool.to_string(),

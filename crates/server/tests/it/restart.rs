@@ -214,3 +214,50 @@ async fn a_speculation_group_kept_open_across_a_restart_is_resumed_and_settled()
     assert_eq!((r.status, r.body["code"].as_str()), (409, Some("wrong_state")), "{r:?}");
     h.stop().await;
 }
+
+/// Issue 26 item 4: the server derived an effect's key as `<tx>:<tool>:<n>` from a counter
+/// kept only in memory, which restarted at 0 when a transaction was resumed after a restart,
+/// so calling the same tool again reused the first call's key (the provider deduplicated it:
+/// the call silently never happened). Keys now come from the ledger's effect numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_transaction_does_not_reuse_its_first_calls_key() {
+    let h = Harness::durable(tempfile::tempdir().unwrap(), quick).await;
+    let (tag, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "book", "reversible", true, false).await;
+    let r = h
+        .req("POST", "/v1/transactions", Some(&k.agent), Some(json!({"may_touch": ["kv:book"], "lease_ms": 600000})))
+        .await;
+    let open = r.body["id"].as_str().unwrap().to_owned();
+    let call = |id: &'static str| json!({"tool": "book", "args": {"id": id}});
+    let r = h.req("POST", &format!("/v1/transactions/{open}/effects"), Some(&k.agent), Some(call("a"))).await;
+    assert_eq!((r.status, r.body["ack"].as_str()), (200, Some("executed")), "{r:?}");
+    let first_key = r.body["effect"]["key"].as_str().unwrap().to_owned();
+    assert_eq!(first_key, format!("tx_{tag}_{}:book:0", open.rsplit('_').next().unwrap()));
+    let dir = h.stop().await.unwrap();
+
+    let h = Harness::durable(dir, quick).await;
+    let r = h.req("POST", &format!("/v1/transactions/{open}/effects"), Some(&k.agent), Some(call("b"))).await;
+    assert_eq!((r.status, r.body["ack"].as_str()), (200, Some("executed")), "{r:?}");
+    let second_key = r.body["effect"]["key"].as_str().unwrap().to_owned();
+    assert_ne!(second_key, first_key, "a new call of the resumed transaction gets a new key");
+    assert!(second_key.ends_with(":book:1"), "{second_key}");
+    let calls = sink.on("book/call");
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(calls.iter().all(|d| d.applied), "both calls reached the provider as new calls: {calls:?}");
+    assert_eq!(calls.iter().map(|d| d.key.as_str()).collect::<Vec<_>>(), vec![first_key.as_str(), second_key.as_str()]);
+    assert_eq!(calls[1].body["args"], json!({"id": "b"}), "the provider gets the client's arguments, no envelope");
+    // An abort compensates both, each under its own key.
+    let r = h
+        .req(
+            "POST",
+            &format!("/v1/transactions/{open}/abort"),
+            Some(&k.agent),
+            Some(json!({"reason": "test", "wait_ms": 5000})),
+        )
+        .await;
+    assert_eq!(r.body["state"], "aborted", "{r:?}");
+    let undo: Vec<String> = sink.on("book/undo").iter().map(|d| d.key.clone()).collect();
+    assert_eq!(undo, vec![format!("{second_key}#compensate"), format!("{first_key}#compensate")]);
+    h.stop().await.unwrap();
+}
