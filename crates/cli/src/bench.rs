@@ -196,11 +196,11 @@ fn generate_finished(core: &mut Core, store: &dyn LedgerStore, first: u64, n: u6
         let _ = core.take_actions().count();
         if batch.len() >= 8_192 {
             appended += batch.len() as u64;
-            store.append(&mut batch.drain(..))?;
+            store.append(&std::mem::take(&mut batch).into())?;
         }
     }
     appended += batch.len() as u64;
-    store.append(&mut batch.drain(..))?;
+    store.append(&std::mem::take(&mut batch).into())?;
     Ok(appended)
 }
 

@@ -92,7 +92,11 @@ pub struct ReplayReport {
 /// Batches handed over by the append path, in ledger order.
 #[derive(Debug, Default)]
 struct Feed {
-    events: Vec<tidegate_core::Event>,
+    /// The appended batches not yet applied, shared with the store and the other observers
+    /// (no event is copied for the shadow).
+    batches: Vec<Arc<[tidegate_core::Event]>>,
+    /// How many events `batches` hold.
+    events: usize,
     /// The LSN of the last event appended to `events` (or of the seed).
     last: Lsn,
     /// A batch did not continue `last`: the thread re-reads the store instead.
@@ -196,7 +200,7 @@ impl Checkpointer {
         let feed = policy
             .every_events
             .is_some()
-            .then(|| Arc::new(Mutex::new(Feed { events: Vec::new(), last: seed.lsn, gap: false })));
+            .then(|| Arc::new(Mutex::new(Feed { batches: Vec::new(), events: 0, last: seed.lsn, gap: false })));
         let (ctl2, next2, feed2) = (ctl.clone(), next_at.clone(), feed.clone());
         let thread = std::thread::Builder::new()
             .name("tidegate-checkpoint".into())
@@ -205,24 +209,21 @@ impl Checkpointer {
         Ok(Checkpointer { ctl, next_at, every, feed, thread: Some(thread) })
     }
 
-    /// Whether the append path should hand its batches over ([`Checkpointer::appended`]).
-    pub(crate) fn feeding(&self) -> bool {
-        self.feed.is_some()
-    }
-
     /// Called after each append with the batch's last LSN (and the batch, when feeding).
     #[inline]
-    pub(crate) fn appended(&self, lsn: Lsn, batch: Option<Vec<tidegate_core::Event>>) {
-        if let (Some(feed), Some(batch)) = (&self.feed, batch) {
+    pub(crate) fn appended(&self, lsn: Lsn, batch: &Arc<[tidegate_core::Event]>) {
+        if let Some(feed) = &self.feed {
             let mut f = feed.lock();
             if !f.gap && f.last + batch.len() as Lsn == lsn {
-                f.events.extend(batch);
+                f.events += batch.len();
+                f.batches.push(batch.clone());
             } else {
                 f.gap = true;
-                f.events.clear();
+                f.batches.clear();
+                f.events = 0;
             }
             f.last = lsn;
-            let full = f.events.len() >= FEED_BATCH;
+            let full = f.events >= FEED_BATCH;
             drop(f);
             if full {
                 let (m, cv) = &*self.ctl;
@@ -371,23 +372,25 @@ fn run(
 /// Applies the fed events if they continue the shadow; after a gap, leaves the catching up
 /// to [`take`]'s scan.
 fn drain(feed: &Mutex<Feed>, shadow: &mut Shadow) -> std::result::Result<(), String> {
-    let (events, last) = {
+    let (batches, count, last) = {
         let mut f = feed.lock();
         if f.gap {
             f.gap = false;
-            f.events.clear();
+            f.batches.clear();
+            f.events = 0;
             return Ok(());
         }
-        (std::mem::take(&mut f.events), f.last)
+        let count = std::mem::take(&mut f.events);
+        (std::mem::take(&mut f.batches), count, f.last)
     };
-    let first = last + 1 - events.len() as Lsn;
-    if events.is_empty() || first > shadow.lsn() + 1 || last <= shadow.lsn() {
+    let first = last + 1 - count as Lsn;
+    if count == 0 || first > shadow.lsn() + 1 || last <= shadow.lsn() {
         // Not contiguous, or already applied (a scan caught up past them): the scan covers it.
         return Ok(());
     }
     // A scan may have applied the first few already.
     let skip = usize::try_from(shadow.lsn() + 1 - first).unwrap_or(usize::MAX);
-    for e in events.iter().skip(skip) {
+    for e in batches.iter().flat_map(|b| b.iter()).skip(skip) {
         shadow.apply(e)?;
     }
     Ok(())

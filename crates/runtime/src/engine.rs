@@ -97,6 +97,7 @@ pub struct Builder {
     checkpoints: CheckpointPolicy,
     task_scope: Option<TaskScope>,
     tenant: Option<String>,
+    observers: Vec<Arc<dyn crate::observer::AppendObserver>>,
 }
 
 /// Carries a caller's task-local context into the tasks the engine spawns to settle its
@@ -115,6 +116,13 @@ impl fmt::Debug for Builder {
 }
 
 impl Builder {
+    /// Adds an observer of every appended batch (see [`crate::AppendObserver`]): it sees the
+    /// ledger from the first append after the build, in order, under the engine's lock.
+    pub fn observer(mut self, observer: Arc<dyn crate::observer::AppendObserver>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
     /// Lease of open transactions (default 30 s; must be positive, checked at build).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.cfg.lease = lease;
@@ -182,6 +190,15 @@ impl Builder {
     /// `EngineError::ArgsTooLarge` before anything is recorded.
     pub fn max_args_bytes(mut self, bytes: usize) -> Self {
         self.cfg.max_args_bytes = bytes;
+        self
+    }
+
+    /// Names transactions in the keys the engine derives for calls without an adapter key:
+    /// `<prefix><tx number>:<tool>:<effect number>` instead of `tool:tx-<n>:<effect>` (see
+    /// `CoreConfig::derived_key_prefix`). A server passes its public transaction prefix, so the
+    /// ledger, the plan executor and every dispatch carry the same key.
+    pub fn derived_key_prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
+        self.cfg.derived_key_prefix = Some(prefix.into());
         self
     }
 
@@ -332,6 +349,7 @@ impl Builder {
                 checkpointer,
                 open,
                 plans: crate::plan::PlanState::new(tenant, boot.map(|b| (replay_lsn, b))),
+                observers: self.observers,
                 _own: own,
             }),
         })
@@ -458,6 +476,8 @@ pub(crate) struct Inner {
     pub(crate) open: ReplayReport,
     /// Plans: the feed of engine facts, the capabilities and the executor (plan.rs).
     pub(crate) plans: crate::plan::PlanState,
+    /// The embedder's observers of appended batches.
+    pub(crate) observers: Vec<Arc<dyn crate::observer::AppendObserver>>,
     _own: Option<OwnedRuntime>,
 }
 
@@ -487,6 +507,7 @@ impl Tidegate {
             checkpoints: CheckpointPolicy::default(),
             task_scope: None,
             tenant: None,
+            observers: Vec::new(),
         }
     }
 
@@ -765,27 +786,21 @@ impl Tidegate {
                     finished_ctxs.push(c);
                 }
             }
-            // With automatic checkpoints, the batch is also handed to the replaying shadow
-            // (one clone per event, in ledger order, instead of re-reading the store).
-            let fed = self.inner.checkpointer.as_ref().filter(|ck| ck.feeding());
-            // The plan executor follows the engine's events too (plan.rs), fed here under the
-            // lock so that it sees them in ledger order.
-            let plans = self.plans_listening();
-            let appended = match (fed, plans) {
-                (None, false) => self.inner.store.append(&mut g.core.take_events()).map(|l| (l, None)),
-                _ => {
-                    let batch: Vec<tidegate_core::Event> = g.core.take_events().collect();
-                    self.inner.store.append(&mut batch.iter().cloned()).map(|l| (l, Some(batch)))
-                }
-            };
-            match appended {
-                Ok((l, batch)) => {
+            // One shared batch (observer.rs): the store, the plan executor's feed, the
+            // checkpoint shadow and the embedder's observers all get the same `Arc`, in ledger
+            // order, under the lock.
+            let batch: Arc<[tidegate_core::Event]> = g.core.take_events().collect();
+            match self.inner.store.append(&batch) {
+                Ok(l) => {
                     lsn = l;
-                    if plans && let Some(b) = &batch {
-                        self.feed_plans(b);
+                    if self.plans_listening() {
+                        self.feed_plans(&batch);
                     }
                     if let Some(ck) = &self.inner.checkpointer {
-                        ck.appended(l, batch.filter(|_| fed.is_some()));
+                        ck.appended(l, &batch);
+                    }
+                    for o in &self.inner.observers {
+                        o.appended(l, &batch);
                     }
                 }
                 Err(e) => {

@@ -81,8 +81,14 @@ pub fn tx(tag: &str, tx: TxId) -> String {
     format(Kind::Tx, tag, tx.0)
 }
 
-/// `<tx id>:<tool>:<n>`: the key the dispatches of effect `n` of `tx` carry when the call had
-/// no key of its own (the engine records its own derived key; this is its public form).
+/// `tx_<tag>_`: the prefix of the tenant's transaction ids, which its engine puts in the keys
+/// it derives (`Builder::derived_key_prefix`).
+pub fn tx_prefix(tag: &str) -> String {
+    format!("{}{tag}_", Kind::Tx.prefix())
+}
+
+/// `<tx id>:<tool>:<n>`: the key of effect `n` of `tx` when the call had no key of its own, as
+/// the tenant's engine derives and records it (with [`tx_prefix`]).
 pub fn derived_key(tag: &str, tx: TxId, tool: &str, n: u32) -> String {
     format!("{}:{tool}:{n}", self::tx(tag, tx))
 }

@@ -2,7 +2,7 @@
 //! ledger only (docs/server.md, "Ledger index").
 //!
 //! ```text
-//!  engine lock ─► TappedStore::append(batch) ─► inner store ─► Ok(lsn) ─► LedgerIndex::apply_batch
+//!  engine lock ─► store.append(&batch) ─► Ok(lsn) ─► AppendObserver::appended ─► LedgerIndex::apply_batch
 //!  start-up    ─► LedgerIndex::rebuild(store)  (one scan; the same apply path)
 //!  evicted tx  ─► LedgerIndex::load(store, tx) (scan of its LSN range; the same apply path)
 //! ```
@@ -190,23 +190,23 @@ impl TxView {
         })
     }
 
-    /// Applies one of this transaction's events (the one apply path). An effect's key is
-    /// shown in its public form and its arguments as the client sent them (see
-    /// `ids::derived_key`, `ids::legacy_envelope`).
-    fn apply(&mut self, tag: &str, lsn: Lsn, e: &Event) {
+    /// Applies one of this transaction's events (the one apply path). An effect's arguments
+    /// are shown as the client sent them (`ids::legacy_envelope`).
+    fn apply(&mut self, lsn: Lsn, e: &Event) {
         self.lsns.1 = lsn;
         match e {
             Event::Begin { .. } | Event::ToolChanged { .. } => {}
             Event::Read { scope, version, .. } => self.reads.push((scope.clone(), version.0)),
-            Event::EffectRecorded { tx, effect: id, tool, class, scopes, key, args, adapter_key, .. } => {
+            Event::EffectRecorded { effect: id, tool, class, scopes, key, args, adapter_key, .. } => {
                 let status = if class.executes_eagerly() { EffectStatus::InFlight } else { EffectStatus::Held };
-                let (key, args) = if *adapter_key {
-                    let args = crate::ids::legacy_envelope(args, Some(key))
-                        .map_or_else(|| args.clone(), |a| Arc::new(a.clone()));
-                    (key.clone(), args)
+                // The key is recorded in its public form (the engine derives keys with the
+                // tenant's prefix); an adapter key may carry an earlier version's envelope.
+                let args = if *adapter_key {
+                    crate::ids::legacy_envelope(args, Some(key)).map_or_else(|| args.clone(), |a| Arc::new(a.clone()))
                 } else {
-                    (Arc::from(crate::ids::derived_key(tag, *tx, tool, id.0)), args.clone())
+                    args.clone()
                 };
+                let key = key.clone();
                 let rec = EffectRecord {
                     id: *id,
                     tool: tool.clone(),
@@ -340,8 +340,6 @@ struct State {
 
 /// The ledger index of one tenant.
 pub struct LedgerIndex {
-    /// The tenant's tag (the public form of derived effect keys).
-    tag: Arc<str>,
     state: Mutex<State>,
     retain: usize,
     metrics: Arc<Metrics>,
@@ -371,11 +369,17 @@ pub enum ListFilter {
     Waiting,
 }
 
+impl tidegate_runtime::AppendObserver for LedgerIndex {
+    fn appended(&self, last: Lsn, batch: &Arc<[Event]>) {
+        self.apply_batch(last, batch, true);
+    }
+}
+
 impl LedgerIndex {
     /// An empty index keeping `retain` settled transactions in memory.
-    pub fn new(tag: &str, retain: usize, metrics: Arc<Metrics>) -> LedgerIndex {
+    pub fn new(retain: usize, metrics: Arc<Metrics>) -> LedgerIndex {
         let (changes, _) = broadcast::channel(4096);
-        LedgerIndex { tag: Arc::from(tag), state: Mutex::new(State::default()), retain, metrics, changes }
+        LedgerIndex { state: Mutex::new(State::default()), retain, metrics, changes }
     }
 
     /// Applies an appended batch whose last event has LSN `last`. `live`: count metrics.
@@ -442,7 +446,7 @@ impl LedgerIndex {
         }
         let mut settled = None;
         if let Some(rec) = s.records.get_mut(&tx) {
-            rec.view.apply(&self.tag, lsn, e);
+            rec.view.apply(lsn, e);
             rec.notify.send_modify(|v| *v += 1);
             if live {
                 let _ = self.changes.send(tx);
@@ -529,7 +533,7 @@ impl LedgerIndex {
             if e.tx() == tx {
                 match &mut view {
                     None => view = TxView::from_begin(lsn, e),
-                    Some(v) => v.apply(&self.tag, lsn, e),
+                    Some(v) => v.apply(lsn, e),
                 }
             }
             true

@@ -1,7 +1,8 @@
-//! `TappedStore`: the ledger store a tenant's engine writes to. It delegates every call to
-//! the real store and, after an append succeeded, applies the batch to the tenant's
-//! [`LedgerIndex`] (still under the engine lock, so the index sees ledger order). It also
-//! measures how long appended events take to be observed durable.
+//! `TimedStore`: the ledger store a tenant's engine writes to. It delegates every call to the
+//! real store (the batch is passed on as the engine shared it, nothing is copied) and measures
+//! how long appended events take to be observed durable. The tenant's ledger index follows the
+//! ledger as one of the engine's append observers (`tidegate_runtime::AppendObserver`), not
+//! through this wrapper.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -12,30 +13,28 @@ use parking_lot::Mutex;
 use tidegate_core::Event;
 use tidegate_storage::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
 
-use crate::index::LedgerIndex;
 use crate::metrics::Metrics;
 
 /// Appends not yet observed durable, for the durability-latency histogram (bounded).
 const PENDING_CAP: usize = 4096;
 
-/// A store that feeds the ledger index.
-pub struct TappedStore {
+/// A store that times durability.
+pub struct TimedStore {
     inner: Arc<dyn LedgerStore>,
-    index: Arc<LedgerIndex>,
     metrics: Arc<Metrics>,
     pending: Mutex<VecDeque<(Lsn, Instant)>>,
 }
 
-impl std::fmt::Debug for TappedStore {
+impl std::fmt::Debug for TimedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TappedStore").field("inner", &self.inner).finish_non_exhaustive()
+        f.debug_struct("TimedStore").field("inner", &self.inner).finish_non_exhaustive()
     }
 }
 
-impl TappedStore {
+impl TimedStore {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn LedgerStore>, index: Arc<LedgerIndex>, metrics: Arc<Metrics>) -> TappedStore {
-        TappedStore { inner, index, metrics, pending: Mutex::new(VecDeque::new()) }
+    pub fn new(inner: Arc<dyn LedgerStore>, metrics: Arc<Metrics>) -> TimedStore {
+        TimedStore { inner, metrics, pending: Mutex::new(VecDeque::new()) }
     }
 
     /// The wrapped store.
@@ -54,12 +53,10 @@ impl TappedStore {
     }
 }
 
-impl LedgerStore for TappedStore {
-    fn append(&self, events: &mut dyn Iterator<Item = Event>) -> Result<Lsn, StoreError> {
-        let batch: Vec<Event> = events.collect();
-        let lsn = self.inner.append(&mut batch.iter().cloned())?;
+impl LedgerStore for TimedStore {
+    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
+        let lsn = self.inner.append(batch)?;
         if !batch.is_empty() {
-            self.index.apply_batch(lsn, &batch, true);
             let mut p = self.pending.lock();
             if p.len() == PENDING_CAP {
                 p.pop_front();

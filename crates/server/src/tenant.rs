@@ -23,7 +23,7 @@ use crate::idempotency::IdempotencyStore;
 use crate::index::LedgerIndex;
 use crate::metrics::Metrics;
 use crate::registry::{CapabilitySpec, ToolDef};
-use crate::tap::TappedStore;
+use crate::tap::TimedStore;
 use crate::tools::ServerTool;
 
 /// What every tenant's engine is built with (from [`Config`]).
@@ -194,8 +194,8 @@ impl Tenant {
             tenant_dir = Some(dir);
             (s.clone() as Arc<dyn LedgerStore>, Some(s))
         };
-        let index = Arc::new(LedgerIndex::new(&record.tag, settings.retain.max(1), metrics.clone()));
-        let tapped = Arc::new(TappedStore::new(store.clone(), index.clone(), metrics.clone()));
+        let index = Arc::new(LedgerIndex::new(settings.retain.max(1), metrics.clone()));
+        let timed = Arc::new(TimedStore::new(store.clone(), metrics.clone()));
         let checkpoints = if settings.memory {
             CheckpointPolicy::never()
         } else {
@@ -205,7 +205,10 @@ impl Tenant {
             }
         };
         let engine = Tidegate::builder()
-            .store(tapped)
+            .store(timed)
+            // The index follows the ledger as an append observer (under the engine lock, so
+            // in ledger order and current when an operation returns).
+            .observer(index.clone())
             .scopes(settings.scopes.clone())
             .lease(settings.lease)
             .level(settings.level)
@@ -215,6 +218,9 @@ impl Tenant {
             .checkpoints(checkpoints)
             // The tenant's plan executor refuses triggers naming another tenant.
             .tenant(record.name.clone())
+            // Keys the engine derives are recorded (and dispatched) in the public form
+            // `tx_<tag>_<n>:<tool>:<effect>` (tools::effect_key renders the same).
+            .derived_key_prefix(crate::ids::tx_prefix(&record.tag))
             .build()
             .map_err(|e| tenant_err("build the engine", e))?;
         index.rebuild(&*store).map_err(|e| tenant_err("index the ledger", e.into()))?;

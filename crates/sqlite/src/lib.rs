@@ -943,11 +943,12 @@ impl Drop for SqliteStore {
 }
 
 impl LedgerStore for SqliteStore {
-    fn append(&self, events: &mut dyn Iterator<Item = Event>) -> Result<Lsn, StoreError> {
+    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
         if self.read_only {
             return Err(StoreError::ReadOnly { path: self.shared.path.clone(), op: "append" });
         }
-        let rows = events.enumerate().map(|(i, e)| Row::encode(i, &e)).collect::<Result<Vec<Row>, StoreError>>()?;
+        let rows =
+            batch.iter().enumerate().map(|(i, e)| Row::encode(i, e)).collect::<Result<Vec<Row>, StoreError>>()?;
         let mut st = self.shared.state.lock();
         st.failure()?;
         let last = self.shared.last.load(Ordering::Relaxed);

@@ -18,7 +18,7 @@ use tidegate_storage::wire::Chain;
 use tidegate_storage::{LedgerStore, Lsn, StoreError, durable, fsync_per_s};
 
 fn append(store: &dyn LedgerStore, events: Vec<Event>) -> Result<Lsn, StoreError> {
-    store.append(&mut events.into_iter())
+    store.append(&std::sync::Arc::from(events))
 }
 
 fn events(tx: u64, n: u64) -> Vec<Event> {
@@ -208,7 +208,7 @@ fn a_ledger_from_a_newer_version_is_refused_naming_both_versions_and_left_untouc
 fn an_older_ledger_is_read_and_raised_to_this_format_version() {
     let root = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
-    store.append(&mut vec![event(1, 1)].drain(..)).unwrap();
+    store.append(&std::sync::Arc::from(vec![event(1, 1)])).unwrap();
     store.close().unwrap();
     db(root.path()).execute("UPDATE meta SET value = '1' WHERE key = 'format_version'", []).unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
@@ -411,7 +411,7 @@ fn a_crash_at_a_sync_drops_the_unsynced_batches() {
     assert!(err.is_injected_crash() && !err.retryable(), "{err:?}");
     assert!(err.to_string().contains("injected crash at sync #3"), "{err}");
     assert!(!store.is_durable(c));
-    assert!(store.append(&mut events(4, 1).into_iter()).unwrap_err().is_injected_crash());
+    assert!(store.append(&std::sync::Arc::from(events(4, 1))).unwrap_err().is_injected_crash());
     assert!(collect(&store, 1).is_err());
     assert!(store.stats().failed);
     assert!(store.close().unwrap_err().is_injected_crash());

@@ -120,8 +120,12 @@ impl std::fmt::Display for Ownership {
 /// ```
 pub trait LedgerStore: Send + Sync + std::fmt::Debug {
     /// Appends a batch atomically, in order. Returns the LSN of its last event (the current
-    /// last LSN if the batch is empty).
-    fn append(&self, events: &mut dyn Iterator<Item = Event>) -> Result<Lsn, StoreError>;
+    /// last LSN if the batch is empty). The batch is shared, not copied: the engine hands the
+    /// same `Arc` to its append observers, and a backend MAY keep it (to encode it on its own
+    /// writer thread, or to serve `scan` before it is durable) instead of copying the events.
+    /// The engine calls this under its lock, so a backend SHOULD do no more here than queue
+    /// the batch (encoding and I/O belong on its writer).
+    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError>;
 
     /// Whether every event up to `lsn` is durable. Cheap (an atomic load); lets callers skip
     /// waiting.

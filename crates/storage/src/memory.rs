@@ -26,8 +26,17 @@ struct Ledger {
 
 #[derive(Debug)]
 struct Inner {
-    events: Vec<Event>,
+    /// The appended batches as the engine shared them (nothing is copied), each with the LSN
+    /// of its first event, in order.
+    batches: Vec<(Lsn, Arc<[Event]>)>,
     owner: u64,
+}
+
+impl Inner {
+    /// The index of the batch holding `lsn` (or the first after it).
+    fn batch_of(&self, lsn: Lsn) -> usize {
+        self.batches.partition_point(|(first, b)| first + b.len() as Lsn <= lsn)
+    }
 }
 
 /// A ledger held in memory. Every append is immediately "durable" (there is nothing to
@@ -61,10 +70,11 @@ impl MemoryStore {
     pub fn from_events(events: Vec<Event>) -> MemoryStore {
         let last = events.len() as Lsn;
         let n = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
+        let batches = if events.is_empty() { Vec::new() } else { vec![(1, Arc::from(events))] };
         MemoryStore {
             ledger: Arc::new(Ledger {
                 name: format!("memory-{n}").into(),
-                inner: Mutex::new(Inner { events, owner: 1 }),
+                inner: Mutex::new(Inner { batches, owner: 1 }),
                 last: AtomicU64::new(last),
                 checkpoint: Mutex::new(None),
             }),
@@ -88,7 +98,7 @@ impl MemoryStore {
 
     /// A copy of every retained event, in order.
     pub fn events(&self) -> Vec<Event> {
-        self.ledger.inner.lock().events.clone()
+        self.ledger.inner.lock().batches.iter().flat_map(|(_, b)| b.iter().cloned()).collect()
     }
 
     /// A new owner takes the stream: returns its handle, with a fencing token larger than
@@ -106,19 +116,17 @@ impl MemoryStore {
 }
 
 impl LedgerStore for MemoryStore {
-    fn append(&self, events: &mut dyn Iterator<Item = Event>) -> Result<Lsn, StoreError> {
+    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
         let mut inner = self.ledger.inner.lock();
         if inner.owner != self.token {
             return Err(self.fenced(inner.owner));
         }
-        let added = if self.retain {
-            let before = inner.events.len();
-            inner.events.extend(events);
-            inner.events.len() - before
-        } else {
-            events.count()
-        };
-        let last = self.ledger.last.load(Ordering::Relaxed) + added as Lsn;
+        let added = batch.len();
+        let first = self.ledger.last.load(Ordering::Relaxed) + 1;
+        if self.retain && added > 0 {
+            inner.batches.push((first, batch.clone()));
+        }
+        let last = first - 1 + added as Lsn;
         self.ledger.last.store(last, Ordering::Release);
         Ok(last)
     }
@@ -149,10 +157,13 @@ impl LedgerStore for MemoryStore {
 
     fn scan(&self, from: Lsn, visit: &mut dyn FnMut(Lsn, &Event) -> bool) -> Result<(), StoreError> {
         let inner = self.ledger.inner.lock();
-        let start = usize::try_from(from.max(1) - 1).unwrap_or(usize::MAX);
-        for (i, e) in inner.events.iter().enumerate().skip(start) {
-            if !visit(i as Lsn + 1, e) {
-                break;
+        let from = from.max(1);
+        for (first, b) in &inner.batches[inner.batch_of(from)..] {
+            let skip = usize::try_from(from.saturating_sub(*first)).unwrap_or(usize::MAX);
+            for (i, e) in b.iter().enumerate().skip(skip) {
+                if !visit(first + i as Lsn, e) {
+                    return Ok(());
+                }
             }
         }
         Ok(())

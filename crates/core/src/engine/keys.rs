@@ -202,11 +202,14 @@ impl Core {
 
     /// The key of the call `decl` at issuance position `id` of `tx`, and whether it is an
     /// adapter's (engine-wide) key.
-    pub(super) fn derive_key(tx: TxId, id: EffectId, decl: &EffectDecl) -> (Arc<str>, bool) {
-        match (&decl.key, &decl.call_id) {
-            (Some(k), _) => (k.clone(), true),
-            (None, Some(call)) => (Arc::from(format!("{}:{}:call:{}", decl.tool, tx, call)), false),
-            (None, None) => (Arc::from(format!("{}:{}:{}", decl.tool, tx, id.0)), false),
+    pub(super) fn derive_key(&self, tx: TxId, id: EffectId, decl: &EffectDecl) -> (Arc<str>, bool) {
+        let prefix = self.cfg.derived_key_prefix.as_deref();
+        match (&decl.key, &decl.call_id, prefix) {
+            (Some(k), _, _) => (k.clone(), true),
+            (None, Some(call), None) => (Arc::from(format!("{}:{}:call:{}", decl.tool, tx, call)), false),
+            (None, Some(call), Some(p)) => (Arc::from(format!("{p}{}:{}:call:{call}", tx.0, decl.tool)), false),
+            (None, None, None) => (Arc::from(format!("{}:{}:{}", decl.tool, tx, id.0)), false),
+            (None, None, Some(p)) => (Arc::from(format!("{p}{}:{}:{}", tx.0, decl.tool, id.0)), false),
         }
     }
 

@@ -93,6 +93,14 @@ pub struct CoreConfig {
     /// [`Core::record_effect`] is refused ([`EngineError::ArgsTooLarge`]). Default:
     /// [`MAX_ARGS_BYTES`] (1 MiB).
     pub max_args_bytes: usize,
+    /// How a key the engine derives (a call without an adapter key) names its transaction:
+    /// `None`, the default, gives `tool:tx-<n>:<effect>` (`tool:tx-<n>:call:<id>` for a named
+    /// call); `Some(prefix)` gives `<prefix><n>:<tool>:<effect>` (`<prefix><n>:<tool>:call:<id>`),
+    /// so that an embedder that names transactions by public ids (a server's `tx_<tag>_`)
+    /// records, and dispatches, keys in its own form. Either way the number is the effect's,
+    /// the same before and after a restart. Only new keys use it; recorded keys are read back
+    /// as recorded.
+    pub derived_key_prefix: Option<Arc<str>>,
 }
 
 /// The default limit on one effect's arguments: 1 MiB of JSON (DESIGN §10: oversized
@@ -109,6 +117,7 @@ impl Default for CoreConfig {
             ablation: Ablation::default(),
             trace: false,
             max_args_bytes: MAX_ARGS_BYTES,
+            derived_key_prefix: None,
         }
     }
 }

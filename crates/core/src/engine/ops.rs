@@ -259,7 +259,7 @@ impl Core {
 
         // Idempotency (keys.rs): a derived key is local to the transaction; an adapter's key
         // is engine-wide. A key first used for another call is refused.
-        let (key, global_key) = Self::derive_key(tx, id, &decl);
+        let (key, global_key) = self.derive_key(tx, id, &decl);
         if let Some(r) = self.replay(tx, &key, global_key, &decl)? {
             return Ok(r);
         }
