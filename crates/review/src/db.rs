@@ -131,6 +131,10 @@ fn sqlite_authorize(ctx: &rusqlite::hooks::AuthContext<'_>) -> std::result::Resu
         A::Read { table_name, .. } if SQLITE_DENIED_TABLES.contains(&lower(table_name).as_str()) => {
             return Err(format!("the virtual table {table_name}"));
         }
+        // ATTACH and DETACH of a name bound at run time (`ATTACH ?1`) arrive without their
+        // argument, as codes rusqlite does not name.
+        A::Unknown { code: rusqlite::ffi::SQLITE_ATTACH, .. } => return Err("ATTACH DATABASE".into()),
+        A::Unknown { code: rusqlite::ffi::SQLITE_DETACH, .. } => return Err("DETACH DATABASE".into()),
         A::Unknown { code, .. } => return Err(format!("an action SQLite reports as code {code}")),
         _ => {}
     }

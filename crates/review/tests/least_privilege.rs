@@ -106,6 +106,12 @@ fn least_privilege_sqlite_attach_plain_and_by_uri_is_refused() {
     s.refused(&format!("ATTACH 'file:{cat}?mode=rw' AS cat; INSERT INTO cat.api_key VALUES ('b', 'admin')"), "ATTACH");
     s.refused(&format!("ATTACH '{}' AS fresh", s.path("new.db")), "ATTACH");
     s.refused("ATTACH ':memory:' AS scratch", "ATTACH");
+    // The file named by a bound value, as a template's statement with an LLM's parameter.
+    let e = s.db.query("ATTACH ?1 AS cat", &[SqlValue::Text(cat.clone())]).unwrap_err().to_string();
+    assert!(e.contains("not permitted: ATTACH DATABASE"), "{e}");
+    let e = s.db.execute("DETACH ?1", &[SqlValue::Text("main".into())]).unwrap_err().to_string();
+    assert!(e.contains("not permitted: DETACH DATABASE"), "{e}");
+    assert_eq!(s.catalog(), vec![("a".to_owned(), "admin".to_owned())]);
 }
 
 #[test]
@@ -327,10 +333,14 @@ mod pg {
         }
     }
 
-    /// What the superuser sees of everything a tenant might have changed: tenant a's rows, every
-    /// role's attributes, memberships and password verifier, the database's extensions and
-    /// schemas, and the grants on the database.
-    fn world(su: &mut postgres::Client, a_schema: &str) -> Vec<String> {
+    /// What the superuser sees of everything a tenant might have changed: tenant a's rows, the
+    /// attributes, memberships and password verifiers of `roles` (and of any role named
+    /// `evil`), the database's extensions and schemas, and the grants on the database. (Only
+    /// these roles: other tests create and drop roles of their own at the same time.)
+    fn world(su: &mut postgres::Client, a_schema: &str, roles: &[String]) -> Vec<String> {
+        let names: Vec<String> =
+            roles.iter().chain(&["postgres".to_owned(), "evil".to_owned()]).map(|r| format!("'{r}'")).collect();
+        let names = names.join(", ");
         let mut out = Vec::new();
         for r in su
             .query(&format!("SELECT id::text || '=' || balance::text FROM {a_schema}.account ORDER BY id"), &[])
@@ -339,14 +349,20 @@ mod pg {
             out.push(r.get(0));
         }
         for sql in [
-            "SELECT rolname::text || ':' || rolsuper::text || rolcreaterole::text || rolcreatedb::text || \
-             rolcanlogin::text || rolbypassrls::text || coalesce(rolpassword, '') FROM pg_authid ORDER BY rolname",
-            "SELECT roleid::regrole::text || '>' || member::regrole::text FROM pg_auth_members ORDER BY 1",
-            "SELECT extname::text FROM pg_extension ORDER BY 1",
-            "SELECT nspname::text || ':' || nspowner::regrole::text FROM pg_namespace ORDER BY 1",
-            "SELECT coalesce(datacl::text, '') FROM pg_database WHERE datname = current_database()",
+            format!(
+                "SELECT rolname::text || ':' || rolsuper::text || rolcreaterole::text || rolcreatedb::text || \
+                 rolcanlogin::text || rolbypassrls::text || coalesce(rolpassword, '') FROM pg_authid \
+                 WHERE rolname IN ({names}) ORDER BY rolname"
+            ),
+            format!(
+                "SELECT roleid::regrole::text || '>' || member::regrole::text FROM pg_auth_members \
+                 WHERE roleid::regrole::text IN ({names}) OR member::regrole::text IN ({names}) ORDER BY 1"
+            ),
+            "SELECT extname::text FROM pg_extension ORDER BY 1".to_owned(),
+            "SELECT nspname::text || ':' || nspowner::regrole::text FROM pg_namespace ORDER BY 1".to_owned(),
+            "SELECT coalesce(datacl::text, '') FROM pg_database WHERE datname = current_database()".to_owned(),
         ] {
-            for r in su.query(sql, &[]).unwrap() {
+            for r in su.query(&sql, &[]).unwrap() {
                 out.push(r.get(0));
             }
         }
@@ -378,8 +394,9 @@ mod pg {
         // Installed by the superuser, it is still out of the tenant's reach.
         let mut su = s.superuser();
         su.batch_execute("CREATE EXTENSION IF NOT EXISTS dblink SCHEMA public").unwrap();
-        let before = world(&mut su, "tenant_a");
         let a_role = tenant_role_name(&s.database, "tenant_a");
+        let roles = vec![s.admin.clone(), a_role.clone(), tenant_role_name(&s.database, "tenant_b")];
+        let before = world(&mut su, "tenant_a", &roles);
         let marker = format!("/tmp/tidegate-lp-{}", s.database);
         let cases = [
             ("SELECT * FROM tenant_a.account".to_owned(), "permission denied for schema tenant_a"),
@@ -415,7 +432,7 @@ mod pg {
         for (sql, expect) in &cases {
             refused(&mut b, sql, expect);
         }
-        assert_eq!(world(&mut su, "tenant_a"), before, "the superuser sees something changed");
+        assert_eq!(world(&mut su, "tenant_a", &roles), before, "the superuser sees something changed");
         assert!(!std::path::Path::new(&marker).exists(), "COPY TO PROGRAM ran");
         // Both tenants still work on their own tables.
         b.batch("UPDATE account SET balance = balance + 1 WHERE id = 1").unwrap();
