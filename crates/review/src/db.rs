@@ -147,7 +147,7 @@ fn sqlite_authorize(ctx: &rusqlite::hooks::AuthContext<'_>) -> std::result::Resu
 }
 
 /// SQLite through rusqlite (the embedded default), with least privilege on every connection:
-/// an authorizer ([`sqlite_authorize`]) that keeps statements inside the tenant's own `main`
+/// an authorizer that keeps statements inside the tenant's own `main`
 /// database, extension loading off, `SQLITE_DBCONFIG_DEFENSIVE` on, `trusted_schema` off,
 /// ATTACH unable to create or write files, limits (no attached database at all, 16 MiB values,
 /// 1 MiB statements, trigger depth 16), and a progress handler that interrupts a call running
