@@ -32,9 +32,14 @@ pub struct PgTenantOptions {
 /// this).
 const WATCHDOG_GRACE: Duration = Duration::from_secs(2);
 
-/// The key of the advisory lock that serialises tenant setups on one database (concurrent
-/// `GRANT`s on one database fail with "tuple concurrently updated").
-const SETUP_LOCK: i64 = 0x7469_6465_7276_0001;
+/// How often a tenant's setup is tried when it collides with another's (two setups granting
+/// on one database at once: "tuple concurrently updated"). No lock serialises them: a lock the
+/// admin connection waited for is one a tenant's SQL could take and keep (an advisory lock of
+/// a known key), stopping every other tenant's setup.
+const SETUP_ATTEMPTS: u32 = 8;
+
+/// How long the admin connection waits for a lock before its setup fails (retryable).
+const ADMIN_LOCK_TIMEOUT_MS: u32 = 10_000;
 
 /// The most connections a tenant's role may hold at once (the server holds one; a restart
 /// may briefly overlap the previous process's).
@@ -104,6 +109,7 @@ fn pg_err(op: &str, e: postgres::Error) -> Error {
         || e.code().is_some_and(|c| {
             *c == postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
                 || *c == postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+                || *c == postgres::error::SqlState::LOCK_NOT_AVAILABLE
         })
         || e.code().is_none();
     let msg = match e.as_db_error() {
@@ -257,8 +263,36 @@ fn refuse_admin(name: &str, superuser: bool, createrole: bool, allow_superuser: 
 
 /// Creates or repairs `role` (a login role with a fresh password, nothing else), its
 /// `schema`, and the database's grants, then verifies what the role can reach; the role's
-/// password becomes `password`. Runs in one transaction under [`SETUP_LOCK`].
+/// password becomes `password`. Runs in one transaction, tried again when it collides with
+/// another tenant's setup.
 fn setup_tenant(
+    admin: &mut postgres::Client,
+    role: &str,
+    schema: &str,
+    password: &str,
+    timeout_ms: i64,
+    admin_superuser: bool,
+) -> Result<()> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match setup_once(admin, role, schema, password, timeout_ms, admin_superuser) {
+            Err(e) if attempt < SETUP_ATTEMPTS && collided(&e) => {
+                std::thread::sleep(Duration::from_millis(20 * u64::from(attempt)));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether a setup failed only because another ran at the same time.
+fn collided(e: &Error) -> bool {
+    matches!(e, Error::Database { message, .. }
+        if message.contains("tuple concurrently updated") || message.contains("(40001)") || message.contains("(40P01)")
+            || message.contains("(23505)"))
+}
+
+fn setup_once(
     admin: &mut postgres::Client,
     role: &str,
     schema: &str,
@@ -273,7 +307,6 @@ fn setup_tenant(
         let op = if sql.contains("PASSWORD") { "CREATE/ALTER ROLE" } else { sql };
         tx.batch_execute(sql).map_err(|e| pg_err(op, e))
     };
-    tx.query("SELECT pg_catalog.pg_advisory_xact_lock($1)", &[&SETUP_LOCK]).map_err(|e| pg_err("setup lock", e))?;
     let database: String =
         tx.query_one("SELECT pg_catalog.current_database()::text", &[]).map_err(|e| pg_err("setup", e))?.get(0);
     let di = quote_ident(&database);
@@ -371,13 +404,26 @@ fn setup_tenant(
     // The database: no one connects or makes temporary tables by default (PUBLIC), the
     // tenant's role may connect; the `public` schema is no one's. A role that does not own the
     // database gets a warning here rather than an error; the checks below decide.
-    run(&mut tx, &format!("REVOKE ALL ON DATABASE {di} FROM PUBLIC"))?;
-    run(&mut tx, &format!("GRANT CONNECT ON DATABASE {di} TO {ri}"))?;
-    let has_public = tx
-        .query_opt("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'public'", &[])
-        .map_err(|e| pg_err("setup", e))?
-        .is_some();
-    if has_public {
+    // Each only when needed: concurrent grants on one database collide.
+    let r = tx
+        .query_one(
+            "SELECT pg_catalog.has_database_privilege('public', pg_catalog.current_database(), 'CONNECT') \
+               OR pg_catalog.has_database_privilege('public', pg_catalog.current_database(), 'TEMPORARY'), \
+             pg_catalog.has_database_privilege($1, pg_catalog.current_database(), 'CONNECT'), \
+             EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n WHERE n.nspname = 'public' \
+               AND (pg_catalog.has_schema_privilege('public', n.oid, 'USAGE') \
+                 OR pg_catalog.has_schema_privilege('public', n.oid, 'CREATE')))",
+            &[&role],
+        )
+        .map_err(|e| pg_err("setup", e))?;
+    let (public_db, role_connects, public_schema): (bool, bool, bool) = (r.get(0), r.get(1), r.get(2));
+    if public_db {
+        run(&mut tx, &format!("REVOKE ALL ON DATABASE {di} FROM PUBLIC"))?;
+    }
+    if !role_connects || public_db {
+        run(&mut tx, &format!("GRANT CONNECT ON DATABASE {di} TO {ri}"))?;
+    }
+    if public_schema {
         run(&mut tx, "REVOKE ALL ON SCHEMA public FROM PUBLIC")?;
     }
     verify_role(&mut tx, role, schema)?;
@@ -493,8 +539,15 @@ impl PgDatabase {
         cfg.connect_timeout(Duration::from_secs(10));
         let mut admin = cfg.clone().connect(postgres::NoTls).map_err(|e| pg_err("connect (admin)", e))?;
         let set = (|| {
-            // Nothing a tenant created can stand in for a catalog function or operator.
-            admin.batch_execute("SET search_path TO pg_catalog, pg_temp").map_err(|e| pg_err("setup", e))?;
+            // Nothing a tenant created can stand in for a catalog function or operator, and a
+            // lock a tenant's SQL holds makes the setup fail (retryable) rather than hang.
+            admin
+                .batch_execute(&format!(
+                    "SET search_path TO pg_catalog, pg_temp; SET lock_timeout = {ADMIN_LOCK_TIMEOUT_MS}; \
+                     SET statement_timeout = {}",
+                    6 * ADMIN_LOCK_TIMEOUT_MS
+                ))
+                .map_err(|e| pg_err("setup", e))?;
             let (name, superuser, createrole, database) = admin_identity(&mut admin)?;
             refuse_admin(&name, superuser, createrole, options.allow_superuser_admin)?;
             let role = tenant_role_name(&database, &schema);

@@ -479,6 +479,41 @@ mod pg {
         refused(&mut db, "SET ROLE postgres", "permission denied to set role");
     }
 
+    /// Tenants set up at the same time on one database all succeed (their grants collide and
+    /// are retried), and a tenant holding advisory locks (or anything it may lock) does not
+    /// stop another's setup: the setup takes no lock a tenant could hold.
+    #[test]
+    fn least_privilege_pg_concurrent_setups_succeed_and_a_tenant_cannot_block_them() {
+        let Some(mut s) = Scene::new("concurrent") else { return };
+        let opts = PgTenantOptions::default();
+        let mut hog = s.tenant("tenant_hog", &opts);
+        hog.batch("SELECT pg_advisory_lock(k) FROM generate_series(0, 1000) k").unwrap();
+        hog.batch("SELECT pg_advisory_lock(8388608001166409729)").unwrap();
+        let names: Vec<String> = (0..6).map(|i| format!("tenant_c{i}")).collect();
+        for n in &names {
+            s.roles.push(tenant_role_name(&s.database, n));
+        }
+        let url = s.admin_url.clone();
+        let started = Instant::now();
+        let handles: Vec<_> = names
+            .iter()
+            .cloned()
+            .map(|n| {
+                let url = url.clone();
+                std::thread::spawn(move || {
+                    let mut db = PgDatabase::connect_tenant(&url, &n, &PgTenantOptions::default())?;
+                    db.batch("CREATE TABLE IF NOT EXISTS t (x BIGINT); INSERT INTO t VALUES (1)")?;
+                    Ok::<_, Error>(db.query("SELECT count(*) AS n FROM t", &[])?[0][0].1.clone())
+                })
+            })
+            .collect();
+        for (n, h) in names.iter().zip(handles) {
+            assert_eq!(h.join().unwrap().unwrap_or_else(|e| panic!("{n}: {e}")), SqlValue::Int(1), "{n}");
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+        drop(hog);
+    }
+
     /// The tenant's SQL may lift its session's statement_timeout; the watchdog still cancels.
     #[test]
     fn least_privilege_pg_a_tenant_cannot_lift_its_statement_timeout() {
