@@ -110,6 +110,7 @@ fn pg_err(op: &str, e: postgres::Error) -> Error {
             *c == postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
                 || *c == postgres::error::SqlState::T_R_DEADLOCK_DETECTED
                 || *c == postgres::error::SqlState::LOCK_NOT_AVAILABLE
+                || *c == postgres::error::SqlState::TOO_MANY_CONNECTIONS
         })
         || e.code().is_none();
     let msg = match e.as_db_error() {

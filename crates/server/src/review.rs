@@ -238,7 +238,14 @@ pub fn open(engine: &Tidegate, place: &ReviewPlace) -> Result<Manager, ReviewFai
     };
     let db = match opened {
         Ok(db) => db,
-        Err(e) if e.retryable() => return Err(ReviewFailure::Review(e)),
+        Err(e) if e.retryable() => {
+            tracing::warn!(tenant = %place.tenant, "the review database could not be opened now: {e}");
+            return Err(ReviewFailure::Review(tidegate_review::Error::Database {
+                op: "open".into(),
+                message: "the review database did not answer or was busy; the server's log has the details".into(),
+                retryable: true,
+            }));
+        }
         Err(e) => {
             tracing::error!(tenant = %place.tenant, "the review database could not be opened: {e}");
             let what = match e {

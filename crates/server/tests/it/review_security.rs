@@ -645,3 +645,30 @@ async fn a_server_with_a_postgres_review_tenant_shuts_down_cleanly_and_loses_not
     );
     scene.drop_all().await;
 }
+
+/// A PostgreSQL review database that does not answer does not stop the server from starting
+/// (it is checked again at the first request); the request answers 503 `review_unavailable`
+/// with `Retry-After`, and the problem shows neither the URL nor its credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_on_a_postgres_that_does_not_answer_is_a_retryable_503_naming_no_url() {
+    let h = Harness::memory(|c| {
+        c.review.tenants.insert(
+            "acme".into(),
+            tidegate_server::config::ReviewTenant {
+                database: "postgres://hidden_user:hidden_pw@127.0.0.1:1/hidden_db".into(),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let (_, k) = h.tenant("acme");
+    let r = h
+        .req("POST", "/v1/review/templates", Some(&k.operator), Some(json!({"set": set(), "schema": PG_SCHEMA})))
+        .await;
+    assert_eq!((r.status, r.body["code"].as_str()), (503, Some("review_unavailable")), "{r:?}");
+    assert!(r.headers.get("retry-after").is_some(), "{r:?}");
+    for secret in ["hidden_user", "hidden_pw", "hidden_db", "127.0.0.1:1"] {
+        assert!(!r.text.contains(secret), "{secret}: {r:?}");
+    }
+    h.stop().await;
+}
