@@ -57,6 +57,15 @@ pub enum Error {
     /// A status query names no transaction.
     #[error("field `id` is {0}, expected the id of a transaction this manager knows")]
     UnknownTx(u64),
+    /// Least privilege could not be set up or verified for a tenant's database (a superuser
+    /// admin connection not explicitly allowed, an admin role that cannot create roles, a
+    /// tenant role that reaches more than its own schema). Not retryable: the deployment must
+    /// change.
+    #[error("least privilege: {message}")]
+    Privilege {
+        /// What was refused, naming the roles involved.
+        message: String,
+    },
     /// The decision log failed.
     #[error("decision log: {message}")]
     Log {

@@ -18,14 +18,16 @@ mod error;
 pub mod exec;
 pub mod log;
 pub mod manager;
+#[cfg(feature = "postgres")]
+pub mod pg;
 pub mod plot;
 pub mod template;
 pub mod tpcc;
 pub mod value;
 
+pub use db::{Database, SqlBounds, SqliteDatabase};
 #[cfg(feature = "postgres")]
-pub use db::PgDatabase;
-pub use db::{Database, SqliteDatabase};
+pub use db::{PgDatabase, PgTenantOptions};
 pub use deps::{Checker, EdgeKind, Granularity, Touch};
 pub use error::{Error, Result};
 pub use log::{Decision, DecisionLog, FileLog, MemoryLog, Record};

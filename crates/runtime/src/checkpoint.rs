@@ -314,6 +314,11 @@ fn run(
             }
             Err(e) => return disable(format!("storing the checkpoint at open failed: {e}")),
         }
+    } else if let Some(b) = &seed.bytes {
+        // The checkpoint found at open covers everything replayed: it is the last one, so a
+        // checkpoint asked for before anything new is appended answers with it (a reopened
+        // tenant closed with no new event failed its close with "no checkpoint was stored").
+        m.lock().last = Some(CheckpointInfo { lsn: seed.lsn, bytes: b.len(), replayed: 0, micros: 0 });
     }
     drop(seed);
     loop {
@@ -449,7 +454,8 @@ impl Tidegate {
             .map_err(|why| Error::Store(StoreError::Io { op: "take a checkpoint", source: std::io::Error::other(why) }))
     }
 
-    /// The last checkpoint this engine stored, if any.
+    /// The last checkpoint this engine stored, or found stored at open and covering the
+    /// whole ledger, if any.
     pub fn last_checkpoint(&self) -> Option<CheckpointInfo> {
         self.inner.checkpointer.as_ref().and_then(Checkpointer::last)
     }

@@ -221,6 +221,32 @@ async fn a_damaged_checkpoint_falls_back_to_a_full_replay_and_says_so() {
     assert_eq!(tg.stats().committed, 1);
 }
 
+/// Issue 27 item 7: a server reopened on a tenant and stopped before anything new was
+/// appended failed its close ("no checkpoint was stored (the ledger is empty)") and exited
+/// non-zero: the checkpoint found at open now counts as the last one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_checkpoint_asked_for_right_after_a_reopen_answers_with_the_one_found_at_open() {
+    let world = World::new();
+    let store = Arc::new(MemoryStore::new());
+    let first = {
+        let tg = Tidegate::builder().store(store.clone()).build().unwrap();
+        let tx = tg.begin("a").unwrap();
+        tx.call(&tools(&world)[0], json!({"id": "r"})).await.unwrap();
+        tx.seal().unwrap();
+        tx.commit().await.unwrap();
+        tg.append_extension_blocking("review", json!({"n": 1})).unwrap();
+        tg.checkpoint_now().unwrap()
+    };
+    for _ in 0..2 {
+        let tg = Tidegate::builder().store(store.clone()).build().unwrap();
+        assert_eq!(tg.open_report().checkpoint_lsn, Some(first.lsn));
+        let again = tg.checkpoint_now().unwrap();
+        assert_eq!(again.lsn, first.lsn, "nothing new: the checkpoint found at open");
+        assert_eq!(tg.last_checkpoint().map(|c| c.lsn), Some(first.lsn));
+    }
+    assert_eq!(store.checkpoint().unwrap().unwrap().lsn, first.lsn);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_checkpoint_from_a_newer_format_is_refused() {
     let store = Arc::new(MemoryStore::new());

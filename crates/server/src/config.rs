@@ -45,6 +45,15 @@ pub struct ReviewSection {
     /// The finest granularity of dependency checks: `field`, `row`, `column` or `table`.
     /// Default `field`.
     pub granularity: tidegate_review::Granularity,
+    /// The longest one call of a tenant's SQL (a statement of a template, a registration's
+    /// schema) may run, in milliseconds, on either database; the tenant's SQL cannot lift it.
+    /// Default 30000.
+    pub statement_timeout_ms: u64,
+    /// PostgreSQL: whether a `database` URL may connect as a superuser. The URL is the admin
+    /// connection that creates each tenant's login role and schema (it needs CREATEROLE and
+    /// should own the database); tenant SQL always runs as the tenant's own role. Default
+    /// `false`: the server refuses to start on a superuser URL.
+    pub allow_postgres_superuser: bool,
     /// Per tenant: `[review.tenants.<name>]` with `database`, and optionally `strategy` and
     /// `granularity`. Default empty.
     pub tenants: std::collections::BTreeMap<String, ReviewTenant>,
@@ -56,6 +65,8 @@ impl Default for ReviewSection {
             database: String::new(),
             strategy: tidegate_review::Strategy::BufferSuspicious,
             granularity: tidegate_review::Granularity::Field,
+            statement_timeout_ms: 30_000,
+            allow_postgres_superuser: false,
             tenants: std::collections::BTreeMap::new(),
         }
     }
@@ -121,6 +132,26 @@ impl ReviewSection {
         }
         let short: String = tenant.chars().take(30).map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
         Ok(format!("tidegate_review_{short}_{h:08x}"))
+    }
+
+    /// Every PostgreSQL URL the section names, each with the key naming it first.
+    pub fn postgres_urls(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        let keyed = std::iter::once(("review.database".to_owned(), &self.database))
+            .chain(self.tenants.iter().map(|(n, t)| (format!("review.tenants.{n}.database"), &t.database)));
+        for (key, url) in keyed {
+            if matches!(Self::parse_database(url), Ok(ReviewDatabase::Postgres(_)))
+                && !out.iter().any(|(_, u)| u == url)
+            {
+                out.push((key, url.clone()));
+            }
+        }
+        out
+    }
+
+    /// The bounds on a tenant's SQL.
+    pub fn bounds(&self) -> tidegate_review::SqlBounds {
+        tidegate_review::SqlBounds { statement_timeout: std::time::Duration::from_millis(self.statement_timeout_ms) }
     }
 
     /// The database, strategy and granularity of `tenant`.
@@ -387,6 +418,12 @@ impl Config {
                 return bad(&format!("review.tenants.{name}.schema"), detail);
             }
         }
+        if self.review.statement_timeout_ms == 0 || self.review.statement_timeout_ms > i32::MAX as u64 {
+            return bad(
+                "review.statement_timeout_ms",
+                format!("{}: expected 1 to {} milliseconds", self.review.statement_timeout_ms, i32::MAX),
+            );
+        }
         if self.engine.lease_ms == 0 {
             return bad("engine.lease_ms", "0: expected a positive number of milliseconds".into());
         }
@@ -489,5 +526,31 @@ mod tests {
         assert!(err.to_string().contains("review.tenants.x.database") && err.to_string().contains("mysql"), "{err}");
         let err = Config::from_toml_and_env(Some("[review]\nstrategy = \"yolo\"\n"), Vec::new()).unwrap_err();
         assert!(err.to_string().contains("review.strategy"), "{err}");
+    }
+
+    #[test]
+    fn review_least_privilege_keys_have_safe_defaults_and_bad_values_are_named() {
+        let cfg = Config::default();
+        assert!(!cfg.review.allow_postgres_superuser, "a superuser admin URL is refused unless allowed");
+        assert_eq!(cfg.review.bounds().statement_timeout, std::time::Duration::from_secs(30));
+        let env = vec![
+            ("TIDEGATE_REVIEW_STATEMENT_TIMEOUT_MS".to_owned(), "1500".to_owned()),
+            ("TIDEGATE_REVIEW_ALLOW_POSTGRES_SUPERUSER".to_owned(), "true".to_owned()),
+        ];
+        let cfg = Config::from_toml_and_env(None, env).unwrap();
+        assert_eq!(cfg.review.statement_timeout_ms, 1500);
+        assert!(cfg.review.allow_postgres_superuser);
+        let err = Config::from_toml_and_env(Some("[review]\nstatement_timeout_ms = 0\n"), Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("review.statement_timeout_ms"), "{err}");
+        let text = "[review]\ndatabase = \"postgres://a@h/d\"\n[review.tenants.x]\ndatabase = \"postgres://b@h/d\"\n\
+                    [review.tenants.y]\ndatabase = \"postgres://a@h/d\"\n[review.tenants.z]\ndatabase = \"sqlite:/tmp/z.db\"\n";
+        let cfg = Config::from_toml_and_env(Some(text), Vec::new()).unwrap();
+        assert_eq!(
+            cfg.review.postgres_urls(),
+            vec![
+                ("review.database".to_owned(), "postgres://a@h/d".to_owned()),
+                ("review.tenants.x.database".to_owned(), "postgres://b@h/d".to_owned())
+            ]
+        );
     }
 }

@@ -51,6 +51,7 @@ impl AppState {
     /// Opens the catalog and every tenant in it (their recovery runs in the background).
     pub async fn open(mut config: Config) -> Result<AppState> {
         config.validate()?;
+        crate::review::check_postgres_admins(&config.review).await?;
         let catalog = if config.server.memory {
             Catalog::in_memory()?
         } else {

@@ -484,6 +484,10 @@ impl Tenant {
         for h in self.background.lock().drain(..) {
             h.abort();
         }
+        // The review manager's database connection is closed here, on this blocking thread
+        // (a PostgreSQL client dropped later on a tokio worker took the process down with
+        // "Cannot start a runtime from within a runtime"), and is not opened again.
+        self.review.close();
         // The engine's own settlement tasks outlive the requests that started them: stop them
         // (recovery at the next open finishes what they left), so the ledger is let go.
         self.engine.stop();

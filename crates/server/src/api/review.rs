@@ -204,6 +204,11 @@ fn failure(e: ReviewFailure) -> ApiError {
             e @ (E::Database { .. } | E::Log { .. }) if e.retryable() => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "review_unavailable", e.to_string()).retry_after(1)
             }
+            E::Privilege { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "review_unavailable",
+                "the tenant's review database is not usable: least privilege could not be set up for it; the server's log has the details",
+            ),
             E::Database { op, message, .. } => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "database_refused", format!("{op}: {message}"))
             }

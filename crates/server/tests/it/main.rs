@@ -14,3 +14,4 @@ mod openapi;
 mod plans_story;
 mod restart;
 mod review;
+mod review_security;

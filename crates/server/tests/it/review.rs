@@ -11,6 +11,7 @@ use tidegate_review::{Database, Decision, Manager, Options, Request, SqliteDatab
 use tidegate_server::review::{LedgerLog, STREAM};
 
 use crate::common::Harness;
+use crate::review_security::PgScene;
 
 const SCHEMA: &str =
     "CREATE TABLE IF NOT EXISTS account (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL CHECK (balance >= 0));
@@ -297,19 +298,16 @@ async fn a_manager_over_a_ledger_log_is_rebuilt_after_a_kill_without_running_sql
     .unwrap();
 }
 
-fn pg_url() -> String {
-    std::env::var("TIDEGATE_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-/// Runs `f` on a PostgreSQL connection whose `search_path` is `schema` (created if missing),
+/// Runs `f` on a superuser's connection to `scene`'s database whose `search_path` is `schema`,
 /// off the async runtime (the blocking client runs its own).
 async fn on_pg<R: Send + 'static>(
+    scene: &PgScene,
     schema: &str,
     f: impl FnOnce(&mut tidegate_review::PgDatabase) -> R + Send + 'static,
 ) -> Result<R, String> {
-    let schema = schema.to_owned();
+    let (url, schema) = (scene.superuser_url(), schema.to_owned());
     tokio::task::spawn_blocking(move || {
-        let mut db = tidegate_review::PgDatabase::connect(&pg_url(), Some(&schema)).map_err(|e| e.to_string())?;
+        let mut db = tidegate_review::PgDatabase::connect(&url, Some(&schema)).map_err(|e| e.to_string())?;
         Ok(f(&mut db))
     })
     .await
@@ -322,25 +320,23 @@ CREATE TABLE IF NOT EXISTS payment (order_id BIGINT PRIMARY KEY, amount BIGINT N
 CREATE TABLE IF NOT EXISTS shipment (order_id BIGINT PRIMARY KEY);
 INSERT INTO account VALUES (1, 100), (2, 100) ON CONFLICT DO NOTHING;";
 
-/// The endpoints on PostgreSQL (`review.database` = `$TIDEGATE_PG_URL`, default
-/// postgres://postgres@127.0.0.1:5432/test) in a schema of this run's own: a held request
-/// released by an acceptance, and a removal that cascades to the shipment built on the
-/// payment; the rows are read back from PostgreSQL. Skipped with a message when no server
-/// answers.
+/// The endpoints on PostgreSQL (a database and an admin role of this run's own, made by the
+/// superuser at `$TIDEGATE_PG_URL`, default postgres://postgres@127.0.0.1:5432/test; each
+/// tenant runs as its own role in its own schema): a held request released by an acceptance,
+/// and a removal that cascades to the shipment built on the payment; the rows are read back
+/// from PostgreSQL. Skipped with a message when no server answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn review_over_http_on_postgres_accepts_and_removes_with_its_cascade() {
+    let Some(scene) = PgScene::new("http").await else { return };
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let schema = format!("tg_review_http_{}_{nanos}", std::process::id());
-    if let Err(e) = on_pg(&schema, |_| ()).await {
-        eprintln!("SKIPPED: no PostgreSQL at {} ({e}); set TIDEGATE_PG_URL to run this test", pg_url());
-        return;
-    }
     let own = schema.clone();
+    let admin_url = scene.admin_url();
     let h = Harness::memory(move |c| {
-        c.review.database = pg_url();
+        c.review.database = admin_url.clone();
         c.review.tenants.insert(
             "acme".into(),
-            tidegate_server::config::ReviewTenant { database: pg_url(), schema: Some(own), ..Default::default() },
+            tidegate_server::config::ReviewTenant { database: admin_url, schema: Some(own), ..Default::default() },
         );
     })
     .await;
@@ -392,15 +388,16 @@ async fn review_over_http_on_postgres_accepts_and_removes_with_its_cascade() {
     h.stop().await;
     let beta_schema = tidegate_server::config::ReviewSection::default().pg_schema(&beta).unwrap();
     assert_ne!(beta_schema, schema);
-    let beta_balance =
-        on_pg(&beta_schema, |db| db.query("SELECT balance FROM account WHERE id = 1", &[]).unwrap()[0][0].1.clone())
-            .await
-            .unwrap();
+    let beta_balance = on_pg(&scene, &beta_schema, |db| {
+        db.query("SELECT balance FROM account WHERE id = 1", &[]).unwrap()[0][0].1.clone()
+    })
+    .await
+    .unwrap();
     let drop_beta = beta_schema.clone();
-    on_pg(&beta_schema, move |db| db.drop_schema(&drop_beta).unwrap()).await.unwrap();
+    on_pg(&scene, &beta_schema, move |db| db.drop_schema(&drop_beta).unwrap()).await.unwrap();
     assert_eq!(beta_balance, SqlValue::Int(99), "the second tenant's withdrawal ran on its own table");
 
-    let (balance, payments, shipments, markers) = on_pg(&schema, |db| {
+    let (balance, payments, shipments, markers) = on_pg(&scene, &schema, |db| {
         let one = |db: &mut tidegate_review::PgDatabase, sql: &str| db.query(sql, &[]).unwrap()[0][0].1.clone();
         (
             one(db, "SELECT balance FROM account WHERE id = 1"),
@@ -412,7 +409,8 @@ async fn review_over_http_on_postgres_accepts_and_removes_with_its_cascade() {
     .await
     .unwrap();
     let drop_schema = schema.clone();
-    on_pg(&schema, move |db| db.drop_schema(&drop_schema).unwrap()).await.unwrap();
+    on_pg(&scene, &schema, move |db| db.drop_schema(&drop_schema).unwrap()).await.unwrap();
+    scene.drop_all().await;
     assert_eq!(balance, SqlValue::Int(10), "both withdrawals ran exactly once");
     assert_eq!(
         (payments, shipments),
