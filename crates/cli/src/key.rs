@@ -2,8 +2,8 @@
 //! the server sees a revocation within `auth.cache_ttl_ms`).
 
 use anyhow::Context;
-use tidegate_server::auth::Role;
-use tidegate_server::catalog::Catalog;
+use tidegate_service::auth::Role;
+use tidegate_service::catalog::Catalog;
 
 use crate::data_dir::DataDir;
 

@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use tidegate_server::auth::Role;
 use tidegate_server::config::Config;
+use tidegate_service::auth::Role;
 
 use crate::data_dir::DataDir;
 

@@ -1,6 +1,6 @@
 //! `tidegate tenant create|list`: tenants in the server's catalog (works while it runs).
 
-use tidegate_server::catalog::Catalog;
+use tidegate_service::catalog::Catalog;
 
 use crate::data_dir::DataDir;
 

@@ -11,7 +11,7 @@ use std::process::Command;
 /// For each crate, the Tidegate crates its library may depend on (normal and build
 /// dependencies). Dev-dependencies (tests) are free, except for the detectors. Optional
 /// dependencies (behind a cargo feature) are listed in `OPTIONAL`.
-const ALLOWED: [(&str, &[&str]); 10] = [
+const ALLOWED: [(&str, &[&str]); 11] = [
     ("tidegate-core", &[]),
     ("tidegate-plans", &[]),
     ("tidegate-review", &[]),
@@ -21,8 +21,19 @@ const ALLOWED: [(&str, &[&str]); 10] = [
     ("tidegate-runtime", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-plans"]),
     ("tidegate-eval", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-runtime"]),
     (
-        "tidegate-server",
+        "tidegate-service",
         &["tidegate-core", "tidegate-storage", "tidegate-sqlite", "tidegate-runtime", "tidegate-review"],
+    ),
+    (
+        "tidegate-server",
+        &[
+            "tidegate-core",
+            "tidegate-storage",
+            "tidegate-sqlite",
+            "tidegate-runtime",
+            "tidegate-review",
+            "tidegate-service",
+        ],
     ),
     (
         "tidegate",
@@ -34,6 +45,7 @@ const ALLOWED: [(&str, &[&str]); 10] = [
             "tidegate-runtime",
             "tidegate-eval",
             "tidegate-server",
+            "tidegate-service",
             "tidegate-review",
             "tidegate-plans",
         ],
@@ -81,6 +93,179 @@ fn every_crate_depends_only_on_the_crates_below_it() {
     }
     assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
     assert_eq!(seen.len(), ALLOWED.len(), "every crate was checked: {seen:?}");
+}
+
+/// Crates of an HTTP server or router: only a front door (crates/server) may depend on them.
+const HTTP_SERVER_CRATES: [&str; 9] =
+    ["axum", "axum-core", "axum-extra", "tower", "tower-http", "hyper", "http", "http-body", "utoipa-axum"];
+
+/// The service layer knows no HTTP (docs/service.md, invariant 1): it depends on no HTTP server
+/// crate, and on utoipa (OpenAPI schemas of its plain types) only as an optional dependency
+/// behind its `openapi` feature. A webhook is a dispatch backend, so the HTTP *client* is allowed.
+#[test]
+fn the_service_layer_depends_on_no_http_server_crate() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let service = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "tidegate-service")
+        .expect("the service crate is in the workspace");
+    let mut wrong = Vec::new();
+    for dep in service["dependencies"].as_array().unwrap() {
+        let name = dep["name"].as_str().unwrap();
+        let kind = dep["kind"].as_str().unwrap_or("normal");
+        if kind == "dev" {
+            continue;
+        }
+        if HTTP_SERVER_CRATES.contains(&name) || name == "tidegate-server" {
+            wrong.push(format!("tidegate-service depends on {name}"));
+        }
+        if name == "utoipa" && !dep["optional"].as_bool().unwrap_or(false) {
+            wrong.push("tidegate-service depends on utoipa outside its `openapi` feature".to_owned());
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // And no source file of the service names one of them.
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../service/src");
+    for (path, text) in rust_files(&src) {
+        for krate in HTTP_SERVER_CRATES {
+            let needle = format!("{}::", krate.replace('-', "_"));
+            assert!(
+                !text.lines().any(|l| l.contains(&needle) && !l.trim_start().starts_with("//")),
+                "{} names `{needle}`",
+                path.display()
+            );
+        }
+    }
+}
+
+/// The modules of the server form no import cycle (issue 28: nine files used to be one
+/// cycle): a file's `crate::` and `super::` paths name the modules it uses, and the graph of
+/// those uses has no strongly connected component of more than one module.
+#[test]
+fn the_servers_modules_form_no_cycle() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/src");
+    let files = rust_files(&src);
+    // Module path of each file: api/transactions.rs -> api::transactions, api/mod.rs -> api.
+    let module_of = |p: &std::path::Path| -> String {
+        let rel = p.strip_prefix(&src).unwrap().with_extension("");
+        let parts: Vec<String> = rel.iter().map(|c| c.to_string_lossy().into_owned()).collect();
+        let parts: Vec<&str> = parts.iter().map(String::as_str).filter(|c| *c != "mod" && *c != "lib").collect();
+        parts.join("::")
+    };
+    let modules: Vec<String> = files.iter().map(|(p, _)| module_of(p)).collect();
+    let index: BTreeMap<&str, usize> = modules.iter().enumerate().map(|(i, m)| (m.as_str(), i)).collect();
+    let mut edges: Vec<Vec<usize>> = vec![Vec::new(); modules.len()];
+    for (i, (path, text)) in files.iter().enumerate() {
+        let me = &modules[i];
+        let parent: Vec<&str> = {
+            let mut p: Vec<&str> = if me.is_empty() { Vec::new() } else { me.split("::").collect() };
+            if !path.ends_with("mod.rs") {
+                p.pop();
+            }
+            p
+        };
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (prefix, base) in [("crate::", Vec::new()), ("super::", parent.clone())] {
+                let mut rest = line;
+                while let Some(at) = rest.find(prefix) {
+                    let after = &rest[at + prefix.len()..];
+                    let name: String =
+                        after.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
+                    // The longest module prefix the path names.
+                    let mut path: Vec<&str> = base.clone();
+                    let mut best = None;
+                    for seg in name.split("::").filter(|s| !s.is_empty()) {
+                        path.push(seg);
+                        if let Some(&j) = index.get(path.join("::").as_str()) {
+                            best = Some(j);
+                        }
+                    }
+                    if let Some(j) = best
+                        && j != i
+                        && !edges[i].contains(&j)
+                    {
+                        edges[i].push(j);
+                    }
+                    rest = &after[name.len().min(after.len())..];
+                }
+            }
+        }
+    }
+    // Tarjan's strongly connected components, iteratively.
+    let n = modules.len();
+    let (mut idx, mut low, mut on, mut stack) = (vec![usize::MAX; n], vec![0; n], vec![false; n], Vec::new());
+    let (mut counter, mut cycles) = (0, Vec::new());
+    for start in 0..n {
+        if idx[start] != usize::MAX {
+            continue;
+        }
+        let mut work = vec![(start, 0usize)];
+        while let Some(&mut (v, ref mut next)) = work.last_mut() {
+            if *next == 0 && idx[v] == usize::MAX {
+                idx[v] = counter;
+                low[v] = counter;
+                counter += 1;
+                stack.push(v);
+                on[v] = true;
+            }
+            if let Some(&w) = edges[v].get(*next) {
+                *next += 1;
+                if idx[w] == usize::MAX {
+                    work.push((w, 0));
+                } else if on[w] {
+                    low[v] = low[v].min(idx[w]);
+                }
+                continue;
+            }
+            work.pop();
+            if let Some(&(u, _)) = work.last() {
+                low[u] = low[u].min(low[v]);
+            }
+            if low[v] == idx[v] {
+                let mut comp = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on[w] = false;
+                    comp.push(modules[w].clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    comp.sort();
+                    cycles.push(comp.join(", "));
+                }
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "the server's modules form import cycles:\n{}", cycles.join("\n"));
+}
+
+/// Every `.rs` file under `dir` with its text.
+fn rust_files(dir: &std::path::Path) -> Vec<(std::path::PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                out.push((p, text));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The Python binding (its own workspace, built by maturin) imports the runtime and the

@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use tidegate_runtime::{Compensation, EffectClass, Tidegate, Tool, ToolError, TxOptions};
 
 use crate::AppState;
-use crate::auth::Role;
 use crate::config::Config;
+use tidegate_service::auth::Role;
 
 /// What went wrong in a benchmark run.
 #[derive(Debug, thiserror::Error)]

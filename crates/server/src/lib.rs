@@ -22,23 +22,10 @@
 #![deny(missing_docs)]
 
 pub mod api;
-pub mod auth;
 pub mod bench;
-pub mod catalog;
 pub mod config;
-pub mod console;
-pub mod dispatch;
 pub mod error;
-pub mod idempotency;
-pub mod ids;
-pub mod index;
-pub mod metrics;
-pub mod registry;
-pub mod review;
 mod server;
-pub mod tap;
-pub mod tenant;
-pub mod tools;
 
 pub use server::AppState;
 
@@ -77,7 +64,7 @@ pub async fn serve(
         tracing::info!("shut down cleanly");
         Ok(())
     } else {
-        Err(error::ServerError::Io { op: "closing".into(), source: std::io::Error::other(problems.join("; ")) })
+        Err(error::ServerError::io("closing", std::io::Error::other(problems.join("; "))))
     }
 }
 

@@ -27,17 +27,17 @@ use futures::Stream;
 use tidegate_core::{EffectId, TxId};
 use tokio::sync::broadcast;
 
+use super::common::parse_tx;
 use super::extract::{ApiJson, ApiPath, ApiQuery, Caller};
 use super::ledger::{attention_out, filtered_events};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
-use super::transactions::parse_tx;
 use super::wait::{self, begin_wait};
 use super::wire::*;
 use crate::AppState;
-use crate::auth::{AttentionResolve, LedgerRead, TxRead};
-use crate::console::{OPERATOR_STREAM, Resolution, now_ms};
-use crate::index::{ListFilter, Phase};
-use crate::tenant::Tenant;
+use tidegate_service::auth::{AttentionResolve, LedgerRead, TxRead};
+use tidegate_service::console::{OPERATOR_STREAM, Resolution, now_ms};
+use tidegate_service::index::{ListFilter, Phase};
+use tidegate_service::tenant::Tenant;
 
 /// Most transactions one `snapshot` event carries.
 pub const MAX_SNAPSHOT: usize = 10_000;
@@ -175,7 +175,7 @@ fn attention_target(t: &Tenant, id: &str, effect: &str) -> ApiResult<(TxId, u32)
 }
 
 /// Who did an operator action, as the ledger's `operator` stream records it.
-pub(crate) fn operator_label<P: crate::auth::Needs>(caller: &Caller<P>) -> String {
+pub(crate) fn operator_label<P: tidegate_service::auth::Needs>(caller: &Caller<P>) -> String {
     format!("key_{} ({})", caller.key_id, caller.role)
 }
 
@@ -202,7 +202,7 @@ pub async fn resolve(
 ) -> ApiResult<Json<AttentionOut>> {
     let t = &caller.tenant;
     let (tx, n) = attention_target(t, &id, &effect)?;
-    if body.action == crate::console::OperatorAction::Retried {
+    if body.action == tidegate_service::console::OperatorAction::Retried {
         return Err(ApiError::invalid(
             "action",
             "retried",
@@ -261,7 +261,7 @@ pub async fn retry(
     ApiPath((id, effect)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<RetryIn>,
 ) -> ApiResult<Json<RetryOut>> {
-    use crate::dispatch::{DispatchOutcome, DispatchRequest, Operation};
+    use tidegate_service::dispatch::{DispatchOutcome, DispatchRequest, Operation};
     let t = &caller.tenant;
     let (tx, n) = attention_target(t, &id, &effect)?;
     let note = body.note.as_deref().map(str::trim).unwrap_or_default().to_owned();
@@ -293,7 +293,12 @@ pub async fn retry(
                 format!("{id} aborted and tool `{}` has no compensate capability: resolve or accept it", e.tool),
             ));
         };
-        (Operation::Compensate, cap, crate::tools::compensation_key(&key), Some(e.output.clone().unwrap_or_default()))
+        (
+            Operation::Compensate,
+            cap,
+            tidegate_service::tools::compensation_key(&key),
+            Some(e.output.clone().unwrap_or_default()),
+        )
     };
     let req = DispatchRequest {
         capability,
@@ -340,7 +345,7 @@ pub async fn retry(
         kind: "retry_effect".into(),
         tx: tx.0,
         effect: n,
-        action: crate::console::OperatorAction::Retried,
+        action: tidegate_service::console::OperatorAction::Retried,
         note: text,
         by: operator_label(&caller),
         at_ms: now_ms(),

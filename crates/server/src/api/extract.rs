@@ -13,8 +13,8 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::problem::ApiError;
 use crate::AppState;
-use crate::auth::{Needs, Role};
-use crate::tenant::Tenant;
+use tidegate_service::auth::{Needs, Role};
+use tidegate_service::tenant::Tenant;
 
 /// Who is calling: set by the auth middleware, read by [`Caller`].
 #[derive(Debug, Clone)]

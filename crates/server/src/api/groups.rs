@@ -8,16 +8,16 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use tidegate_runtime::{GroupId, TxId, TxOptions};
 
+use super::common::{check_agent, check_lease, check_scopes, parse_tx};
 use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
-use super::transactions::{check_agent, check_lease, check_scopes, parse_tx};
 use super::wait::{self, wait_duration};
 use super::wire::*;
 use crate::AppState;
-use crate::auth::{TxAbort, TxRead, TxWrite};
-use crate::ids;
-use crate::index::Phase;
-use crate::tenant::{LiveGroup, SettleOp, Tenant};
+use tidegate_service::auth::{TxAbort, TxRead, TxWrite};
+use tidegate_service::ids;
+use tidegate_service::index::Phase;
+use tidegate_service::tenant::{LiveGroup, SettleOp, Tenant};
 
 fn parse_group(t: &Tenant, id: &str) -> ApiResult<u64> {
     ids::parse(ids::Kind::Group, &t.tag, id).ok_or_else(|| ApiError::not_found("speculation group", id))
@@ -128,10 +128,10 @@ fn start(state: &AppState, lg: &Arc<LiveGroup>, kind: &'static str, run: GroupRu
             Ok(()) | Err(tidegate_runtime::Error::Aborted(_)) => Ok(()),
             // The group was looked up before: the engine no longer knowing it means it settled
             // (every branch finished), not that it never existed.
-            Err(tidegate_runtime::Error::Engine(tidegate_runtime::EngineError::UnknownGroup { .. })) => {
-                Err(ApiError::conflict("wrong_state", "the speculation group has already settled"))
-            }
-            Err(e) => Err(from_runtime(e)),
+            Err(tidegate_runtime::Error::Engine(tidegate_runtime::EngineError::UnknownGroup { .. })) => Err(
+                tidegate_service::ServiceError::conflict("wrong_state", "the speculation group has already settled"),
+            ),
+            Err(e) => Err(tidegate_service::ServiceError::engine(e)),
         }
     };
     super::wait::start_settle(state, lg, |lg: &LiveGroup| &lg.settle, (kind, false), || {}, work)
@@ -162,7 +162,7 @@ async fn wait_all(
     let done = match tokio::time::timeout(left, done_rx.wait_for(Option::is_some)).await {
         Ok(Ok(result)) => {
             if let Some(Err(e)) = &*result {
-                return Err(e.clone());
+                return Err(e.clone().into());
             }
             true
         }

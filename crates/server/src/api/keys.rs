@@ -8,9 +8,9 @@ use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem};
 use super::wire::*;
 use crate::AppState;
-use crate::auth::KeysManage;
-use crate::catalog::KeyRecord;
 use crate::error::ServerError;
+use tidegate_service::auth::KeysManage;
+use tidegate_service::catalog::KeyRecord;
 
 fn key_out(r: &KeyRecord) -> KeyOut {
     KeyOut {
@@ -24,7 +24,7 @@ fn key_out(r: &KeyRecord) -> KeyOut {
 
 fn catalog_error(e: ServerError) -> ApiError {
     match e {
-        ServerError::InvalidArgument { field, value, expected } => ApiError::invalid(field, value, expected),
+        ServerError::Invalid { field, value, expected } => ApiError::invalid(field, value, expected),
         other => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "catalog_unavailable", other.to_string()).retry_after(1)
         }

@@ -8,15 +8,15 @@ use std::collections::HashMap;
 use tidegate_core::{Event, Scope, Tag, TxId};
 use tidegate_storage::Lsn;
 
+use super::common::page_limit;
 use super::extract::{ApiQuery, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
-use super::transactions::page_limit;
 use super::wire::*;
 use crate::AppState;
-use crate::auth::LedgerRead;
-use crate::ids;
-use crate::index::{AttentionEntry, Phase};
-use crate::tenant::Tenant;
+use tidegate_service::auth::LedgerRead;
+use tidegate_service::ids;
+use tidegate_service::index::{AttentionEntry, Phase};
+use tidegate_service::tenant::Tenant;
 
 /// A ledger event on the wire.
 pub fn event_out(tag: &str, lsn: Lsn, e: &Event) -> LedgerEventOut {

@@ -11,7 +11,7 @@ use super::extract::Caller;
 use super::problem::{ApiResult, Problem};
 use super::wire::*;
 use crate::AppState;
-use crate::auth::Any;
+use tidegate_service::auth::Any;
 
 /// The caller's tenant, role and key.
 #[utoipa::path(

@@ -19,8 +19,8 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use super::extract::{AuthState, RequestSlot, read_body};
 use super::problem::ApiError;
 use crate::AppState;
-use crate::idempotency::{Begin, Fingerprint, Recorded};
-use crate::metrics::{HttpLabels, RouteLabel};
+use tidegate_service::idempotency::{Begin, Fingerprint, Recorded};
+use tidegate_service::metrics::{HttpLabels, RouteLabel};
 
 const REQUEST_ID: &str = "x-request-id";
 
@@ -207,7 +207,7 @@ fn valid_idempotency_key(v: &HeaderValue) -> Option<String> {
 /// Frees a running idempotency record if its request task dies without a response.
 struct Unfinished {
     state: AppState,
-    tenant: Arc<crate::tenant::Tenant>,
+    tenant: Arc<tidegate_service::tenant::Tenant>,
     key: Option<String>,
 }
 

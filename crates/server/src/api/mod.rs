@@ -6,6 +6,7 @@
 //!          ─► idempotency (POST + Idempotency-Key) ─► handler (Caller<P> extractor: 401/403)
 //! ```
 
+mod common;
 mod console;
 pub mod effects;
 pub mod extract;

@@ -15,9 +15,9 @@ use utoipa::ToSchema;
 
 use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
-use crate::auth::{PlanResolve, TxRead, TxWrite};
-use crate::ids;
-use crate::tenant::Tenant;
+use tidegate_service::auth::{PlanResolve, TxRead, TxWrite};
+use tidegate_service::ids;
+use tidegate_service::tenant::Tenant;
 
 /// Longest deadline a plan may set (365 days).
 const MAX_DEADLINE_MS: u64 = 365 * 86_400_000;
@@ -607,8 +607,8 @@ pub async fn resolve(
         "plan": id,
         "choice": body.choice,
         "by": super::console::operator_label(&caller),
-        "at_ms": crate::console::now_ms(),
+        "at_ms": tidegate_service::console::now_ms(),
     });
-    t.engine.append_extension(crate::console::OPERATOR_STREAM, by).await.map_err(|e| runtime(e, t))?;
+    t.engine.append_extension(tidegate_service::console::OPERATOR_STREAM, by).await.map_err(|e| runtime(e, t))?;
     Ok(Json(detail_out(t, plan.id(), &id).await?))
 }

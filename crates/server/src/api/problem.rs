@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::Value;
 use tidegate_runtime::EngineError;
+use tidegate_service::ServiceError;
 use utoipa::ToSchema;
 
 /// The problem document.
@@ -221,6 +222,11 @@ impl IntoResponse for ApiError {
 /// Maps a runtime error. Aborts become `409 transaction_aborted` (the caller attaches the
 /// transaction); a failed store is `503 store_unavailable`.
 pub fn from_runtime(e: tidegate_runtime::Error) -> ApiError {
+    from_runtime_ref(&e)
+}
+
+/// [`from_runtime`] of a shared error (a [`ServiceError::Engine`]).
+pub fn from_runtime_ref(e: &tidegate_runtime::Error) -> ApiError {
     use tidegate_runtime::Error as E;
     match e {
         E::Engine(ee) => from_engine(ee),
@@ -239,7 +245,7 @@ pub fn from_runtime(e: tidegate_runtime::Error) -> ApiError {
         E::Store(s) => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", format!("the ledger store failed: {s}"))
         }
-        E::InvalidArgument { field, value, expected } => ApiError::invalid(field, value, expected),
+        E::InvalidArgument { field, value, expected } => ApiError::invalid(*field, value, *expected),
         E::UnknownTool { name, .. } => ApiError::invalid("tool", name, "a tool registered with this tenant"),
         interrupted @ E::CallInterrupted { .. } => ApiError::conflict("call_interrupted", interrupted.to_string()),
         misuse @ E::TicketMisuse { .. } => ApiError::conflict("ticket_misuse", misuse.to_string()),
@@ -254,7 +260,7 @@ pub fn from_runtime(e: tidegate_runtime::Error) -> ApiError {
             let detail = p.to_string();
             match p {
                 tidegate_runtime::PlanError::Invalid { field, value, expected } => {
-                    ApiError::invalid(field, value, expected)
+                    ApiError::invalid(field.clone(), value, expected.clone())
                 }
                 tidegate_runtime::PlanError::Log(_) => {
                     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", detail)
@@ -267,13 +273,13 @@ pub fn from_runtime(e: tidegate_runtime::Error) -> ApiError {
 }
 
 /// Maps an engine refusal.
-pub fn from_engine(e: EngineError) -> ApiError {
+pub fn from_engine(e: &EngineError) -> ApiError {
     let detail = e.to_string();
     match e {
         EngineError::Scope { field, source } => {
-            ApiError::invalid(field, source.to_string(), "a well-formed `type:path` scope")
+            ApiError::invalid(field.clone(), source.to_string(), "a well-formed `type:path` scope")
         }
-        EngineError::InvalidArgument { field, value, expected } => ApiError::invalid(field, value, expected),
+        EngineError::InvalidArgument { field, value, expected } => ApiError::invalid(*field, value, *expected),
         EngineError::UnknownTx { .. } | EngineError::UnknownGroup { .. } => {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", detail)
         }
@@ -291,8 +297,43 @@ pub fn from_engine(e: EngineError) -> ApiError {
             e
         }
         EngineError::BranchOfGroup { .. } => ApiError::conflict("branch_of_group", detail),
+        EngineError::SiblingConflict { .. } => ApiError::conflict("sibling_conflict", detail),
         EngineError::LockConflict { .. } => ApiError::conflict("lock_conflict", detail).retry_after(1),
         EngineError::NoWinner { .. } => ApiError::conflict("no_winner", detail),
         _ => ApiError::conflict("refused", detail),
+    }
+}
+
+/// The one mapping of the service's errors to problem documents: bad input is 400 naming the
+/// field, a missing thing 404, a conflict 409 (with `Retry-After` when it says when), a part
+/// that cannot serve 503, the engine's refusals as [`from_runtime`] maps them.
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> ApiError {
+        match e {
+            ServiceError::Invalid { field, value, expected } => ApiError::invalid(field, value, expected),
+            ServiceError::NotFound { what, name } => ApiError::not_found(what, &name),
+            ServiceError::Conflict { code, detail, retry_after } => {
+                let e = ApiError::conflict(code, detail);
+                match retry_after {
+                    Some(s) => e.retry_after(s),
+                    None => e,
+                }
+            }
+            ServiceError::Engine(e) => from_runtime_ref(&e),
+            ServiceError::Unavailable { code, detail, retry_after } => {
+                let e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, detail);
+                match retry_after {
+                    Some(s) => e.retry_after(s),
+                    None => e,
+                }
+            }
+            ServiceError::ShuttingDown => ApiError::shutting_down(),
+            ServiceError::Internal(d) => ApiError::internal(d),
+            ServiceError::Tenant { source, .. } => from_runtime_ref(&source),
+            e @ (ServiceError::Catalog { .. } | ServiceError::CatalogVersion { .. }) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "catalog_unavailable", e.to_string()).retry_after(1)
+            }
+            other => ApiError::internal(other.to_string()),
+        }
     }
 }

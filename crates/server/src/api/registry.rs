@@ -8,10 +8,10 @@ use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem};
 use super::wire::*;
 use crate::AppState;
-use crate::auth::{RegistryRead, RegistryWrite};
-use crate::registry::{CapabilitySpec, ToolDef, valid_name};
-use crate::tenant::Tenant;
-use crate::tools::ServerTool;
+use tidegate_service::auth::{RegistryRead, RegistryWrite};
+use tidegate_service::registry::{CapabilitySpec, ToolDef, valid_name};
+use tidegate_service::tenant::Tenant;
+use tidegate_service::tools::ServerTool;
 
 fn tool_out(t: &Tenant, st: &ServerTool) -> ToolOut {
     ToolOut { name: st.name.clone(), signature: t.engine.tool_signature(&st.name), definition: st.def.clone() }

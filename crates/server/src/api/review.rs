@@ -17,10 +17,10 @@ use utoipa::ToSchema;
 use super::extract::{ApiJson, ApiPath, Caller};
 use super::problem::{ApiError, ApiResult, Problem};
 use crate::AppState;
-use crate::auth::{RegistryWrite, Review, TxRead, TxWrite};
-use crate::ids::{self, Kind};
-use crate::review::ReviewFailure;
-use crate::tenant::Tenant;
+use tidegate_service::auth::{RegistryWrite, Review, TxRead, TxWrite};
+use tidegate_service::ids::{self, Kind};
+use tidegate_service::review::ReviewFailure;
+use tidegate_service::tenant::Tenant;
 
 /// Templates to register, with an optional schema to run first.
 #[derive(Debug, Deserialize, ToSchema)]

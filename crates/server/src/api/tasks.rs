@@ -11,10 +11,10 @@ use super::problem::{ApiError, ApiResult, Problem};
 use super::wait::{begin_wait, wait_duration};
 use super::wire::*;
 use crate::AppState;
-use crate::auth::{TasksRead, TasksWork};
-use crate::dispatch::TaskResult;
-use crate::dispatch::queue::TaskRefusal;
-use crate::registry::valid_name;
+use tidegate_service::auth::{TasksRead, TasksWork};
+use tidegate_service::dispatch::TaskResult;
+use tidegate_service::dispatch::queue::TaskRefusal;
+use tidegate_service::registry::valid_name;
 
 fn check_worker(worker: &str) -> ApiResult<()> {
     if worker.is_empty() || worker.len() > 128 {
@@ -76,7 +76,13 @@ pub async fn poll(
     let _guard = if wait.is_zero() { None } else { Some(begin_wait(&state, &caller.slot)?) };
     let d = &caller.tenant.dispatcher;
     let stop = state.shutdown_token().clone();
-    let p = crate::dispatch::queue::Poll { worker: body.worker, capabilities: body.capabilities, max, wait, lease };
+    let p = tidegate_service::dispatch::queue::Poll {
+        worker: body.worker,
+        capabilities: body.capabilities,
+        max,
+        wait,
+        lease,
+    };
     let tasks = d.queue().poll(&p, d.attempts(), async move { stop.cancelled().await }).await;
     Ok(Json(PollOut { tasks }))
 }
@@ -87,7 +93,7 @@ pub async fn poll(
     params(("task" = String, Path, description = "Task id")),
     request_body = HeartbeatIn,
     responses(
-        (status = 200, description = "The task with its new lease", body = crate::dispatch::queue::TaskView),
+        (status = 200, description = "The task with its new lease", body = tidegate_service::dispatch::queue::TaskView),
         (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -96,7 +102,7 @@ pub async fn heartbeat(
     caller: Caller<TasksWork>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<HeartbeatIn>,
-) -> ApiResult<Json<crate::dispatch::queue::TaskView>> {
+) -> ApiResult<Json<tidegate_service::dispatch::queue::TaskView>> {
     check_worker(&body.worker)?;
     let lease = lease(body.lease_ms)?;
     let v = caller.tenant.dispatcher.queue().heartbeat(&id, &body.worker, lease).map_err(|r| refusal(&id, r))?;

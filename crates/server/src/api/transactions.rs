@@ -11,99 +11,27 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
 use serde_json::Value;
-use tidegate_runtime::{Ack, CallOptions, CommitOptions, Tool, TxId, TxOptions};
+use tidegate_runtime::{CommitOptions, TxId, TxOptions};
 use tokio::sync::watch;
 
+use super::common::{MAX_LEASE_MS, check_agent, check_lease, check_scopes, live_of, page_limit, view_of, with_tx};
 use super::extract::{ApiJson, ApiPath, ApiQuery, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
 use super::wait::{self, begin_wait, wait_duration};
 use super::wire::*;
 use crate::AppState;
-use crate::auth::{TxAbort, TxRead, TxWrite};
-use crate::ids;
-use crate::index::{ListFilter, Phase, TxView};
-use crate::metrics::ResultLabel;
-use crate::tenant::{LiveTx, SettleOp, Tenant};
-use crate::tools::{ServerTool, legacy_envelope};
-
-/// Most scopes in a may-touch set or a scope override.
-pub(super) const MAX_SCOPES: usize = 1024;
-/// Longest lease a client may ask for (7 days).
-pub(super) const MAX_LEASE_MS: u64 = 7 * 86_400_000;
-
-pub(super) fn parse_tx(t: &Tenant, id: &str) -> ApiResult<TxId> {
-    ids::parse(ids::Kind::Tx, &t.tag, id).map(TxId).ok_or_else(|| ApiError::not_found("transaction", id))
-}
-
-pub(super) fn view_of(t: &Tenant, id: &str) -> ApiResult<(TxId, TxView)> {
-    let tx = parse_tx(t, id)?;
-    let v = t.index.view(&*t.store, tx).ok_or_else(|| ApiError::not_found("transaction", id))?;
-    Ok((tx, v))
-}
-
-/// The live handle of an unsettled transaction this process began.
-pub(super) fn live_of(t: &Tenant, id: &str) -> ApiResult<(Arc<LiveTx>, TxView)> {
-    let (tx, v) = view_of(t, id)?;
-    if v.phase.settled() {
-        return Err(ApiError::conflict("wrong_state", format!("transaction {id} has already settled ({})", v.state())));
-    }
-    if let Some(lt) = t.live(tx) {
-        return Ok((lt, v));
-    }
-    // Kept open across a restart (`recover_keeping_open`): resume it through the engine.
-    match t.engine.transaction(tx) {
-        Ok(handle) => Ok((t.resume_live(handle, v.group.map(|g| g.0)), v)),
-        Err(e) => Err(with_tx(t, tx, from_runtime(e))),
-    }
-}
-
-pub(super) fn check_agent(agent: &Option<String>) -> ApiResult<()> {
-    if let Some(a) = agent
-        && (a.is_empty() || a.len() > 256)
-    {
-        return Err(ApiError::invalid("agent", a, "1 to 256 bytes"));
-    }
-    Ok(())
-}
-
-pub(super) fn check_scopes(field: &str, scopes: &Option<Vec<String>>) -> ApiResult<()> {
-    if let Some(s) = scopes {
-        if s.len() > MAX_SCOPES {
-            return Err(ApiError::invalid(
-                field,
-                format!("{} scopes", s.len()),
-                format!("at most {MAX_SCOPES} scopes"),
-            ));
-        }
-        if let Some((i, big)) = s.iter().enumerate().find(|(_, x)| x.len() > 1024) {
-            return Err(ApiError::invalid(format!("{field}[{i}]"), big, "a scope of at most 1024 bytes"));
-        }
-    }
-    Ok(())
-}
-
-pub(super) fn check_lease(lease_ms: Option<u64>) -> ApiResult<Option<Duration>> {
-    match lease_ms {
-        None => Ok(None),
-        Some(ms) if (1..=MAX_LEASE_MS).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
-        Some(ms) => Err(ApiError::invalid("lease_ms", ms.to_string(), format!("1 to {MAX_LEASE_MS} milliseconds"))),
-    }
-}
+use tidegate_service::auth::{TxAbort, TxRead, TxWrite};
+use tidegate_service::ids;
+use tidegate_service::index::{ListFilter, Phase};
+use tidegate_service::metrics::ResultLabel;
+use tidegate_service::tenant::{LiveTx, SettleOp, Tenant};
+use tidegate_service::tools::legacy_envelope;
+use tidegate_service::transactions::EffectCall;
 
 fn respond(t: &Tenant, tx: TxId, settled: bool) -> ApiResult<(StatusCode, Json<TransactionOut>)> {
     let v = t.index.view(&*t.store, tx).ok_or_else(|| ApiError::internal("transaction vanished from the ledger"))?;
     let code = if settled || v.phase.settled() { StatusCode::OK } else { StatusCode::ACCEPTED };
     Ok((code, Json(tx_out(t, &v))))
-}
-
-/// Attaches the transaction to an abort error.
-pub(super) fn with_tx(t: &Tenant, tx: TxId, mut e: ApiError) -> ApiError {
-    if e.code == "transaction_aborted"
-        && let Some(v) = t.index.view(&*t.store, tx)
-    {
-        e.transaction = serde_json::to_value(tx_out(t, &v)).ok();
-    }
-    e
 }
 
 /// Begin a transaction.
@@ -193,15 +121,6 @@ pub async fn list(
     Ok(Json(TransactionList { data, has_more, next_cursor }))
 }
 
-pub(super) fn page_limit(state: &AppState, limit: Option<usize>) -> ApiResult<usize> {
-    let max = state.config().limits.max_page_size;
-    match limit {
-        None => Ok(50.min(max)),
-        Some(n) if (1..=max).contains(&n) => Ok(n),
-        Some(n) => Err(ApiError::invalid("limit", n.to_string(), format!("1 to {max} (limits.max_page_size)"))),
-    }
-}
-
 /// A transaction.
 #[utoipa::path(
     get, path = "/v1/transactions/{tx}", tag = "transactions", operation_id = "get_transaction",
@@ -248,47 +167,16 @@ pub async fn read(
     }))
 }
 
-/// What an effect call resolved to, before it runs.
-pub(crate) struct Planned {
-    tool: Arc<ServerTool>,
-    scopes: Vec<String>,
-    args: Value,
-    key: Option<String>,
-    /// A plan step's compensation descriptor.
-    compensate: Option<tidegate_runtime::Descriptor>,
-}
-
-pub(super) fn plan_effect(
-    t: &Tenant,
-    tool: &str,
-    args: Value,
-    key: Option<String>,
-    scopes: Option<Vec<String>>,
-) -> ApiResult<Planned> {
-    let tool = t
-        .tool(tool)
-        .ok_or_else(|| ApiError::invalid("tool", tool, "the name of a tool registered with this tenant"))?;
-    check_scopes("scopes", &scopes)?;
-    let scopes = match scopes {
-        Some(s) if !s.is_empty() => s,
-        Some(_) => {
-            return Err(ApiError::invalid("scopes", "[]", "at least one scope, or no `scopes` to use the tool's"));
-        }
-        None => {
-            tool.scopes(&args).map_err(|(f, m)| ApiError::invalid(f, m, "arguments that fill every scope template"))?
-        }
-    };
-    let key = match key {
-        Some(k) if k.is_empty() || k.len() > 512 => return Err(ApiError::invalid("key", k, "1 to 512 bytes")),
-        Some(k) => Some(k),
-        None => match tool.key(&args) {
-            Some(Ok(k)) if !k.is_empty() && k.len() <= 512 => Some(k),
-            Some(Ok(k)) => return Err(ApiError::invalid("key", k, "a key template value of 1 to 512 bytes")),
-            Some(Err((f, m))) => return Err(ApiError::invalid(f, m, "arguments that fill the key template")),
-            None => None,
-        },
-    };
-    Ok(Planned { tool, scopes, args, key, compensate: None })
+/// The service's form of an effect call.
+fn effect_call(body: EffectIn) -> EffectCall {
+    EffectCall {
+        tool: body.tool,
+        args: body.args,
+        key: body.key,
+        scopes: body.scopes,
+        compensate: body.compensate.map(CompensateIn::into_descriptor),
+        by_client: body.execute == Some(ExecuteMode::Client),
+    }
 }
 
 /// The client's arguments of a staged effect of `tx` as a read sees them: as recorded, or
@@ -297,36 +185,6 @@ fn staged_args(t: &Tenant, tx: TxId, staged: &Value) -> Value {
     let prefix = format!("{}:", ids::tx(&t.tag, tx));
     let key = staged.get("key").and_then(Value::as_str).filter(|k| k.starts_with(&prefix));
     legacy_envelope(staged, key).unwrap_or(staged).clone()
-}
-
-/// The runtime tool, recorded arguments (the client's) and options of a planned effect. A
-/// call without a key of its own gets the engine's, derived from its effect number, so the key
-/// its dispatches carry is the same before and after a restart (`tools::effect_key`).
-pub(super) fn call_parts(p: Planned) -> (Tool, Value, CallOptions) {
-    let opts = CallOptions { key: p.key, scopes: Some(p.scopes), compensate: p.compensate, ..CallOptions::default() };
-    (p.tool.tool.clone(), p.args, opts)
-}
-
-/// Runs a planned effect on a server task. Returns the ack.
-pub(super) async fn run_effect(state: &AppState, t: &Tenant, lt: &Arc<LiveTx>, p: Planned) -> ApiResult<Ack> {
-    let tx = lt.handle.id();
-    let (tool, env, opts) = call_parts(p);
-    let handle = lt.handle.clone();
-    let r = state
-        .spawn(async move { handle.call_with(&tool, env, opts).await })
-        .await
-        .map_err(|_| ApiError::internal("the call's task failed"))?
-        .ok_or_else(ApiError::shutting_down)?;
-    r.map_err(|e| with_tx(t, tx, from_runtime(e)))
-}
-
-fn ack_parts(ack: &Ack) -> (AckKind, Option<Value>) {
-    match ack {
-        Ack::Executed { output, .. } => (AckKind::Executed, Some((**output).clone())),
-        Ack::Replayed { output, .. } => (AckKind::Replayed, Some((**output).clone())),
-        Ack::Staged { .. } => (AckKind::Staged, None),
-        Ack::Queued { .. } => (AckKind::Queued, None),
-    }
 }
 
 /// Call a server tool in the transaction: an eager class is executed now through its
@@ -353,21 +211,13 @@ pub async fn effect(
     ApiJson(body): ApiJson<EffectIn>,
 ) -> ApiResult<Json<EffectAckOut>> {
     let t = &caller.tenant;
-    let (lt, _) = live_of(t, &id)?;
-    let mut planned = plan_effect(t, &body.tool, body.args, body.key, body.scopes)?;
-    planned.compensate = body.compensate.map(CompensateIn::into_descriptor);
-    if body.execute == Some(ExecuteMode::Client) {
-        return super::effects::record(&state, t, &lt, &id, planned).await.map(Json);
+    match t.call(state.service(), &id, effect_call(body)).await {
+        Ok(a) => super::common::answer_out(t, &id, a).map(Json),
+        Err(e) => Err(match t.parse_tx(&id) {
+            Ok(tx) => with_tx(t, tx, e.into()),
+            Err(_) => e.into(),
+        }),
     }
-    let ack = run_effect(&state, t, &lt, planned).await?;
-    let (kind, output) = ack_parts(&ack);
-    let v = t.index.view(&*t.store, lt.handle.id()).ok_or_else(|| ApiError::internal("transaction vanished"))?;
-    let rec = v
-        .effects
-        .iter()
-        .find(|e| e.id == ack.effect())
-        .ok_or_else(|| ApiError::internal("the effect is not in the ledger"))?;
-    Ok(Json(EffectAckOut { transaction: id, ack: kind, output, effect: effect_out(rec), result_url: None }))
 }
 
 /// Seal: freeze the footprint.
@@ -412,7 +262,7 @@ pub(super) fn start_commit(state: &AppState, t: &Arc<Tenant>, lt: &Arc<LiveTx>, 
             }
             Err(e) => {
                 tenant.index.mark_waiting(tx, false);
-                Err(from_runtime(e))
+                Err(tidegate_service::ServiceError::engine(e))
             }
         }
     };
@@ -426,7 +276,7 @@ pub(super) fn start_abort(state: &AppState, lt: &Arc<LiveTx>, reason: String) ->
     let work = async move {
         match handle.abort(reason).await {
             Ok(_) | Err(tidegate_runtime::Error::Aborted(_)) => Ok(()),
-            Err(e) => Err(from_runtime(e)),
+            Err(e) => Err(tidegate_service::ServiceError::engine(e)),
         }
     };
     super::wait::start_settle(state, lt, |lt: &LiveTx| &lt.settle, ("abort", false), || {}, work)
@@ -687,17 +537,27 @@ pub async fn call(
     check_scopes("may_touch", &body.may_touch)?;
     let lease = check_lease(body.lease_ms)?;
     let wait_for = wait_duration(&state, "wait_ms", body.wait_ms)?;
-    let planned = plan_effect(t, &body.tool, body.args, body.key, body.scopes)?;
-    let may_touch = body.may_touch.unwrap_or_else(|| planned.scopes.clone());
+    let call = EffectCall {
+        tool: body.tool,
+        args: body.args,
+        key: body.key,
+        scopes: body.scopes,
+        compensate: None,
+        by_client: false,
+    };
+    let planned = t.plan_effect(&call)?;
+    let may_touch = body.may_touch.unwrap_or(planned.scopes);
     let handle = t
         .engine
         .begin_with(TxOptions { agent: body.agent, may_touch: Some(may_touch), lease })
         .map_err(from_runtime)?;
     let tx = handle.id();
+    let id = ids::tx(&t.tag, tx);
     let lt = t.add_live(handle, None);
-    let ack = match run_effect(&state, t, &lt, planned).await {
+    let answer = match t.call(state.service(), &id, call).await {
         Ok(a) => a,
         Err(e) => {
+            let e = with_tx(t, tx, e.into());
             if e.code != "transaction_aborted" {
                 // The call was refused before it ran: give the transaction back.
                 let _ = start_abort(&state, &lt, format!("the one-call transaction's call was refused: {}", e.detail));
@@ -705,7 +565,8 @@ pub async fn call(
             return Err(e);
         }
     };
-    let (kind, output) = ack_parts(&ack);
+    let kind = super::common::ack_kind(answer.ack);
+    let output = answer.output;
     lt.handle.seal().map_err(|e| with_tx(t, tx, from_runtime(e)))?;
     let op = start_commit(&state, t, &lt, None);
     let settled = wait::settle(&state, t, tx, Some(op.done), wait_for, &caller.slot).await?;

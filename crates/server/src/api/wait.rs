@@ -10,9 +10,9 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 
 use super::extract::RequestSlot;
-use super::problem::{ApiError, ApiResult};
+use super::problem::ApiError;
 use crate::AppState;
-use crate::tenant::{OpResult, SettleOp, Tenant};
+use tidegate_service::tenant::{OpResult, SettleOp, Tenant};
 
 /// Starts a settlement (`kind`: `commit` or `abort`) of a transaction or group on a server
 /// task and records it in its owner's `slot`, or joins the operation already there: any that
@@ -26,7 +26,7 @@ pub(super) fn start_settle<O: Send + Sync + 'static>(
     slot: fn(&O) -> &parking_lot::Mutex<Option<SettleOp>>,
     (kind, join_any): (&'static str, bool),
     on_start: impl FnOnce(),
-    work: impl std::future::Future<Output = ApiResult<()>> + Send + 'static,
+    work: impl std::future::Future<Output = Result<(), tidegate_service::ServiceError>> + Send + 'static,
 ) -> SettleOp {
     let mut cur = slot(owner).lock();
     if let Some(op) = cur.as_ref()
@@ -120,7 +120,7 @@ pub async fn settle(
         if let Some(o) = &op {
             let done = o.borrow().clone();
             match done {
-                Some(Err(e)) => return Err(e),
+                Some(Err(e)) => return Err(e.into()),
                 Some(Ok(())) => return Ok(true),
                 None => {}
             }

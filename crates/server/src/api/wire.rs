@@ -5,13 +5,13 @@ use serde_json::Value;
 use tidegate_runtime::{AbortReason, Tag};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::auth::Role;
-use crate::dispatch::Attempt;
-use crate::dispatch::queue::TaskView;
-use crate::ids;
-use crate::index::{EffectRecord, EffectStatus, TxView};
-use crate::registry::{CapabilitySpec, ToolDef, WireClass};
-use crate::tenant::Tenant;
+use tidegate_service::auth::Role;
+use tidegate_service::dispatch::Attempt;
+use tidegate_service::dispatch::queue::TaskView;
+use tidegate_service::ids;
+use tidegate_service::index::{EffectRecord, EffectStatus, TxView};
+use tidegate_service::registry::{CapabilitySpec, ToolDef, WireClass};
+use tidegate_service::tenant::Tenant;
 
 /// A transaction's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -183,17 +183,7 @@ pub struct TransactionOut {
 
 /// The wire name of an effect's status.
 pub fn status_name(s: EffectStatus) -> &'static str {
-    match s {
-        EffectStatus::InFlight => "in_flight",
-        EffectStatus::Executed => "executed",
-        EffectStatus::Failed => "failed",
-        EffectStatus::Held => "held",
-        EffectStatus::Releasing => "releasing",
-        EffectStatus::Released => "released",
-        EffectStatus::ReleaseFailed => "release_failed",
-        EffectStatus::Compensated => "compensated",
-        EffectStatus::CompensationFailed => "compensation_failed",
-    }
+    s.name()
 }
 
 fn name_of<T: Serialize>(v: &T) -> String {
@@ -247,9 +237,9 @@ pub fn tx_out(tenant: &Tenant, v: &TxView) -> TransactionOut {
         resumable: !settled && (tenant.live(v.tx).is_some() || tenant.engine.transaction(v.tx).is_ok()),
         reads: v.reads.iter().map(|(s, ver)| ReadOut { scope: s.to_string(), version: *ver }).collect(),
         effects: v.effects.iter().map(effect_out).collect(),
-        waits_for: if v.phase == crate::index::Phase::Sealed { waits_out(tenant, v) } else { Vec::new() },
+        waits_for: if v.phase == tidegate_service::index::Phase::Sealed { waits_out(tenant, v) } else { Vec::new() },
         outcome: settled.then(|| OutcomeOut {
-            committed: v.phase == crate::index::Phase::Committed,
+            committed: v.phase == tidegate_service::index::Phase::Committed,
             reason: v.reason.as_ref().map(reason_out),
             clean: v.effects.iter().all(|e| e.settled.as_ref().is_none_or(|(_, t)| *t == Tag::Clean)),
         }),
@@ -361,7 +351,7 @@ pub struct RetryOut {
 ))]
 pub struct AttentionResolveIn {
     /// `resolved` (set right outside Tidegate) or `accepted` (may stand as it is).
-    pub action: crate::console::OperatorAction,
+    pub action: tidegate_service::console::OperatorAction,
     /// What was done, for the next person (1 to 2000 bytes).
     pub note: String,
 }
@@ -800,7 +790,7 @@ pub struct AttentionOut {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ResolutionOut {
     /// `resolved`, `accepted`, or `retried` (a retry confirmed done).
-    pub action: crate::console::OperatorAction,
+    pub action: tidegate_service::console::OperatorAction,
     /// The operator's note.
     pub note: String,
     /// Who: `key_<id> (<role>)`.
@@ -811,8 +801,8 @@ pub struct ResolutionOut {
     pub lsn: u64,
 }
 
-impl From<crate::console::Resolution> for ResolutionOut {
-    fn from(r: crate::console::Resolution) -> Self {
+impl From<tidegate_service::console::Resolution> for ResolutionOut {
+    fn from(r: tidegate_service::console::Resolution) -> Self {
         ResolutionOut { action: r.action, note: r.note, by: r.by, at_ms: r.at_ms, lsn: r.lsn }
     }
 }

@@ -13,8 +13,8 @@ use axum::routing::post;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tidegate_server::AppState;
-use tidegate_server::auth::Role;
 use tidegate_server::config::Config;
+use tidegate_service::auth::Role;
 
 pub struct Keys {
     pub admin: String,

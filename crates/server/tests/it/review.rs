@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::{Value, json};
 use tidegate_review::value::{Dialect, Row, SqlValue};
 use tidegate_review::{Database, Decision, Manager, Options, Request, SqliteDatabase, Status, TemplateSet};
-use tidegate_server::review::{LedgerLog, STREAM};
+use tidegate_service::review::{LedgerLog, STREAM};
 
 use crate::common::Harness;
 use crate::review_security::PgScene;

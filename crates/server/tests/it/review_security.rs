@@ -572,9 +572,9 @@ async fn a_server_with_a_postgres_review_tenant_shuts_down_cleanly_and_loses_not
     cat.create_tenant("acme").unwrap();
     let key = |r| cat.create_key("acme", r, None).unwrap().0.key;
     let (operator, agent, reviewer) = (
-        key(tidegate_server::auth::Role::Operator),
-        key(tidegate_server::auth::Role::Agent),
-        key(tidegate_server::auth::Role::Reviewer),
+        key(tidegate_service::auth::Role::Operator),
+        key(tidegate_service::auth::Role::Agent),
+        key(tidegate_service::auth::Role::Reviewer),
     );
     let call = |method: reqwest::Method, path: String, key: String, body: Option<Value>| {
         let (http, base) = (http.clone(), base.clone());

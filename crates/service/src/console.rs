@@ -104,7 +104,8 @@ impl Series {
 }
 
 /// What an operator did about an attention entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OperatorAction {
     /// Checked and set right outside Tidegate (e.g. refunded by hand).

@@ -14,7 +14,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 /// A key's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Runs transactions and serves worker tasks.

@@ -96,6 +96,24 @@ pub enum EffectStatus {
     CompensationFailed,
 }
 
+impl EffectStatus {
+    /// Its name: `in_flight`, `executed`, `failed`, `held`, `releasing`, `released`,
+    /// `release_failed`, `compensated`, `compensation_failed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            EffectStatus::InFlight => "in_flight",
+            EffectStatus::Executed => "executed",
+            EffectStatus::Failed => "failed",
+            EffectStatus::Held => "held",
+            EffectStatus::Releasing => "releasing",
+            EffectStatus::Released => "released",
+            EffectStatus::ReleaseFailed => "release_failed",
+            EffectStatus::Compensated => "compensated",
+            EffectStatus::CompensationFailed => "compensation_failed",
+        }
+    }
+}
+
 /// One effect of a transaction.
 #[derive(Debug, Clone)]
 pub struct EffectRecord {
@@ -508,6 +526,18 @@ impl LedgerIndex {
             true
         })?;
         Ok(n)
+    }
+
+    /// One effect of a transaction, as recorded: a copy of that record only while the
+    /// transaction is in memory (its view otherwise). `None` if there is no such effect.
+    pub fn effect(&self, store: &dyn LedgerStore, tx: TxId, effect: EffectId) -> Option<EffectRecord> {
+        {
+            let s = self.state.lock();
+            if let Some(r) = s.records.get(&tx) {
+                return r.view.effects.iter().find(|e| e.id == effect).cloned();
+            }
+        }
+        self.view(store, tx)?.effects.into_iter().find(|e| e.id == effect)
     }
 
     /// The transaction's view, from memory or (when it was evicted) from the ledger. `None`

@@ -16,13 +16,12 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
-use utoipa::ToSchema;
 
 use super::attempts::{Attempt, AttemptLog, now_ms};
 use super::{DispatchOutcome, DispatchRequest, Operation};
-use crate::config::DispatchSection;
 use crate::ids;
 use crate::registry::WorkerSpec;
+use crate::settings::DispatchSection;
 
 /// What a worker reported.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +44,8 @@ pub enum TaskResult {
 }
 
 /// A task as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TaskView {
     /// `task_<tag>_<n>`.
     pub id: String,
@@ -58,11 +58,11 @@ pub struct TaskView {
     /// The idempotency key: run the operation at most once per key.
     pub key: String,
     /// The arguments.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub args: Value,
     /// For a compensation, the forward call's output.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub output: Option<Value>,
     /// 1 for the first lease; +1 each time a lease expired.
     pub attempt: u32,

@@ -7,9 +7,9 @@ use serde_json::{Value, json};
 
 use super::attempts::{Attempt, AttemptLog, now_ms};
 use super::{DispatchOutcome, DispatchRequest, Operation};
-use crate::config::DispatchSection;
 use crate::metrics::{Metrics, ResultLabel};
 use crate::registry::WebhookSpec;
+use crate::settings::DispatchSection;
 
 /// The largest response body read (beyond: the output is truncated text).
 const MAX_RESPONSE_BYTES: usize = 1 << 20;

@@ -14,15 +14,14 @@ use tidegate_storage::{LedgerStore, MemoryStore};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
-use crate::api::problem::ApiError;
 use crate::catalog::{Catalog, TenantRecord};
-use crate::config::{Config, DispatchSection};
 use crate::dispatch::{Dispatcher, TaskQueue};
-use crate::error::{Result, ServerError};
+use crate::error::{Result, ServiceError};
 use crate::idempotency::IdempotencyStore;
 use crate::index::LedgerIndex;
 use crate::metrics::Metrics;
 use crate::registry::{CapabilitySpec, ToolDef};
+use crate::settings::{DispatchSection, ReviewSection};
 use crate::tap::TimedStore;
 use crate::tools::ServerTool;
 
@@ -54,33 +53,12 @@ pub struct TenantSettings {
     /// Scope types.
     pub scopes: tidegate_runtime::ScopeRegistry,
     /// The review middleware (`[review]`).
-    pub review: crate::config::ReviewSection,
-}
-
-impl TenantSettings {
-    /// From the configuration (validated).
-    pub fn from_config(cfg: &Config) -> TenantSettings {
-        TenantSettings {
-            memory: cfg.server.memory,
-            data_dir: cfg.server.data_dir.clone(),
-            lease: Duration::from_millis(cfg.engine.lease_ms),
-            level: cfg.level().unwrap_or(Level::L4),
-            ordering: cfg.ordering().unwrap_or_default(),
-            checkpoint_every: cfg.engine.checkpoint_every_events,
-            retain: cfg.limits.retain_settled,
-            max_concurrent: cfg.limits.max_concurrent_per_tenant,
-            idempotency_ttl: Duration::from_secs(cfg.limits.idempotency_ttl_s),
-            idempotency_max: cfg.limits.idempotency_max_records,
-            dispatch: cfg.dispatch.clone(),
-            scopes: cfg.scopes().unwrap_or_default(),
-            review: cfg.review.clone(),
-        }
-    }
+    pub review: ReviewSection,
 }
 
 /// The result of a settlement operation the server runs on its own task: `Ok` once the
 /// engine settled the transaction (its outcome is in the ledger index), or the refusal.
-pub type OpResult = Option<std::result::Result<(), ApiError>>;
+pub type OpResult = Option<std::result::Result<(), ServiceError>>;
 
 /// A settlement operation in progress (commit or abort of a transaction or group).
 #[derive(Debug, Clone)]
@@ -101,7 +79,7 @@ pub struct LiveTx {
     /// The commit or abort running for it.
     pub settle: Mutex<Option<SettleOp>>,
     /// Tickets of its client-executed effects, by effect number.
-    pub tickets: crate::api::effects::Tickets,
+    pub tickets: crate::tickets::Tickets,
 }
 
 /// A speculation group begun through this server process.
@@ -174,21 +152,21 @@ impl Tenant {
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Tenant>> {
         let name = record.name.clone();
-        let tenant_err = |what, source| ServerError::Tenant { tenant: name.clone(), what, source: Box::new(source) };
+        let tenant_err = |what, source| ServiceError::Tenant { tenant: name.clone(), what, source: Arc::new(source) };
         let mut tenant_dir = None;
         let (store, sqlite): (Arc<dyn LedgerStore>, Option<Arc<SqliteStore>>) = if settings.memory {
             (Arc::new(MemoryStore::new()), None)
         } else {
             let Some(dir) = &settings.data_dir else {
-                return Err(ServerError::InvalidArgument {
-                    field: "server.data_dir",
-                    value: "(none)".into(),
-                    expected: "a data directory, or server.memory = true",
-                });
+                return Err(ServiceError::invalid(
+                    "server.data_dir",
+                    "(none)",
+                    "a data directory, or server.memory = true",
+                ));
             };
             let dir = dir.join("tenants").join(&record.name);
             std::fs::create_dir_all(&dir)
-                .map_err(|source| ServerError::Io { op: format!("create {}", dir.display()), source })?;
+                .map_err(|source| ServiceError::io(format!("create {}", dir.display()), source))?;
             let s = SqliteStore::open(&dir).map_err(|e| tenant_err("open the ledger", e.into()))?;
             let s = Arc::new(s);
             tenant_dir = Some(dir);
@@ -414,7 +392,7 @@ impl Tenant {
     }
 
     /// Defines or redefines a tool. Returns whether anything changed.
-    pub fn put_tool(&self, name: &str, def: ToolDef) -> std::result::Result<bool, ApiError> {
+    pub fn put_tool(&self, name: &str, def: ToolDef) -> Result<bool> {
         if let Some(cur) = self.tool(name)
             && cur.def == def
         {
@@ -426,51 +404,51 @@ impl Tenant {
             if let Some(c) = cap
                 && self.dispatcher.capability(c).is_none()
             {
-                return Err(ApiError::invalid(field, c, "the name of a capability registered with this tenant"));
+                return Err(ServiceError::invalid(field, c, "the name of a capability registered with this tenant"));
             }
         }
         let st = ServerTool::build(name, &def, &self.dispatcher, &self.tag)
-            .map_err(|(f, v, e)| ApiError::invalid(f, v, e))?;
-        self.catalog.put_tool(&self.name, name, &def).map_err(|e| ApiError::internal(e.to_string()))?;
+            .map_err(|(f, v, e)| ServiceError::invalid(f, v, e))?;
+        self.catalog.put_tool(&self.name, name, &def)?;
         let mut tools = self.tools.write();
         let existed = tools.contains_key(name) || self.engine.tool_signature(name).is_some();
         let r = if existed { self.engine.redefine_tool(&st.tool) } else { self.engine.register(&st.tool) };
-        r.map_err(crate::api::problem::from_runtime)?;
+        r?;
         tools.insert(name.to_owned(), Arc::new(st));
         self.removed.write().remove(name);
         Ok(true)
     }
 
     /// Removes a tool from the registry.
-    pub fn remove_tool(&self, name: &str) -> std::result::Result<bool, ApiError> {
+    pub fn remove_tool(&self, name: &str) -> Result<bool> {
         let Some(st) = self.tools.write().remove(name) else { return Ok(false) };
-        self.catalog.remove_tool(&self.name, name).map_err(|e| ApiError::internal(e.to_string()))?;
+        self.catalog.remove_tool(&self.name, name)?;
         self.removed.write().insert(name.to_owned(), st.def.clone());
-        self.engine.remove_tool(name).map_err(crate::api::problem::from_runtime)?;
+        self.engine.remove_tool(name)?;
         Ok(true)
     }
 
     /// Adds or replaces a capability.
-    pub fn put_capability(&self, name: &str, spec: CapabilitySpec) -> std::result::Result<(), ApiError> {
-        self.catalog.put_capability(&self.name, name, &spec).map_err(|e| ApiError::internal(e.to_string()))?;
+    pub fn put_capability(&self, name: &str, spec: CapabilitySpec) -> Result<()> {
+        self.catalog.put_capability(&self.name, name, &spec)?;
         self.dispatcher.put_capability(name, spec);
         Ok(())
     }
 
     /// Deletes a capability no tool names.
-    pub fn delete_capability(&self, name: &str) -> std::result::Result<bool, ApiError> {
+    pub fn delete_capability(&self, name: &str) -> Result<bool> {
         if self.dispatcher.capability(name).is_none() {
             return Ok(false);
         }
         let users: Vec<String> =
             self.tools().iter().filter(|t| t.def.capabilities().any(|c| c == name)).map(|t| t.name.clone()).collect();
         if !users.is_empty() {
-            return Err(ApiError::conflict(
+            return Err(ServiceError::conflict(
                 "capability_in_use",
                 format!("capability `{name}` is named by tools {users:?}; change or remove them first"),
             ));
         }
-        self.catalog.delete_capability(&self.name, name).map_err(|e| ApiError::internal(e.to_string()))?;
+        self.catalog.delete_capability(&self.name, name)?;
         Ok(self.dispatcher.remove_capability(name))
     }
 

@@ -20,7 +20,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use crate::auth::{NewKey, Role, generate_key};
-use crate::error::{Result, ServerError};
+use crate::error::{Result, ServiceError};
 use crate::registry::{CapabilitySpec, ToolDef};
 
 /// The catalog schema version this build writes.
@@ -93,31 +93,24 @@ impl Catalog {
     /// Opens (creating if needed) `dir/catalog.db`.
     pub fn open(dir: &Path) -> Result<Catalog> {
         std::fs::create_dir_all(dir)
-            .map_err(|source| ServerError::Io { op: format!("create the data directory {}", dir.display()), source })?;
+            .map_err(|source| ServiceError::io(format!("create the data directory {}", dir.display()), source))?;
         let path = dir.join("catalog.db");
-        let conn = Connection::open(&path).map_err(|source| ServerError::Catalog {
-            path: path.clone(),
-            op: "open",
-            source,
-        })?;
+        let conn = Connection::open(&path).map_err(|source| ServiceError::catalog(path.clone(), "open", source))?;
         Catalog::init(conn, path)
     }
 
     /// A catalog in memory (nothing survives the process).
     pub fn in_memory() -> Result<Catalog> {
         let path = PathBuf::from(":memory:");
-        let conn = Connection::open_in_memory().map_err(|source| ServerError::Catalog {
-            path: path.clone(),
-            op: "open",
-            source,
-        })?;
+        let conn =
+            Connection::open_in_memory().map_err(|source| ServiceError::catalog(path.clone(), "open", source))?;
         Catalog::init(conn, path)
     }
 
     fn init(conn: Connection, path: PathBuf) -> Result<Catalog> {
         let err = |op| {
             let path = path.clone();
-            move |source| ServerError::Catalog { path, op, source }
+            move |source| ServiceError::catalog(path, op, source)
         };
         conn.busy_timeout(Duration::from_secs(5)).map_err(err("set busy_timeout"))?;
         if path.as_os_str() != ":memory:" {
@@ -127,7 +120,7 @@ impl Catalog {
         conn.pragma_update(None, "foreign_keys", "ON").map_err(err("enable foreign keys"))?;
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(err("read user_version"))?;
         if version > SCHEMA_VERSION {
-            return Err(ServerError::CatalogVersion { path, found: version, supported: SCHEMA_VERSION });
+            return Err(ServiceError::CatalogVersion { path, found: version, supported: SCHEMA_VERSION });
         }
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS tenants(
@@ -153,8 +146,8 @@ impl Catalog {
         &self.path
     }
 
-    fn err(&self, op: &'static str) -> impl FnOnce(rusqlite::Error) -> ServerError + '_ {
-        move |source| ServerError::Catalog { path: self.path.clone(), op, source }
+    fn err(&self, op: &'static str) -> impl FnOnce(rusqlite::Error) -> ServiceError + '_ {
+        move |source| ServiceError::catalog(self.path.clone(), op, source)
     }
 
     /// Answers a trivial query (readiness).
@@ -165,11 +158,11 @@ impl Catalog {
     /// Creates a tenant with a fresh random tag.
     pub fn create_tenant(&self, name: &str) -> Result<TenantRecord> {
         if !valid_tenant_name(name) {
-            return Err(ServerError::InvalidArgument {
-                field: "tenant name",
-                value: name.to_owned(),
-                expected: "1-63 of a-z 0-9 _ -, starting with a letter or digit",
-            });
+            return Err(ServiceError::invalid(
+                "tenant name",
+                name.to_owned(),
+                "1-63 of a-z 0-9 _ -, starting with a letter or digit",
+            ));
         }
         let conn = self.conn.lock();
         let exists: Option<String> = conn
@@ -177,7 +170,7 @@ impl Catalog {
             .optional()
             .map_err(self.err("look up a tenant"))?;
         if exists.is_some() {
-            return Err(ServerError::TenantExists { name: name.to_owned() });
+            return Err(ServiceError::TenantExists { name: name.to_owned() });
         }
         let created_at_ms = now_ms();
         for _ in 0..16 {
@@ -193,11 +186,7 @@ impl Catalog {
                 Err(e) => return Err(self.err("create a tenant")(e)),
             }
         }
-        Err(ServerError::InvalidArgument {
-            field: "tenant tag",
-            value: "(16 collisions)".into(),
-            expected: "a free random tag",
-        })
+        Err(ServiceError::invalid("tenant tag", "(16 collisions)", "a free random tag"))
     }
 
     /// Every tenant, by name.
@@ -227,14 +216,10 @@ impl Catalog {
     /// exists outside the caller.
     pub fn create_key(&self, tenant: &str, role: Role, label: Option<&str>) -> Result<(NewKey, KeyRecord)> {
         if self.tenant(tenant)?.is_none() {
-            return Err(ServerError::NotFound { what: "tenant", name: tenant.to_owned() });
+            return Err(ServiceError::NotFound { what: "tenant", name: tenant.to_owned() });
         }
         if label.is_some_and(|l| l.len() > 256) {
-            return Err(ServerError::InvalidArgument {
-                field: "label",
-                value: "(too long)".into(),
-                expected: "at most 256 bytes",
-            });
+            return Err(ServiceError::invalid("label", "(too long)", "at most 256 bytes"));
         }
         let new = generate_key();
         let created_at_ms = now_ms();
@@ -284,7 +269,7 @@ impl Catalog {
     /// first revocation time.
     pub fn revoke_key(&self, id: &str, tenant: Option<&str>) -> Result<KeyRecord> {
         let found = self.key(id)?.filter(|k| tenant.is_none_or(|t| t == k.tenant));
-        let Some(mut rec) = found else { return Err(ServerError::NotFound { what: "key", name: id.to_owned() }) };
+        let Some(mut rec) = found else { return Err(ServiceError::NotFound { what: "key", name: id.to_owned() }) };
         if rec.revoked_at_ms.is_none() {
             let at = now_ms();
             self.conn
@@ -412,8 +397,8 @@ mod tests {
         let cat = Catalog::open(dir.path()).unwrap();
         let t = cat.create_tenant("acme").unwrap();
         assert_eq!(t.tag.len(), 8);
-        assert!(matches!(cat.create_tenant("acme"), Err(ServerError::TenantExists { .. })));
-        assert!(matches!(cat.create_tenant("Bad Name"), Err(ServerError::InvalidArgument { .. })));
+        assert!(matches!(cat.create_tenant("acme"), Err(ServiceError::TenantExists { .. })));
+        assert!(matches!(cat.create_tenant("Bad Name"), Err(ServiceError::Invalid { .. })));
         let (new, rec) = cat.create_key("acme", Role::Agent, Some("ci")).unwrap();
         let (_, secret) = parse_key(&new.key).unwrap();
         let stored = cat.key(&rec.id).unwrap().unwrap();
@@ -429,6 +414,6 @@ mod tests {
         let r = cat.revoke_key(&rec.id, Some("acme")).unwrap();
         assert!(r.revoked_at_ms.is_some());
         assert_eq!(cat.keys(Some("acme")).unwrap().len(), 1);
-        assert!(matches!(cat.create_key("nope", Role::Admin, None), Err(ServerError::NotFound { .. })));
+        assert!(matches!(cat.create_key("nope", Role::Admin, None), Err(ServiceError::NotFound { .. })));
     }
 }

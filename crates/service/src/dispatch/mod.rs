@@ -30,17 +30,17 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
 
 pub use attempts::{Attempt, AttemptLog};
 pub use queue::{TaskQueue, TaskResult};
 
-use crate::config::DispatchSection;
 use crate::metrics::{DispatchLabels, Metrics};
 use crate::registry::CapabilitySpec;
+use crate::settings::DispatchSection;
 
 /// What a dispatch asks a capability to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Operation {
     /// Execute an eager effect.

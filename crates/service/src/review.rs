@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use tidegate_review::{DecisionLog, Manager, Options, Record, SqliteDatabase, TemplateSet};
 use tidegate_runtime::Tidegate;
 
-use crate::config::{ReviewDatabase, ReviewSection};
+use crate::settings::{ReviewDatabase, ReviewSection};
 
 /// The ledger stream holding the review manager's decision log.
 pub const STREAM: &str = "review";

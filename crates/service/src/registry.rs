@@ -4,10 +4,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidegate_runtime::EffectClass;
-use utoipa::ToSchema;
 
 /// An effect class on the wire (docs/engine.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum WireClass {
     /// Executes at once; compensated on abort.
@@ -49,12 +49,13 @@ impl WireClass {
 }
 
 /// A tool registered over the API.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
-#[schema(examples(
+#[cfg_attr(feature = "openapi", schema(examples(
     json!({"class": "gated", "scopes": ["retail:order:{order_id}"], "key": "invoice:{order_id}", "call": "billing",
         "description": "Sends the invoice of an order."})
-))]
+)))]
 pub struct ToolDef {
     /// The effect class.
     pub class: WireClass,
@@ -126,7 +127,8 @@ pub enum CapabilitySpec {
 }
 
 /// An HTTP webhook.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct WebhookSpec {
     /// `http://` or `https://` URL.
@@ -144,7 +146,8 @@ pub struct WebhookSpec {
 }
 
 /// A pull-worker queue.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct WorkerSpec {
     /// Lease of a task a worker took, in milliseconds (default `dispatch.task_lease_ms`).
@@ -165,6 +168,7 @@ pub struct WorkerSpec {
     pub backoff_ms: Option<u64>,
 }
 
+#[cfg(feature = "openapi")]
 impl utoipa::PartialSchema for CapabilitySpec {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
@@ -208,7 +212,8 @@ impl utoipa::PartialSchema for CapabilitySpec {
     }
 }
 
-impl ToSchema for CapabilitySpec {}
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for CapabilitySpec {}
 
 impl CapabilitySpec {
     /// Checks the spec; returns `(field, value, expected)` on the first problem.

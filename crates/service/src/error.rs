@@ -1,0 +1,202 @@
+//! The service's errors: one `#[non_exhaustive]` enum for opening and running the service and
+//! for every operation's refusals, with the field at fault named and a `retryable()`
+//! classification. Front doors render it (the HTTP layer as `application/problem+json`, in
+//! one place: `api/problem.rs` of crates/server); nothing here knows a transport.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Result with [`ServiceError`] as the default error.
+pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
+
+/// A configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file is not TOML.
+    #[error("the configuration is not valid TOML: {detail}")]
+    Parse {
+        /// The parser's message.
+        detail: String,
+    },
+    /// A key is unknown or its value has the wrong type or range.
+    #[error("configuration key `{key}`: {detail}")]
+    Invalid {
+        /// The dotted key.
+        key: String,
+        /// What is wrong and what was expected.
+        detail: String,
+    },
+}
+
+/// What can go wrong opening or running the service, or refuses one of its operations.
+/// Cloneable (sources are shared), so one answer can be kept and given again (a repeated
+/// result of a ticket, a settlement that many requests wait for).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The catalog database failed.
+    #[error("catalog {path}: {op}: {source}")]
+    Catalog {
+        /// The database file (`:memory:` in memory).
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// SQLite's error.
+        #[source]
+        source: Arc<rusqlite::Error>,
+    },
+    /// The catalog was written by a newer version.
+    #[error("catalog {path} has schema version {found}; this build reads up to {supported}")]
+    CatalogVersion {
+        /// The database file.
+        path: PathBuf,
+        /// The version found.
+        found: i64,
+        /// The newest this build reads.
+        supported: i64,
+    },
+    /// A tenant's ledger or engine could not be opened or recovered.
+    #[error("tenant `{tenant}`: {what}: {source}")]
+    Tenant {
+        /// The tenant.
+        tenant: String,
+        /// What was being done.
+        what: &'static str,
+        /// The runtime's error.
+        #[source]
+        source: Arc<tidegate_runtime::Error>,
+    },
+    /// Bad input: `field` had `value`, `expected` was wanted. Not retryable.
+    #[error("invalid `{field}` = {value}: expected {expected}")]
+    Invalid {
+        /// The field at fault (a JSON path, a parameter, a catalog argument).
+        field: String,
+        /// The value given (truncated by whoever shows it).
+        value: String,
+        /// What was expected.
+        expected: String,
+    },
+    /// The named thing does not exist for this tenant. An id of another tenant is reported
+    /// exactly as one never issued.
+    #[error("no {what} `{name}`")]
+    NotFound {
+        /// `tenant`, `key`, `transaction`, `effect`, `group`, `plan`, ...
+        what: &'static str,
+        /// The name or id as given.
+        name: String,
+    },
+    /// The tenant already exists.
+    #[error("tenant `{name}` already exists")]
+    TenantExists {
+        /// The name.
+        name: String,
+    },
+    /// The operation conflicts with the state of what it names (`wrong_state`,
+    /// `result_conflict`, `capability_in_use`, ...); `retry_after` says when asking again may
+    /// help.
+    #[error("{detail}")]
+    Conflict {
+        /// The machine-readable kind.
+        code: &'static str,
+        /// What is in the way.
+        detail: String,
+        /// Seconds after which the same request may succeed, if it may.
+        retry_after: Option<u64>,
+    },
+    /// The engine refused or ended the operation (bad input, wrong state, an abort).
+    #[error(transparent)]
+    Engine(Arc<tidegate_runtime::Error>),
+    /// A part the operation needs cannot serve now (a tenant's store stopped, a review
+    /// database that does not answer).
+    #[error("{detail}")]
+    Unavailable {
+        /// The machine-readable kind.
+        code: &'static str,
+        /// What cannot serve.
+        detail: String,
+        /// Seconds after which it may serve again, if known.
+        retry_after: Option<u64>,
+    },
+    /// The service is shutting down; the operation was not started.
+    #[error("the service is shutting down")]
+    ShuttingDown,
+    /// A bug or an impossible state: the operation failed, nothing of it is acknowledged.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// I/O: data directory, listener, signals.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done.
+        op: String,
+        /// The error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The HTTP client for webhooks could not be built.
+    #[error("building the webhook client: {0}")]
+    HttpClient(#[source] Arc<reqwest::Error>),
+}
+
+impl ServiceError {
+    /// Bad input (see [`ServiceError::Invalid`]).
+    pub fn invalid(field: impl Into<String>, value: impl Into<String>, expected: impl Into<String>) -> ServiceError {
+        ServiceError::Invalid { field: field.into(), value: value.into(), expected: expected.into() }
+    }
+
+    /// A conflict with the state of what the operation names.
+    pub fn conflict(code: &'static str, detail: impl Into<String>) -> ServiceError {
+        ServiceError::Conflict { code, detail: detail.into(), retry_after: None }
+    }
+
+    /// The engine's refusal.
+    pub fn engine(e: tidegate_runtime::Error) -> ServiceError {
+        ServiceError::Engine(Arc::new(e))
+    }
+
+    /// An I/O failure while doing `op`.
+    pub fn io(op: impl Into<String>, source: std::io::Error) -> ServiceError {
+        ServiceError::Io { op: op.into(), source: Arc::new(source) }
+    }
+
+    /// A catalog failure while doing `op` on `path`.
+    pub fn catalog(path: impl Into<PathBuf>, op: &'static str, source: rusqlite::Error) -> ServiceError {
+        ServiceError::Catalog { path: path.into(), op, source: Arc::new(source) }
+    }
+
+    /// The field at fault, for bad input.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ServiceError::Invalid { field, .. } => Some(field),
+            ServiceError::Engine(e) => match &**e {
+                tidegate_runtime::Error::InvalidArgument { field, .. } => Some(field),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Whether trying the same thing again later may succeed (a busy catalog, an I/O hiccup,
+    /// a retryable abort, a conflict that says when to come back).
+    pub fn retryable(&self) -> bool {
+        match self {
+            ServiceError::Catalog { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+            ServiceError::Tenant { source, .. } | ServiceError::Engine(source) => source.retryable(),
+            ServiceError::Conflict { retry_after, .. } => retry_after.is_some(),
+            ServiceError::Unavailable { .. } | ServiceError::Io { .. } | ServiceError::ShuttingDown => true,
+            _ => false,
+        }
+    }
+}
+
+impl From<tidegate_runtime::Error> for ServiceError {
+    fn from(e: tidegate_runtime::Error) -> ServiceError {
+        ServiceError::engine(e)
+    }
+}

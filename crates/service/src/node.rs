@@ -1,0 +1,287 @@
+//! The node: the catalog and the tenants one process serves, opened on demand, the tasks it
+//! owns (settlement work a caller that goes away must not cancel), authentication of API keys
+//! and an orderly close. A front door holds one [`Service`] and reaches tenants only through
+//! it.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::{Role, parse_key, secret_matches};
+use crate::catalog::{Catalog, KeyRecord};
+use crate::error::{Result, ServiceError};
+use crate::metrics::{Metrics, Snapshot};
+use crate::tenant::{Tenant, TenantSettings, TenantStatus};
+
+/// What a node is opened with.
+#[derive(Debug, Clone)]
+pub struct ServiceSettings {
+    /// Every tenant's settings (where ledgers live among them).
+    pub tenant: TenantSettings,
+    /// How long a looked-up API key is trusted before the catalog is asked again.
+    pub key_cache_ttl: Duration,
+}
+
+/// Who a presented API key is.
+#[derive(Debug, Clone)]
+pub struct Authenticated {
+    /// The key's tenant, opened.
+    pub tenant: Arc<Tenant>,
+    /// The key's role.
+    pub role: Role,
+    /// The key's id.
+    pub key_id: String,
+}
+
+/// Why a presented API key was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// Not a key of this node (malformed, unknown, wrong secret, revoked): never retryable.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// The catalog could not be read: retryable.
+    #[error("the catalog cannot be read: {0}")]
+    CatalogUnavailable(String),
+    /// The key's tenant could not be opened: retryable.
+    #[error("the tenant's engine could not be opened: {0}")]
+    TenantUnavailable(String),
+}
+
+impl AuthError {
+    /// Whether presenting the same key later may succeed.
+    pub fn retryable(&self) -> bool {
+        !matches!(self, AuthError::Unauthenticated(_))
+    }
+}
+
+struct Inner {
+    catalog: Arc<Catalog>,
+    tenants: RwLock<HashMap<String, Arc<Tenant>>>,
+    opening: tokio::sync::Mutex<()>,
+    failed: Mutex<HashMap<String, String>>,
+    settings: ServiceSettings,
+    metrics: Arc<Metrics>,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
+    /// Cancels the node's tasks still running after the drain.
+    hard_stop: CancellationToken,
+    tracker: TaskTracker,
+    key_cache: Mutex<HashMap<String, (KeyRecord, Instant)>>,
+}
+
+/// One node's service: cheap to clone, every clone is the same node.
+#[derive(Clone)]
+pub struct Service(Arc<Inner>);
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").field("tenants", &self.0.tenants.read().len()).finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// Opens the catalog (in memory, or `catalog.db` in the data directory) and every tenant
+    /// in it (their recovery runs in the background). A tenant that cannot be opened is
+    /// logged and reported by [`Service::readiness`]; the others serve.
+    pub async fn open(settings: ServiceSettings) -> Result<Service> {
+        let catalog = if settings.tenant.memory {
+            Catalog::in_memory()?
+        } else {
+            let dir: PathBuf = settings.tenant.data_dir.clone().ok_or_else(|| {
+                ServiceError::invalid("server.data_dir", "(none)", "a data directory, or server.memory = true")
+            })?;
+            tokio::task::spawn_blocking(move || Catalog::open(&dir))
+                .await
+                .map_err(|e| ServiceError::io("open the catalog", std::io::Error::other(e)))??
+        };
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("tidegate/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ServiceError::HttpClient(Arc::new(e)))?;
+        let service = Service(Arc::new(Inner {
+            catalog: Arc::new(catalog),
+            tenants: RwLock::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
+            failed: Mutex::new(HashMap::new()),
+            settings,
+            metrics: Arc::new(Metrics::new()),
+            http,
+            shutdown: CancellationToken::new(),
+            hard_stop: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            key_cache: Mutex::new(HashMap::new()),
+        }));
+        for t in service.0.catalog.tenants()? {
+            if let Err(e) = service.open_tenant(&t.name).await {
+                tracing::error!(tenant = %t.name, "could not open: {e}");
+                service.0.failed.lock().insert(t.name.clone(), e.to_string());
+            }
+        }
+        Ok(service)
+    }
+
+    /// The settings the node was opened with.
+    pub fn settings(&self) -> &ServiceSettings {
+        &self.0.settings
+    }
+
+    /// The catalog.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.0.catalog
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.0.metrics
+    }
+
+    /// Resolved when the node begins to close; waits end on it.
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.0.shutdown
+    }
+
+    /// Runs `f` on a task the node owns (settlement work a caller's going away must not
+    /// cancel). Closing waits for these tasks up to the drain deadline, then drops them
+    /// (`None`): their work is the next start's recovery.
+    pub fn spawn<F>(&self, f: F) -> tokio::task::JoinHandle<Option<F::Output>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let hard = self.0.hard_stop.clone();
+        self.0.tracker.spawn(async move {
+            tokio::select! {
+                r = f => Some(r),
+                _ = hard.cancelled() => None,
+            }
+        })
+    }
+
+    /// Every open tenant.
+    pub fn tenants(&self) -> Vec<Arc<Tenant>> {
+        self.0.tenants.read().values().cloned().collect()
+    }
+
+    /// The tenant `name`, opened if it is in the catalog and not open yet.
+    pub async fn open_tenant(&self, name: &str) -> Result<Arc<Tenant>> {
+        if let Some(t) = self.0.tenants.read().get(name) {
+            return Ok(t.clone());
+        }
+        let _guard = self.0.opening.lock().await;
+        if let Some(t) = self.0.tenants.read().get(name) {
+            return Ok(t.clone());
+        }
+        let Some(record) = self.0.catalog.tenant(name)? else {
+            return Err(ServiceError::NotFound { what: "tenant", name: name.to_owned() });
+        };
+        let (settings, catalog, http, metrics) =
+            (self.0.settings.tenant.clone(), self.0.catalog.clone(), self.0.http.clone(), self.0.metrics.clone());
+        let tenant = tokio::task::spawn_blocking(move || Tenant::open(&record, &settings, catalog, http, metrics))
+            .await
+            .map_err(|e| ServiceError::io(format!("open tenant {name}"), std::io::Error::other(e)))??;
+        tenant.start();
+        self.0.tenants.write().insert(name.to_owned(), tenant.clone());
+        self.0.failed.lock().remove(name);
+        Ok(tenant)
+    }
+
+    /// Authenticates a presented API key (`tgk_<id>_<secret>`); opens its tenant if needed.
+    /// Lookups are cached for [`ServiceSettings::key_cache_ttl`] (a revocation through this
+    /// node takes effect at once: [`Service::forget_key`]).
+    pub async fn authenticate(&self, token: &str) -> std::result::Result<Authenticated, AuthError> {
+        let (id, secret) = parse_key(token).ok_or(AuthError::Unauthenticated("the API key is malformed"))?;
+        let ttl = self.0.settings.key_cache_ttl;
+        let cached = self.0.key_cache.lock().get(id).filter(|(_, at)| at.elapsed() < ttl).map(|(r, _)| r.clone());
+        let record = match cached {
+            Some(r) => Some(r),
+            None => {
+                let (cat, id2) = (self.0.catalog.clone(), id.to_owned());
+                let r = tokio::task::spawn_blocking(move || cat.key(&id2))
+                    .await
+                    .map_err(|e| AuthError::CatalogUnavailable(e.to_string()))?
+                    .map_err(|e| AuthError::CatalogUnavailable(e.to_string()))?;
+                if let Some(rec) = &r {
+                    self.0.key_cache.lock().insert(id.to_owned(), (rec.clone(), Instant::now()));
+                }
+                r
+            }
+        };
+        let Some(record) = record else { return Err(AuthError::Unauthenticated("unknown API key")) };
+        if !secret_matches(secret, &record.hash) {
+            return Err(AuthError::Unauthenticated("unknown API key"));
+        }
+        if record.revoked_at_ms.is_some() {
+            return Err(AuthError::Unauthenticated("the API key was revoked"));
+        }
+        let tenant = self.open_tenant(&record.tenant).await.map_err(|e| AuthError::TenantUnavailable(e.to_string()))?;
+        Ok(Authenticated { tenant, role: record.role, key_id: record.id })
+    }
+
+    /// Drops a key from the lookup cache (after a revocation).
+    pub fn forget_key(&self, id: &str) {
+        self.0.key_cache.lock().remove(id);
+    }
+
+    /// Scrape-time values.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot::default();
+        for t in self.tenants() {
+            let (waits, wait) = t.engine.wait_stats();
+            s.commit_waits += waits;
+            s.commit_wait_seconds += wait.as_secs_f64();
+            let st = t.engine.stats();
+            s.unfinished += st.unfinished as u64;
+            s.waiting += st.waiting as u64;
+            let (q, l) = t.dispatcher.queue().depth();
+            s.queued_tasks += q;
+            s.leased_tasks += l;
+            s.ledger_syncs += t.ledger_syncs();
+            s.tenants += 1;
+        }
+        s
+    }
+
+    /// `(catalog ok, open, recovering, failed)`.
+    pub fn readiness(&self) -> (bool, usize, usize, usize) {
+        let catalog = self.0.catalog.ping().is_ok();
+        let tenants = self.tenants();
+        let recovering = tenants.iter().filter(|t| t.status() == TenantStatus::Recovering).count();
+        let failed = tenants.iter().filter(|t| matches!(t.status(), TenantStatus::Failed(_))).count()
+            + self.0.failed.lock().len();
+        (catalog, tenants.len(), recovering, failed)
+    }
+
+    /// Ends waits, waits up to `drain` for the node's tasks, then checkpoints and syncs every
+    /// tenant's ledger. Returns problems met.
+    pub async fn close(&self, drain: Duration) -> Vec<String> {
+        self.0.shutdown.cancel();
+        for t in self.tenants() {
+            t.dispatcher.queue().wake_all();
+        }
+        self.0.tracker.close();
+        if tokio::time::timeout(drain, self.0.tracker.wait()).await.is_err() {
+            tracing::warn!("settlement tasks still running after the drain; recovery finishes them at the next start");
+            self.0.hard_stop.cancel();
+            self.0.tracker.wait().await;
+        }
+        let mut problems = Vec::new();
+        for t in self.tenants() {
+            let t2 = t.clone();
+            match tokio::task::spawn_blocking(move || t2.close()).await {
+                Ok(Ok(())) => tracing::info!(tenant = %t.name, "closed"),
+                Ok(Err(e)) => problems.push(format!("tenant `{}`: {e}", t.name)),
+                Err(e) => problems.push(format!("tenant {}: {e}", t.name)),
+            }
+        }
+        self.0.tenants.write().clear();
+        problems
+    }
+}
