@@ -26,7 +26,6 @@ mod error;
 mod executor;
 mod fact;
 mod predicate;
-mod snapshot;
 mod wheel;
 
 pub use driver::{Clock, DEFAULT_DISPATCH_DEADLINE_MS, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
