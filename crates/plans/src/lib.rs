@@ -29,7 +29,7 @@ mod predicate;
 mod wheel;
 
 pub use driver::{Clock, DEFAULT_DISPATCH_DEADLINE_MS, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
-pub use error::PlanError;
+pub use error::{PlanError, SharedError};
 pub use executor::{
     Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PLAN_SNAPSHOT_VERSION, PlanDetail,
     PlanView, RegistrationView, Status, TriggerView, resolve_args,

@@ -256,7 +256,7 @@ pub fn from_runtime(e: tidegate_runtime::Error) -> ApiError {
                 tidegate_runtime::PlanError::Invalid { field, value, expected } => {
                     ApiError::invalid(field, value, expected)
                 }
-                tidegate_runtime::PlanError::Log(_) => {
+                tidegate_runtime::PlanError::Log { .. } | tidegate_runtime::PlanError::Stopped { .. } => {
                     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", detail)
                 }
                 _ => ApiError::conflict("plan_refused", detail),
