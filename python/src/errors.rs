@@ -72,7 +72,9 @@ fn classify(err: &Error) -> (&'static str, String) {
             PlanError::StepUnsettled { .. } => ("PlanError", "step_unsettled".into()),
             PlanError::NewerFormat { .. } => ("PlanError", "newer_format".into()),
             PlanError::Snapshot { .. } => ("StoreError", "plan_snapshot".into()),
-            PlanError::Log(_) => ("StoreError", "plan_log".into()),
+            PlanError::Log { .. } | PlanError::Stopped { .. } => ("StoreError", "plan_log".into()),
+            // PlanError is non-exhaustive: a refusal added later is a plain PlanError.
+            _ => ("PlanError", "plan".into()),
         },
         // Error is non-exhaustive: a variant added later is a plain TidegateError.
         _ => ("TidegateError", "engine".into()),

@@ -2,8 +2,7 @@
 //! dispatcher of capabilities, and the engine clock (docs/plans.md, "Key operations").
 
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use std::sync::Mutex as SyncMutex;
@@ -134,7 +133,11 @@ impl PlanLog for MemoryLog {
                     e => e,
                 });
             }
-            self.entries.lock().map_err(|_| PlanError::Log("memory log poisoned".into()))?.extend(decoded);
+            let mut log = self
+                .entries
+                .lock()
+                .map_err(|_| PlanError::log("append", false, "the memory log's lock is poisoned"))?;
+            log.extend(decoded);
             Ok(())
         })();
         std::future::ready(result)
@@ -153,9 +156,10 @@ pub struct Plans<L, D, C> {
     dispatch: D,
     clock: C,
     wake: Notify,
-    /// Set when an append failed after the executor applied what it appended: the executor
-    /// and the log may differ, so it refuses everything until rebuilt (`Plans::start`).
-    stopped: AtomicBool,
+    /// Set (to the failure) when an append failed after the executor applied what it
+    /// appended: the executor and the log may differ, so it refuses everything
+    /// ([`PlanError::Stopped`]) until rebuilt (`Plans::start`).
+    stopped: OnceLock<PlanError>,
 }
 
 impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
@@ -173,7 +177,7 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
             dispatch,
             clock,
             wake: Notify::new(),
-            stopped: AtomicBool::new(false),
+            stopped: OnceLock::new(),
         }))
     }
 
@@ -184,18 +188,19 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
         }
     }
 
-    async fn command(
+    /// Runs one command under the lock and appends its fact; returns what `f` returned with it.
+    async fn command<T>(
         &self,
-        f: impl FnOnce(&mut Executor, u64) -> Result<PlanFact, PlanError>,
-    ) -> Result<PlanFact, PlanError> {
+        f: impl FnOnce(&mut Executor, u64) -> Result<(PlanFact, T), PlanError>,
+    ) -> Result<T, PlanError> {
         let mut exec = self.exec.lock().await;
         self.check()?;
         self.catch_up(&mut exec);
-        let fact = f(&mut exec, self.clock.now_ms())?;
-        self.guard(self.log.append(vec![Entry::Plan(fact.clone())]).await)?;
+        let (fact, out) = f(&mut exec, self.clock.now_ms())?;
+        self.guard(self.log.append(vec![Entry::Plan(fact)]).await)?;
         drop(exec);
         self.wake.notify_one();
-        Ok(fact)
+        Ok(out)
     }
 
     /// Opens a plan; its id.
@@ -205,41 +210,45 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
         deadline_ms: Option<u64>,
         cascade_limit: Option<u32>,
     ) -> Result<PlanId, PlanError> {
-        let tenant = self.exec.lock().await.tenant().to_owned();
-        match self.command(|e, now| e.open(&tenant, owner, deadline_ms, cascade_limit, now)).await? {
-            PlanFact::PlanOpened { plan, .. } => Ok(plan),
-            f => Err(PlanError::Log(format!("unexpected fact {f:?}"))),
-        }
+        self.command(|e, now| {
+            let tenant = e.tenant().to_owned();
+            let fact = e.open(&tenant, owner, deadline_ms, cascade_limit, now)?;
+            // Plan ids are dense from 1: the plan just opened is the last one.
+            let plan = e.plan_count() as PlanId;
+            debug_assert!(matches!(fact, PlanFact::PlanOpened { plan: p, .. } if p == plan));
+            Ok((fact, plan))
+        })
+        .await
     }
 
     /// Binds a transaction to a plan as its next step.
     pub async fn begin_step(&self, plan: PlanId, tx: TxId) -> Result<(), PlanError> {
-        self.command(|e, _| e.begin_step(plan, tx)).await.map(drop)
+        self.command(|e, _| Ok((e.begin_step(plan, tx)?, ()))).await
     }
 
     /// Arms a predicate trigger.
     pub async fn arm(&self, plan: PlanId, predicate: Predicate) -> Result<(), PlanError> {
-        self.command(|e, _| e.arm(plan, predicate)).await.map(drop)
+        self.command(|e, _| Ok((e.arm(plan, predicate)?, ()))).await
     }
 
     /// Commits a plan.
     pub async fn commit(&self, plan: PlanId) -> Result<(), PlanError> {
-        self.command(|e, now| e.commit(plan, now)).await.map(drop)
+        self.command(|e, now| Ok((e.commit(plan, now)?, ()))).await
     }
 
     /// Signals a plan's failure.
     pub async fn signal(&self, plan: PlanId, reason: &str) -> Result<(), PlanError> {
-        self.command(|e, now| e.signal(plan, reason, now)).await.map(drop)
+        self.command(|e, now| Ok((e.signal(plan, reason, now)?, ()))).await
     }
 
     /// Posts a compliance verdict.
     pub async fn verdict(&self, plan: PlanId, tx: TxId, effect: EffectId, verdict: Verdict) -> Result<(), PlanError> {
-        self.command(|e, now| e.verdict(plan, tx, effect, verdict, now)).await.map(drop)
+        self.command(|e, now| Ok((e.verdict(plan, tx, effect, verdict, now)?, ()))).await
     }
 
     /// Resolves a stuck plan.
     pub async fn resolve(&self, plan: PlanId, choice: Choice) -> Result<(), PlanError> {
-        self.command(|e, now| e.resolve(plan, choice, now)).await.map(drop)
+        self.command(|e, now| Ok((e.resolve(plan, choice, now)?, ()))).await
     }
 
     /// Feeds an engine fact (the ledger-backed binding calls this from its append path).
@@ -255,17 +264,17 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
     }
 
     fn check(&self) -> Result<(), PlanError> {
-        if self.stopped.load(Ordering::Acquire) {
-            return Err(PlanError::Log(
-                "the executor stopped after a failed append; restart it to rebuild from the log".into(),
-            ));
+        match self.stopped.get() {
+            Some(cause) => Err(PlanError::stopped(cause.clone())),
+            None => Ok(()),
         }
-        Ok(())
     }
 
+    /// Stops the handle when `r` (an append, or the fold of a result) failed; returns `r`.
     fn guard<T>(&self, r: Result<T, PlanError>) -> Result<T, PlanError> {
-        if r.is_err() {
-            self.stopped.store(true, Ordering::Release);
+        if let Err(e) = &r {
+            // The first failure is the one kept: every call after it was refused by `check`.
+            let _ = self.stopped.set(e.clone());
         }
         r
     }

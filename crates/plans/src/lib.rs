@@ -26,11 +26,10 @@ mod error;
 mod executor;
 mod fact;
 mod predicate;
-mod snapshot;
 mod wheel;
 
 pub use driver::{Clock, DEFAULT_DISPATCH_DEADLINE_MS, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
-pub use error::PlanError;
+pub use error::{PlanError, SharedError};
 pub use executor::{
     Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PLAN_SNAPSHOT_VERSION, PlanDetail,
     PlanView, RegistrationView, Status, TriggerView, resolve_args,

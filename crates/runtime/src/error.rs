@@ -111,7 +111,12 @@ impl Error {
                 !committed && reason.as_ref().is_some_and(AbortReason::retryable)
             }
             Error::Store(e) => e.retryable(),
-            // A plan log failure stops the executor until the engine is reopened.
+            // A plan log failure is a store or engine failure: as transient as its cause (after
+            // it the executor answers `PlanError::Stopped`, not retryable, until the engine is
+            // reopened, as the engine itself does after a failed append). Plan refusals stay
+            // not retryable here, although `PlanError::retryable` calls an unsettled step so,
+            // until the front doors (in-process, Python, HTTP) share one classification.
+            Error::Plan(e @ tidegate_plans::PlanError::Log { .. }) => e.retryable(),
             Error::Plan(_) | Error::MissingDescriptor { .. } => false,
             Error::InvalidArgument { .. }
             | Error::UnknownTool { .. }

@@ -659,11 +659,12 @@ pub(crate) struct LedgerLog {
 }
 
 impl LedgerLog {
-    fn engine(&self) -> std::result::Result<Tidegate, PlanError> {
+    /// The engine, unless it was dropped (then the log refuses `op` for good).
+    fn engine(&self, op: &'static str) -> std::result::Result<Tidegate, PlanError> {
         self.inner
             .upgrade()
             .map(|inner| Tidegate { inner })
-            .ok_or_else(|| PlanError::Log("the engine was dropped".into()))
+            .ok_or_else(|| PlanError::log(op, false, "the engine was dropped"))
     }
 
     fn scan(
@@ -687,7 +688,7 @@ impl LedgerLog {
                 }
                 true
             })
-            .map_err(|e| PlanError::Log(format!("reading the ledger: {e}")))?;
+            .map_err(|e| PlanError::log("read the ledger", e.retryable(), e))?;
         Ok(last)
     }
 }
@@ -707,14 +708,17 @@ impl tidegate_plans::PlanLog for LedgerLog {
             if facts.is_empty() && touches.is_empty() {
                 return Ok(0);
             }
-            let tg = self.engine()?;
-            tg.record_extensions_touching(STREAM, facts, touches).map_err(|e| PlanError::Log(e.to_string()))
+            let tg = self.engine("append")?;
+            tg.record_extensions_touching(STREAM, facts, touches)
+                .map_err(|e| PlanError::log("append", e.retryable(), e))
         })();
         let store = self.store.clone();
         async move {
             let lsn = recorded?;
             if lsn != 0 && !store.is_durable(lsn) {
-                tidegate_storage::durable(&*store, lsn).await.map_err(|e| PlanError::Log(e.to_string()))?;
+                tidegate_storage::durable(&*store, lsn)
+                    .await
+                    .map_err(|e| PlanError::log("make an append durable", e.retryable(), e))?;
             }
             Ok(())
         }
@@ -743,7 +747,7 @@ impl tidegate_plans::PlanLog for LedgerLog {
         if let Some(e) = error {
             return Err(e);
         }
-        let tg = self.engine()?;
+        let tg = self.engine("read the ledger")?;
         let _engine = tg.inner.shared.lock();
         self.scan(last + 1, &mut st, &mut out, &mut error)?;
         if let Some(e) = error {

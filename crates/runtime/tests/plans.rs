@@ -13,7 +13,7 @@ use serde_json::json;
 use tidegate_runtime::plans::{Outcome, Status, Tagged, Tri};
 use tidegate_runtime::{
     CallOptions, CallResult, Compensation, Descriptor, EffectClass, Error, PlanError, PlanOptions, Predicate,
-    SqliteStore, Tidegate, Tool, TxOptions,
+    SqliteStore, StoreError, Tidegate, Tool, TxOptions,
 };
 
 /// What the world saw: forward calls and compensations, in order.
@@ -559,4 +559,59 @@ async fn a_no_commit_predicate_rebuilt_from_the_ledger_reads_the_commit_time_rec
         drop(tg);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A memory ledger whose appends fail with a transient I/O error while `fail` is set.
+#[derive(Debug, Default)]
+struct FlakyStore {
+    inner: tidegate_runtime::MemoryStore,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl tidegate_runtime::LedgerStore for FlakyStore {
+    fn append(&self, events: &mut dyn Iterator<Item = tidegate_core::Event>) -> Result<u64, StoreError> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Io { op: "append", source: std::io::Error::other("disk busy") });
+        }
+        self.inner.append(events)
+    }
+    fn is_durable(&self, lsn: u64) -> bool {
+        self.inner.is_durable(lsn)
+    }
+    fn wait_durable(&self, lsn: u64) -> Result<(), StoreError> {
+        self.inner.wait_durable(lsn)
+    }
+    fn poll_durable(&self, lsn: u64, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), StoreError>> {
+        self.inner.poll_durable(lsn, cx)
+    }
+    fn last_lsn(&self) -> u64 {
+        self.inner.last_lsn()
+    }
+    fn ownership(&self) -> tidegate_storage::Ownership {
+        self.inner.ownership()
+    }
+    fn scan(&self, from: u64, visit: &mut dyn FnMut(u64, &tidegate_core::Event) -> bool) -> Result<(), StoreError> {
+        self.inner.scan(from, visit)
+    }
+}
+
+/// A plan command whose ledger append fails keeps the store's error, typed, and whether it is
+/// worth retrying (the binding used to flatten it into `PlanError::Log(String)`, and every plan
+/// error was not retryable); the executor then refuses every call, naming that failure, until
+/// the engine is reopened.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_plan_log_failure_keeps_the_store_error_and_whether_to_retry() {
+    let store = Arc::new(FlakyStore::default());
+    let tg = Tidegate::builder().store(store.clone()).build().unwrap();
+    let plan = tg.plan(PlanOptions::owner("ops")).await.unwrap();
+    store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = plan.fail("stop").await.unwrap_err();
+    assert!(err.retryable(), "a transient I/O failure is retryable: {err}");
+    let Error::Plan(PlanError::Log { op: "append", retryable: true, source }) = &err else { panic!("{err:?}") };
+    let cause = source.downcast_ref::<Error>();
+    assert!(matches!(cause, Some(Error::Store(StoreError::Io { op: "append", .. }))), "{cause:?}");
+    store.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let again = plan.commit().await.unwrap_err();
+    assert!(matches!(again, Error::Plan(PlanError::Stopped { .. })), "{again:?}");
+    assert!(!again.retryable() && again.to_string().contains("disk busy"), "{again}");
 }

@@ -231,8 +231,12 @@ pub fn from_plan(e: PlanError, t: &Tenant) -> ApiError {
         }
         PlanError::UnknownPlan { plan } => ApiError::not_found("plan", &plan_id(t, plan)),
         PlanError::WrongState { .. } | PlanError::StepUnsettled { .. } => ApiError::conflict("wrong_state", detail),
+        PlanError::Log { .. } | PlanError::Stopped { .. } => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", detail)
+        }
         PlanError::NewerFormat { .. } | PlanError::Snapshot { .. } => ApiError::internal(detail),
-        PlanError::Log(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", detail),
+        // PlanError is non-exhaustive: a refusal a later version adds.
+        _ => ApiError::internal(detail),
     }
 }
 

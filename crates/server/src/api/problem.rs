@@ -262,7 +262,7 @@ pub fn from_runtime_ref(e: &tidegate_runtime::Error) -> ApiError {
                 tidegate_runtime::PlanError::Invalid { field, value, expected } => {
                     ApiError::invalid(field.clone(), value, expected.clone())
                 }
-                tidegate_runtime::PlanError::Log(_) => {
+                tidegate_runtime::PlanError::Log { .. } | tidegate_runtime::PlanError::Stopped { .. } => {
                     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", detail)
                 }
                 _ => ApiError::conflict("plan_refused", detail),
