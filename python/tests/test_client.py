@@ -554,6 +554,25 @@ def test_ticket_problems_raise_wrong_state(code: str) -> None:
     assert isinstance(e, tidegate.WrongState) and e.kind == code
 
 
+def test_an_inner_transactions_abort_aborts_the_enclosing_remote_transaction(client: tidegate.Client) -> None:
+    # Regression: RemoteTransaction took any error carrying an outcome for its own settlement,
+    # so an inner transaction's abort leaving an outer `with` left the outer one open with the
+    # inner one's outcome (until its lease ran out) instead of aborting it.
+    where.clear()
+    slot = unique("s")
+    with pytest.raises(tidegate.ToolFailed) as e:
+        with client.transaction(may_touch=[f"kv:py:slot:{slot}"]) as outer:
+            reserve(slot)
+            with client.transaction(may_touch=["kv:py:gateway"]) as inner:
+                push_busy(1)
+    assert e.value.outcome is not None and e.value.outcome.tx == inner.id
+    assert inner.outcome is not None and inner.outcome.tx == inner.id and not inner.outcome.committed
+    assert outer.outcome is not None and outer.outcome.tx == outer.id != inner.id, outer.outcome
+    assert not outer.outcome.committed and outer.outcome.reason_kind == "explicit", outer.outcome
+    assert outer.outcome.tags == {0: "clean"} and client.get(outer.remote_id or "")["state"] == "aborted"
+    assert ("undo", where[1][1]) in where, where
+
+
 # -- the LangGraph ToolNode against the server, unchanged ---------------------------------------
 
 
@@ -760,3 +779,40 @@ def test_a_capability_handlers_answers_map_to_task_results_as_in_process() -> No
         return "async fee"
 
     assert _run_capability(coro, task("compensate")) == {"status": "done", "residue": "async fee"}
+
+
+def test_a_tool_probes_answer_maps_to_a_task_result_as_in_process() -> None:
+    """What the worker reports for a probe of a tool of the process (no server: the mapping
+    alone) is what the in-process engine reads from the same answer: True, Happened(output)
+    or another true value "done", a false one "failed" (did not happen), None or an exception
+    "unknown"."""
+    from tidegate._worker import _run_tool
+
+    answers: List[Any] = []
+
+    def probed(n: int) -> int:
+        return n
+
+    def ask(n: int) -> Any:
+        value = answers[0]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    t = tidegate.tool(probed, scope="kv:py:probe", effect="gated", probe=ask)
+    task = {"capability": "py.probed.probe", "operation": "probe", "tool": "probed", "key": "k", "args": {"n": 1}}
+    for value, status in [
+        (True, "done"),
+        (tidegate.Happened(7), "done"),
+        (1, "done"),
+        ({"id": 1}, "done"),
+        (False, "failed"),
+        (0, "failed"),
+        ("", "failed"),
+        (None, "unknown"),
+        (RuntimeError("down"), "unknown"),
+    ]:
+        answers[:] = [value]
+        assert _run_tool(t, task)["status"] == status, value
+    answers[:] = [tidegate.Happened(7)]
+    assert _run_tool(t, task)["output"] == 7

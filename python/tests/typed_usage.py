@@ -87,10 +87,12 @@ def run_client(tg: Tidegate) -> int:
 
 
 async def async_client(tg: Tidegate) -> SpeculationOutcome:
+    # One order per branch: a branch may not run an eager effect on a scope where a sibling
+    # holds an uncommitted one (docs/engine.md, "Speculation and eager effects").
     async with tg.speculate(2, agent="planner") as spec:
-        for branch in spec.branches:
+        for i, branch in enumerate(spec.branches):
             async with branch:
-                await branch.acall(refund_tool, "W2", 1)
+                await branch.acall(refund_tool, f"W{2 + i}", 1)
         return await spec.acommit(0)
 
 

@@ -15,7 +15,7 @@ from .errors import InvalidArgument, TidegateError
 from .outcome import RunResult
 from .plans import Plan, PlanDetail, PlanInfo, StuckPlan, _check_capability_handler, _name, _new_plan
 from .speculation import Speculation
-from .tools import Tool, _check_callable, _is_async
+from .tools import Tool, _check_callable, _check_tool, _is_async
 from .transaction import Transaction, _check_agent, _scopes_arg
 
 __all__ = ["LEVELS", "ISOLATIONS", "ScopeType", "Tidegate", "open", "default_engine"]
@@ -141,12 +141,7 @@ class Tidegate:
     def register(self, t: Tool) -> Any:
         """Registers a tool with this engine (done on first use; needed before :meth:`recover`).
         Refuses a different tool under a name already taken."""
-        if not isinstance(t, Tool):
-            raise InvalidArgument(
-                f"invalid `tool` = {t!r}: expected a function declared with @tidegate.tool",
-                kind="invalid_argument",
-                argument="tool",
-            )
+        _check_tool(t)
         h = self._handles.get(t)
         if h is not None:
             return h
@@ -322,7 +317,7 @@ class Tidegate:
           go before this plan waits for its owner instead (0 to 64, default 3).
         * ``triggers``: predicate triggers (JSON, docs/plans.md "Predicates").
         """
-        return _new_plan(self, owner, deadline, cascade_limit, triggers, unwind_wait)
+        return _new_plan(Plan, self, owner, deadline, cascade_limit, triggers, unwind_wait)
 
     def open_plan(
         self,
@@ -334,7 +329,7 @@ class Tidegate:
     ) -> Plan:
         """Opens a plan now (for an explicit ``commit()``/``fail()`` without ``with``); the
         arguments are :meth:`plan`'s."""
-        p = _new_plan(self, owner, deadline, cascade_limit, triggers, None)
+        p = _new_plan(Plan, self, owner, deadline, cascade_limit, triggers, None)
         p._open()
         return p
 
@@ -347,7 +342,7 @@ class Tidegate:
         triggers: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> Plan:
         """The asyncio form of :meth:`open_plan`."""
-        p = _new_plan(self, owner, deadline, cascade_limit, triggers, None)
+        p = _new_plan(Plan, self, owner, deadline, cascade_limit, triggers, None)
         await p._aopen()
         return p
 

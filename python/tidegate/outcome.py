@@ -194,14 +194,19 @@ class Held:
         return f"<Held {self.tool}#{self.effect} {state}>"
 
 
-def _fill_held(held: "list[Held]", outcome: Outcome, released: "list[Any]") -> None:
-    """Gives each held acknowledgement the value its tool returned at commit. ``released``
-    holds the return values of the held effects that ran, in issuance order."""
-    values = iter(released)
+def _ran(held: "list[Held]", outcome: Outcome) -> "list[Held]":
+    """The held acknowledgements whose effect ran at commit (its tool returned a value), in
+    issuance order."""
+    ran = []
     for h in held:
         e = outcome.effect(h.effect)
         if e is not None and e.disposition in _RAN:
-            try:
-                h._set(next(values))
-            except StopIteration:
-                return
+            ran.append(h)
+    return ran
+
+
+def _fill_held(held: "list[Held]", outcome: Outcome, released: "list[Any]") -> None:
+    """Gives each held acknowledgement the value its tool returned at commit. ``released``
+    holds the return values of the held effects that ran, in issuance order."""
+    for h, value in zip(_ran(held, outcome), released):
+        h._set(value)

@@ -36,10 +36,10 @@ import contextvars
 import datetime as _dt
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, TypeVar, Union
 
 from . import _context, _native
-from .errors import InvalidArgument, TidegateError
+from .errors import InvalidArgument, TidegateError, WrongState
 from .transaction import Transaction, _seconds
 
 if TYPE_CHECKING:
@@ -390,12 +390,12 @@ class Plan:
 
     def _open(self) -> None:
         if self._native is not None:
-            raise _already_open()
+            raise _already_open("tg.plan(...)")
         self._native = self._engine._native.plan(self._owner, self._deadline, self._cascade_limit, self._triggers)
 
     async def _aopen(self) -> None:
         if self._native is not None:
-            raise _already_open()
+            raise _already_open("tg.plan(...)")
         loop, ctx, fut = _aio()
         self._engine._native.plan(
             self._owner, self._deadline, self._cascade_limit, self._triggers, (loop, ctx, fut)
@@ -404,12 +404,7 @@ class Plan:
 
     def _plan(self) -> Any:
         if self._native is None:
-            from .errors import WrongState
-
-            raise WrongState(
-                "the plan is not open: use it in a `with`/`async with` block or get one from tg.open_plan()",
-                kind="wrong_state",
-            )
+            raise _not_open("a `with`/`async with` block or get one from tg.open_plan()")
         return self._native
 
     @property
@@ -532,14 +527,7 @@ class Plan:
     def wait(self, timeout: Optional[float] = None, *, poll: float = 0.02) -> PlanDetail:
         """Waits until the plan has ended or is stuck (at most ``timeout`` seconds) and
         returns its detail, whatever the state then."""
-        if timeout is not None:
-            _seconds(timeout, "timeout", positive=False)
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            d = self.detail()
-            if d.status in _SETTLED or (end is not None and time.monotonic() >= end):
-                return d
-            time.sleep(poll)
+        return _wait_settled(self.detail, lambda d: d.status in _SETTLED, timeout, poll)
 
     async def await_settled(self, timeout: Optional[float] = None, *, poll: float = 0.02) -> PlanDetail:
         """The asyncio form of :meth:`wait`."""
@@ -562,15 +550,7 @@ class Plan:
 
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
         _context.plan.reset(self._tokens.pop())
-        if exc is None:
-            self.commit()
-            return
-        try:
-            self.fail(f"exception in the plan block: {type(exc).__name__}: {exc}")
-        except TidegateError:
-            return  # already failed (its deadline, a trigger) or ended
-        if self._unwind_wait:
-            self.wait(self._unwind_wait)
+        _end_block(self, exc)
 
     async def __aenter__(self) -> "Plan":
         await self._aopen()
@@ -583,9 +563,9 @@ class Plan:
             await self.acommit()
             return
         try:
-            await self.afail(f"exception in the plan block: {type(exc).__name__}: {exc}")
+            await self.afail(_block_failure(exc))
         except TidegateError:
-            return
+            return  # already failed (its deadline, a trigger) or ended
         if self._unwind_wait:
             await self.await_settled(self._unwind_wait)
 
@@ -595,10 +575,58 @@ class Plan:
         return f"<tidegate.Plan {self.id} owner={self._owner!r}>"
 
 
-def _already_open() -> TidegateError:
-    from .errors import WrongState
+def _already_open(use: str) -> WrongState:
+    return WrongState(f"the plan is already open; use a new {use}", kind="wrong_state")
 
-    return WrongState("the plan is already open; use a new tg.plan(...)", kind="wrong_state")
+
+def _not_open(how: str) -> WrongState:
+    return WrongState(f"the plan is not open: use it in {how}", kind="wrong_state")
+
+
+class _Ending(Protocol):
+    """What ending a plan's ``with`` block needs of a plan handle (in process and over HTTP)."""
+
+    _unwind_wait: Optional[float]
+
+    def commit(self) -> None: ...
+
+    def fail(self, reason: str) -> None: ...
+
+    def wait(self, timeout: Optional[float] = None) -> Any: ...
+
+
+def _block_failure(exc: BaseException) -> str:
+    return f"exception in the plan block: {type(exc).__name__}: {exc}"
+
+
+def _end_block(plan: _Ending, exc: Optional[BaseException]) -> None:
+    """Leaves a plan's ``with`` block: commits the plan, or on an exception fails it and waits
+    up to its ``unwind_wait`` seconds for the unwind (not if it had failed or ended already)."""
+    if exc is None:
+        plan.commit()
+        return
+    try:
+        plan.fail(_block_failure(exc))
+    except TidegateError:
+        return  # already failed (its deadline, a trigger) or ended
+    if plan._unwind_wait:
+        plan.wait(plan._unwind_wait)
+
+
+D = TypeVar("D")
+
+
+def _wait_settled(detail: Callable[[], D], settled: Callable[[D], bool], timeout: Optional[float], poll: float) -> D:
+    """Reads a plan's detail every ``poll`` seconds until ``settled`` says it ended or is
+    stuck, or ``timeout`` seconds passed; returns the last detail read."""
+    if timeout is not None:
+        _seconds(timeout, "timeout", positive=False)
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        d = detail()
+        if settled(d) or (end is not None and time.monotonic() >= end):
+            return d
+        time.sleep(poll)
 
 
 def _reason(reason: Any) -> str:
@@ -618,22 +646,33 @@ def _verdict_args(tx: Any, effect: Any, verdict: Any) -> Any:
         tx = tx.id
     if isinstance(tx, bool) or not isinstance(tx, int) or tx < 0:
         raise _bad("tx", tx, "a step's Transaction or its id")
+    return (tx, *_effect_verdict(effect, verdict))
+
+
+def _effect_verdict(effect: Any, verdict: Any) -> Tuple[int, str]:
+    """The checked effect and verdict of a compliance verdict (in process and over HTTP)."""
     if isinstance(effect, bool) or not isinstance(effect, int) or not 0 <= effect < 2**32:
         raise _bad("effect", effect, "an effect id (an int, as in tx.outcome.effects)")
     if verdict not in _VERDICTS:
         raise _bad("verdict", verdict, "'block' or 'allow'")
-    return tx, effect, verdict
+    return effect, str(verdict)
+
+
+P = TypeVar("P")
 
 
 def _new_plan(
-    engine: "Tidegate",
+    make: Callable[[Any, str, Optional[float], Optional[int], List[Mapping[str, Any]], Optional[float]], P],
+    host: Any,
     owner: Any,
     deadline: Any,
     cascade_limit: Any,
     triggers: Any,
     unwind_wait: Any,
-) -> Plan:
-    return Plan(engine, *_plan_args(owner, deadline, cascade_limit, triggers, unwind_wait))
+) -> P:
+    """A plan handle (``make``: :class:`Plan` on an engine, :class:`tidegate.RemotePlan` on a
+    client) with its arguments checked."""
+    return make(host, *_plan_args(owner, deadline, cascade_limit, triggers, unwind_wait))
 
 
 def _plan_args(
@@ -655,6 +694,15 @@ def _plan_args(
         _seconds(unwind_wait, "unwind_wait", positive=False)
     return owner, seconds, cascade_limit, list(triggers), unwind_wait
 
+
+def _descriptor_arg(value: Any, argument: str) -> Optional[Dict[str, Any]]:
+    """A compensation descriptor given as an argument (``None`` or a :class:`Compensate`), as
+    the dict the engine and the server take."""
+    if value is None:
+        return None
+    if not isinstance(value, Compensate):
+        raise _bad(argument, value, "a tidegate.Compensate descriptor")
+    return value._to_dict()
 
 
 def _check_capability_handler(fn: Any, name: str) -> None:

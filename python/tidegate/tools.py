@@ -81,6 +81,13 @@ def _check_callable(value: Any, argument: str, tool_name: str, optional: bool = 
         )
 
 
+def _check_tool(value: Any, expected: str = "a function declared with @tidegate.tool") -> None:
+    """Refuses anything but a :class:`Tool` where one is called or registered; ``expected`` says
+    what else the caller would take (e.g. a server tool's name)."""
+    if not isinstance(value, Tool):
+        raise InvalidArgument(f"invalid `tool` = {value!r}: expected {expected}", kind="invalid_argument", argument="tool")
+
+
 class Tool:
     """A function turned into a Tidegate adapter by :func:`tool`.
 
@@ -245,6 +252,17 @@ class Tool:
                 argument="key",
             )
         return k
+
+    def _footprint(
+        self, args: Tuple[Any, ...], kwargs: Dict[str, Any], scopes: Optional[List[str]], key: Optional[str]
+    ) -> Tuple[List[str], Optional[str]]:
+        """The scopes and the key of one call: those given, else what the tool's scope and key
+        functions say (no key when the tool has no key function)."""
+        if scopes is None:
+            scopes = self._scopes(args, kwargs)
+        if key is None and self.key is not None:
+            key = self._key(args, kwargs)
+        return scopes, key
 
     def on(self, engine: "Tidegate") -> "Tool":
         """Returns this tool bound to ``engine`` for calls made outside any transaction."""

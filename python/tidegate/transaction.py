@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from . import _context
 from .errors import InvalidArgument, PartialCommit, TidegateError, WrongState
 from .outcome import Held, Outcome, ReadResult, _fill_held
-from .tools import Tool, _check_callable, _is_async
+from .tools import Tool, _check_callable, _check_tool, _is_async
 
 if TYPE_CHECKING:
     from .engine import Tidegate
@@ -50,6 +50,17 @@ def _seconds(value: Any, argument: str, positive: bool) -> None:
         )
 
 
+def _already_begun() -> WrongState:
+    return WrongState("the transaction has already begun; use a new tg.transaction(...)", kind="wrong_state")
+
+
+def _not_begun() -> WrongState:
+    return WrongState(
+        "the transaction has not begun: use it in a `with`/`async with` block or get one from tg.begin()",
+        kind="wrong_state",
+    )
+
+
 def _partial_message(o: Outcome) -> str:
     p = o.partial or {}
     names = {e.id: e.tool for e in o.effects}
@@ -75,6 +86,9 @@ class Transaction:
     #: The settlement, once committed or aborted.
     outcome: Optional[Outcome]
 
+    #: What :meth:`call` takes as its tool (the message of its refusal).
+    _TOOL_EXPECTED = "a function declared with @tidegate.tool"
+
     def __init__(
         self,
         engine: "Tidegate",
@@ -86,8 +100,17 @@ class Transaction:
         branch: bool = False,
         plan: Optional["Plan"] = None,
     ) -> None:
-        _check_agent(agent)
+        self._setup(agent, may_touch, lease, wait_timeout)
         self._engine = engine
+        self._native = native
+        self._branch = branch
+        self._plan = plan
+
+    def _setup(
+        self, agent: str, may_touch: Optional[Sequence[str]], lease: Optional[float], wait_timeout: Optional[float]
+    ) -> None:
+        """Checks and keeps the arguments every transaction takes (in process and over HTTP)."""
+        _check_agent(agent)
         self._agent = agent
         self._may_touch = _scopes_arg(may_touch)
         if lease is not None:
@@ -96,9 +119,6 @@ class Transaction:
             _seconds(wait_timeout, "wait_timeout", positive=False)
         self._lease = lease
         self._wait_timeout = wait_timeout
-        self._native = native
-        self._branch = branch
-        self._plan = plan
         self._held: List[Held] = []
         self._tokens: List["contextvars.Token[Optional[Transaction]]"] = []
         self.outcome = None
@@ -107,7 +127,7 @@ class Transaction:
 
     def _begin(self) -> None:
         if self._native is not None:
-            raise WrongState("the transaction has already begun; use a new tg.transaction(...)", kind="wrong_state")
+            raise _already_begun()
         if self._plan is not None:
             self._native = self._plan._begin_native(self._agent, self._may_touch, self._lease)
         else:
@@ -115,7 +135,7 @@ class Transaction:
 
     async def _abegin(self) -> None:
         if self._native is not None:
-            raise WrongState("the transaction has already begun; use a new tg.transaction(...)", kind="wrong_state")
+            raise _already_begun()
         if self._plan is not None:
             self._native = await self._plan._abegin_native(self._agent, self._may_touch, self._lease)
         else:
@@ -124,10 +144,7 @@ class Transaction:
     def _tx(self) -> Any:
         n = self._native
         if n is None:
-            raise WrongState(
-                "the transaction has not begun: use it in a `with`/`async with` block or get one from tg.begin()",
-                kind="wrong_state",
-            )
+            raise _not_begun()
         return n
 
     @property
@@ -216,13 +233,16 @@ class Transaction:
         transaction commits a write to it first."""
         if not isinstance(scope, str):
             raise InvalidArgument(f"invalid `scope` = {scope!r}: expected a str", kind="invalid_argument", argument="scope")
+        return self._read(scope)
+
+    def _read(self, scope: str) -> ReadResult:
         version, staged = self._tx().read(scope)
         return ReadResult(version, staged)
 
     def call(self, tool: Tool, *args: Any, **kwargs: Any) -> Any:
         """Calls ``tool(*args, **kwargs)`` through the engine. Returns the tool's result for
         executed (or replayed) effects, a :class:`Held` for staged/queued ones."""
-        _check_tool(tool)
+        _check_tool(tool, self._TOOL_EXPECTED)
         args, kwargs = tool._bind(args, kwargs)
         return self._call(tool, args, kwargs, None)
 
@@ -239,10 +259,7 @@ class Transaction:
     ) -> Tuple[Any, Any, List[str], Optional[str], Optional[str]]:
         native = self._tx()
         handle = self._engine._handle(tool)
-        if scopes is None:
-            scopes = tool._scopes(args, kwargs)
-        if key is None and tool.key is not None:
-            key = tool._key(args, kwargs)
+        scopes, key = tool._footprint(args, kwargs, scopes, key)
         call_id = (key or uuid.uuid4().hex) if any(tool._wants_call_id) else None
         return native, handle, scopes, key, call_id
 
@@ -267,13 +284,17 @@ class Transaction:
         :class:`Held` (filled in when the commit releases it)."""
         if not ack.held:
             return ack.output
-        held = Held(tool_name, ack.effect, ack.kind)
+        return self._hold(tool_name, ack.effect, ack.kind)
+
+    def _hold(self, tool_name: str, effect: int, kind: str) -> Held:
+        """The :class:`Held` of a staged or queued effect, filled in when the commit releases it."""
+        held = Held(tool_name, effect, kind)
         self._held.append(held)
         return held
 
     async def acall(self, tool: Tool, *args: Any, **kwargs: Any) -> Any:
         """The asyncio form of :meth:`call` (coroutine tools are awaited on this loop)."""
-        _check_tool(tool)
+        _check_tool(tool, self._TOOL_EXPECTED)
         args, kwargs = tool._bind(args, kwargs)
         return await self._acall(tool, args, kwargs, None)
 
@@ -320,13 +341,17 @@ class Transaction:
         if e.outcome is not None:
             self.outcome = e.outcome
 
+    def _commit_timeout(self, wait_timeout: Optional[float]) -> Optional[float]:
+        """A commit's ``wait_timeout``: the argument, else the transaction's."""
+        return self._wait_timeout if wait_timeout is None else wait_timeout
+
     def commit(self, wait_timeout: Optional[float] = None) -> Outcome:
         """Seals (if open) and commits: runs pre-commit hooks, waits for earlier transactions
         on the same scopes, validates reads, releases held effects in issuance order. Raises an
         :class:`Aborted` subclass (with ``outcome``) if the transaction aborts instead, and
         :class:`PartialCommit` (with ``outcome``) if a held effect could not be released after
         earlier ones fired."""
-        wt = self._wait_timeout if wait_timeout is None else wait_timeout
+        wt = self._commit_timeout(wait_timeout)
         try:
             return self._settled(self._tx().commit(wt))
         except TidegateError as e:
@@ -335,7 +360,7 @@ class Transaction:
 
     async def acommit(self, wait_timeout: Optional[float] = None) -> Outcome:
         """The asyncio form of :meth:`commit`."""
-        wt = self._wait_timeout if wait_timeout is None else wait_timeout
+        wt = self._commit_timeout(wait_timeout)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._tx().commit_async(wt, loop, contextvars.copy_context(), fut)
@@ -361,15 +386,6 @@ class Transaction:
         if self._native is None:
             return f"<tidegate.Transaction agent={self._agent!r} (not begun)>"
         return f"<tidegate.Transaction {self.id} epoch={self.epoch} {self.state or 'settled'}>"
-
-
-def _check_tool(tool: Any) -> None:
-    if not isinstance(tool, Tool):
-        raise InvalidArgument(
-            f"invalid `tool` = {tool!r}: expected a function declared with @tidegate.tool",
-            kind="invalid_argument",
-            argument="tool",
-        )
 
 
 class _CurrentGuard:
