@@ -99,9 +99,15 @@ fn parse_descriptor(py: Python<'_>, tool: &str, d: &Bound<'_, PyAny>) -> PyResul
     Ok(desc)
 }
 
-/// Opens the embedded SQLite ledger in `dir`. (The one place that names the SQLite store.)
-fn open_store(dir: &std::path::Path) -> Result<Arc<dyn tidegate_storage::LedgerStore>, Error> {
-    Ok(Arc::new(tidegate_sqlite::SqliteStore::open(dir).map_err(Error::Store)?))
+/// Opens the ledger `place` names: a directory (the embedded SQLite ledger) or a store URL
+/// (`memory:`, `sqlite:DIR`), read as every front door reads it (`tidegate_runtime::StoreUrl`).
+fn open_store(place: &std::path::Path) -> Result<Arc<dyn tidegate_storage::LedgerStore>, Error> {
+    let url = match place.to_str() {
+        Some(text) => text.parse::<tidegate_runtime::StoreUrl>()?,
+        // Not UTF-8: only a directory can be named so.
+        None => tidegate_runtime::StoreUrl::sqlite(place),
+    };
+    Ok(url.open()?.store)
 }
 
 /// The engine: one per `tidegate.open()`.

@@ -474,6 +474,8 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: tidegate.open(...)
 ) -> Tidegate:
     """Opens an engine: in memory when ``data_dir`` is ``None``, otherwise on the embedded
     SQLite ledger in ``data_dir`` (created if needed; the directory is locked while open).
+    ``data_dir`` may also be a store URL, read as the server and the CLI read one:
+    ``"memory:"``, ``"sqlite:DIR"`` (another ``scheme:`` is refused naming ``store``).
 
     * ``level``: the consistency level, ``"L0"`` … ``"L4"`` (default ``"L4"``, every
       discipline; see docs/levels.md): L1 validates reads at commit, L2 adds cascading aborts

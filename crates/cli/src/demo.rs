@@ -125,16 +125,35 @@ pub struct DemoOptions {
     pub level: Option<tidegate_runtime::Level>,
 }
 
-pub fn run(dir: Option<crate::data_dir::DataDir>, opts: DemoOptions) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(story(dir, opts))
+/// Where the demo's ledger lives: `--store URL`, else `--memory`, else the data directory.
+pub fn store_url(
+    dir: &crate::data_dir::DataDir,
+    memory: bool,
+    store: Option<&str>,
+) -> anyhow::Result<tidegate_runtime::StoreUrl> {
+    Ok(match (store, memory) {
+        (Some(text), _) => text.parse()?,
+        (None, true) => tidegate_runtime::StoreUrl::Memory,
+        (None, false) => tidegate_runtime::StoreUrl::sqlite(dir.path()?),
+    })
 }
 
-async fn story(dir: Option<crate::data_dir::DataDir>, opts: DemoOptions) -> anyhow::Result<()> {
-    let store = match &dir {
-        Some(d) => Some(d.open()?),
-        None => None,
+pub fn run(url: tidegate_runtime::StoreUrl, opts: DemoOptions) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(story(url, opts))
+}
+
+async fn story(url: tidegate_runtime::StoreUrl, opts: DemoOptions) -> anyhow::Result<()> {
+    let (store, sqlite): (Option<std::sync::Arc<dyn tidegate_storage::LedgerStore>>, _) = match &url {
+        tidegate_runtime::StoreUrl::Memory => (None, None),
+        // The embedded ledger is verified in full before anything is appended to it.
+        tidegate_runtime::StoreUrl::Sqlite(dir) => {
+            let s = crate::data_dir::DataDir { data_dir: Some(dir.clone()) }.open()?;
+            (Some(s.clone() as std::sync::Arc<dyn tidegate_storage::LedgerStore>), Some(s))
+        }
+        other => (Some(other.open()?.store), None),
     };
+    let dir = url.dir().map(|d| crate::data_dir::DataDir { data_dir: Some(d.to_path_buf()) });
     let mut builder = Tidegate::builder();
     if let Some(s) = &store {
         builder = builder.store(s.clone());
@@ -152,7 +171,7 @@ async fn story(dir: Option<crate::data_dir::DataDir>, opts: DemoOptions) -> anyh
         tg.register(t)?;
     }
     let recovered = tg.recover().await?;
-    match (&store, &dir) {
+    match (&sqlite, &dir) {
         (Some(s), Some(d)) => {
             let open = tg.open_report();
             let rebuilt = match (open.checkpoint_lsn, &open.checkpoint_fallback) {

@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use tidegate_service::auth::Role;
-use tidegate_service::catalog::Catalog;
+use tidegate_service::catalog::{Catalog, SqliteCatalog};
 
 use crate::data_dir::DataDir;
 
@@ -48,19 +48,19 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Create { tenant, role, label, dir } => {
             let role: Role = role.parse().map_err(anyhow::Error::msg).context("--role")?;
-            let cat = Catalog::open(&dir.path()?)?;
+            let cat = SqliteCatalog::open(&dir.path()?)?;
             let (key, rec) = cat.create_key(&tenant, role, label.as_deref())?;
             eprintln!("created key_{} ({} of tenant {}); it is shown only now:", rec.id, rec.role, rec.tenant);
             println!("{}", key.key);
         }
         Cmd::Revoke { id, dir } => {
             let raw = id.strip_prefix("key_").unwrap_or(&id);
-            let cat = Catalog::open(&dir.path()?)?;
+            let cat = SqliteCatalog::open(&dir.path()?)?;
             let rec = cat.revoke_key(raw, None)?;
             println!("revoked key_{} ({} of tenant {})", rec.id, rec.role, rec.tenant);
         }
         Cmd::List { tenant, dir, json } => {
-            let cat = Catalog::open(&dir.path()?)?;
+            let cat = SqliteCatalog::open(&dir.path()?)?;
             for k in cat.keys(tenant.as_deref())? {
                 if json {
                     println!("{}", serde_json::to_string(&k)?);

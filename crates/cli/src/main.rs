@@ -34,6 +34,10 @@ enum Command {
         /// Keep the ledger in memory instead of the embedded store.
         #[arg(long, conflicts_with = "data_dir")]
         memory: bool,
+        /// Where the ledger lives, as a store URL: `memory:`, `sqlite:DIR` or a directory (the
+        /// text `tidegate serve --store` and `tidegate.open(...)` take).
+        #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "memory"])]
+        store: Option<String>,
         /// Write one operation record per transaction to FILE (JSON Lines; `tidegate check
         /// FILE` reads it).
         #[arg(long, value_name = "FILE")]
@@ -86,9 +90,8 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { dir, memory, trace, level } => {
-            demo::run(if memory { None } else { Some(dir) }, demo::DemoOptions { trace, level })
-        }
+        Command::Demo { dir, memory, store, trace, level } => demo::store_url(&dir, memory, store.as_deref())
+            .and_then(|url| demo::run(url, demo::DemoOptions { trace, level })),
         Command::Ledger { cmd } => ledger::run(cmd),
         Command::Bench { which } => eval::run(which),
         Command::Check(args) => return check::run(args),

@@ -23,6 +23,10 @@ pub struct Args {
     /// Keep the catalog and every ledger in memory (tests); nothing survives a restart.
     #[arg(long, conflicts_with = "data_dir")]
     pub memory: bool,
+    /// Where the catalog and the ledgers live, as a store URL: `memory:`, `sqlite:DIR` or a
+    /// directory (the same text `server.store` and `tidegate.open(...)` take).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "memory"])]
+    pub store: Option<String>,
     /// Create this tenant with an admin key at start if it does not exist, and print the key
     /// on standard output (`tenant=<name> role=admin key=<key>`).
     #[arg(long, value_name = "TENANT")]
@@ -48,7 +52,10 @@ pub fn config(args: &Args) -> anyhow::Result<Config> {
     if args.dir.data_dir.is_some() {
         cfg.server.data_dir = args.dir.data_dir.clone();
     }
-    if !cfg.server.memory && cfg.server.data_dir.is_none() {
+    if args.store.is_some() {
+        cfg.server.store = args.store.clone();
+    }
+    if cfg.server.store.is_none() && !cfg.server.memory && cfg.server.data_dir.is_none() {
         cfg.server.data_dir = Some(args.dir.path()?);
     }
     cfg.validate()?;
@@ -65,8 +72,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     tidegate_server::init_tracing(&cfg.log);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(async move {
-        if cfg.server.memory {
-            tracing::warn!("--memory: the catalog and every ledger live in memory; nothing survives a restart");
+        let store = cfg.store_url()?;
+        if !store.is_durable() {
+            tracing::warn!("{store}: the catalog and every ledger live in memory; nothing survives a restart");
         }
         let state = tidegate_server::AppState::open(cfg.clone()).await?;
         if let Some(name) = &args.bootstrap_tenant
@@ -80,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}", cfg.server.listen))?;
         let addr = listener.local_addr()?;
-        tracing::info!(%addr, data_dir = ?cfg.server.data_dir, "tidegate serve listening");
+        tracing::info!(%addr, %store, "tidegate serve listening");
         // Tests and supervisors read the bound address from this line.
         println!("listening on {addr}");
         let app = tidegate_server::api::app(state.clone(), axum::Router::new());

@@ -1,6 +1,6 @@
 //! `tidegate tenant create|list`: tenants in the server's catalog (works while it runs).
 
-use tidegate_service::catalog::Catalog;
+use tidegate_service::catalog::{Catalog, SqliteCatalog};
 
 use crate::data_dir::DataDir;
 
@@ -27,13 +27,13 @@ pub enum Cmd {
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Create { name, dir } => {
-            let cat = Catalog::open(&dir.path()?)?;
+            let cat = SqliteCatalog::open(&dir.path()?)?;
             let t = cat.create_tenant(&name)?;
             println!("created tenant {} (id tag {})", t.name, t.tag);
             println!("next: tidegate key create --tenant {} --role admin", t.name);
         }
         Cmd::List { dir, json } => {
-            let cat = Catalog::open(&dir.path()?)?;
+            let cat = SqliteCatalog::open(&dir.path()?)?;
             for t in cat.tenants()? {
                 if json {
                     println!("{}", serde_json::to_string(&t)?);

@@ -44,6 +44,7 @@ mod read;
 mod recover;
 mod run;
 mod settle;
+mod store_url;
 mod ticket;
 mod tool;
 pub mod trace;
@@ -61,6 +62,7 @@ pub use plan::{CapabilityHandler, CapabilityOptions, Plan, PlanDispatch, PlanOpt
 pub use read::Read;
 pub use recover::RecoveryReport;
 pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};
+pub use store_url::{OpenedStore, StoreUrl};
 pub use ticket::{Step, Ticket, TicketAction};
 pub use tidegate_core::engine::{EffectView, ReadResult, SealedView, WaitCause, WaitsFor};
 pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};

@@ -41,6 +41,10 @@ pub struct ServerSection {
     pub data_dir: Option<PathBuf>,
     /// Keep the catalog and every ledger in memory (tests). Default `false`.
     pub memory: bool,
+    /// Where the catalog and the tenants' ledgers live, as a store URL (`memory:`,
+    /// `sqlite:DIR` or a directory; `tidegate_runtime::StoreUrl`): when set, it takes the place
+    /// of `data_dir` and `memory`. Default unset.
+    pub store: Option<String>,
     /// How long a shutdown waits for requests and settlement tasks. Default 30 000.
     pub shutdown_drain_ms: u64,
 }
@@ -51,6 +55,7 @@ impl Default for ServerSection {
             listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
             data_dir: None,
             memory: false,
+            store: None,
             shutdown_drain_ms: 30_000,
         }
     }
@@ -207,6 +212,10 @@ impl Config {
     /// Checks values serde cannot (levels, orderings, zero limits).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |key: &str, detail: String| Err(ConfigError::Invalid { key: key.into(), detail });
+        if let Some(text) = &self.server.store {
+            text.parse::<tidegate_runtime::StoreUrl>()
+                .map_err(|e| ConfigError::Invalid { key: "server.store".into(), detail: e.to_string() })?;
+        }
         if self.level().is_err() {
             return bad("engine.level", format!("`{}`: expected one of L0, L1, L2, L3, L4", self.engine.level));
         }
@@ -306,12 +315,27 @@ fn parse_env_value(value: &str) -> toml::Value {
 }
 
 impl Config {
-    /// The settings every tenant is opened with (the configuration is validated).
-    pub fn tenant_settings(&self) -> tidegate_service::tenant::TenantSettings {
+    /// Where the catalog and the ledgers live: `server.store` if set, else in memory with
+    /// `server.memory`, else the SQLite directory `server.data_dir`.
+    pub fn store_url(&self) -> Result<tidegate_runtime::StoreUrl, ConfigError> {
+        use tidegate_runtime::StoreUrl;
+        let invalid = |detail: String| ConfigError::Invalid { key: "server.store".into(), detail };
+        match (&self.server.store, self.server.memory, &self.server.data_dir) {
+            (Some(text), _, _) => text.parse::<StoreUrl>().map_err(|e| invalid(e.to_string())),
+            (None, true, _) => Ok(StoreUrl::Memory),
+            (None, false, Some(dir)) => Ok(StoreUrl::Sqlite(dir.clone())),
+            (None, false, None) => Err(ConfigError::Invalid {
+                key: "server.data_dir".into(),
+                detail: "(none): expected a data directory, `server.memory = true` or `server.store`".into(),
+            }),
+        }
+    }
+
+    /// The settings every tenant is opened with.
+    pub fn tenant_settings(&self) -> Result<tidegate_service::tenant::TenantSettings, ConfigError> {
         let cfg = self;
-        tidegate_service::tenant::TenantSettings {
-            memory: cfg.server.memory,
-            data_dir: cfg.server.data_dir.clone(),
+        Ok(tidegate_service::tenant::TenantSettings {
+            store: cfg.store_url()?,
             lease: std::time::Duration::from_millis(cfg.engine.lease_ms),
             level: cfg.level().unwrap_or(tidegate_runtime::Level::L4),
             ordering: cfg.ordering().unwrap_or_default(),
@@ -323,7 +347,7 @@ impl Config {
             dispatch: cfg.dispatch.clone(),
             scopes: cfg.scopes().unwrap_or_default(),
             review: cfg.review.clone(),
-        }
+        })
     }
 }
 

@@ -42,7 +42,7 @@ impl AppState {
         config.validate()?;
         tidegate_service::review::check_postgres_admins(&config.review).await?;
         let settings = ServiceSettings {
-            tenant: config.tenant_settings(),
+            tenant: config.tenant_settings()?,
             key_cache_ttl: Duration::from_millis(config.auth.cache_ttl_ms),
         };
         let service = Service::open(settings).await?;
@@ -65,7 +65,7 @@ impl AppState {
     }
 
     /// The catalog.
-    pub fn catalog(&self) -> &Arc<Catalog> {
+    pub fn catalog(&self) -> &Arc<dyn Catalog> {
         self.0.service.catalog()
     }
 

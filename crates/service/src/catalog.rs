@@ -69,9 +69,54 @@ pub struct StoredTool {
     pub removed: bool,
 }
 
-/// The catalog.
+/// The catalog of a node: tenants, API keys (hashed), and each tenant's tool and capability
+/// definitions. What must outlive the process and be shared by every node that may serve a
+/// tenant lives here.
+///
+/// Contract (every implementation):
+/// * Tenant names are `[a-z0-9][a-z0-9_-]{0,62}` ([`valid_tenant_name`]); a tenant's tag is 8
+///   random hex digits, fixed at creation and unique.
+/// * A key's secret is never stored: only its SHA-256; [`Catalog::create_key`] returns the
+///   whole key once.
+/// * Writes are atomic and durable when the call returns; a busy store answers a retryable
+///   [`ServiceError`] (`Catalog` with a busy or locked cause).
+/// * Reads return what the last returned write left (one catalog, many readers).
+pub trait Catalog: Send + Sync + std::fmt::Debug {
+    /// Where it lives (a file, `:memory:`), for messages.
+    fn path(&self) -> &Path;
+    /// Answers a trivial query (readiness).
+    fn ping(&self) -> Result<()>;
+    /// Creates a tenant with a fresh random tag.
+    fn create_tenant(&self, name: &str) -> Result<TenantRecord>;
+    /// Every tenant, by name.
+    fn tenants(&self) -> Result<Vec<TenantRecord>>;
+    /// One tenant.
+    fn tenant(&self, name: &str) -> Result<Option<TenantRecord>>;
+    /// Creates a key for `tenant` with `role`; the whole key is returned only here.
+    fn create_key(&self, tenant: &str, role: Role, label: Option<&str>) -> Result<(NewKey, KeyRecord)>;
+    /// A key by id (revoked ones too).
+    fn key(&self, id: &str) -> Result<Option<KeyRecord>>;
+    /// Every key, or a tenant's.
+    fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>>;
+    /// Revokes a key (of `tenant`, if given); revoking twice keeps the first time.
+    fn revoke_key(&self, id: &str, tenant: Option<&str>) -> Result<KeyRecord>;
+    /// Defines or redefines a tool of `tenant`.
+    fn put_tool(&self, tenant: &str, name: &str, def: &ToolDef) -> Result<()>;
+    /// Marks a tool removed (kept for its recorded effects). Returns whether it was there.
+    fn remove_tool(&self, tenant: &str, name: &str) -> Result<bool>;
+    /// A tenant's tools, removed ones included.
+    fn tools(&self, tenant: &str) -> Result<Vec<StoredTool>>;
+    /// Adds or replaces a capability of `tenant`.
+    fn put_capability(&self, tenant: &str, name: &str, spec: &CapabilitySpec) -> Result<()>;
+    /// Deletes a capability. Returns whether it was there.
+    fn delete_capability(&self, tenant: &str, name: &str) -> Result<bool>;
+    /// A tenant's capabilities, by name.
+    fn capabilities(&self, tenant: &str) -> Result<Vec<(String, CapabilitySpec)>>;
+}
+
+/// The catalog on SQLite (`catalog.db` in the data directory, WAL), or in memory.
 #[derive(Debug)]
-pub struct Catalog {
+pub struct SqliteCatalog {
     conn: Mutex<Connection>,
     path: PathBuf,
 }
@@ -89,25 +134,25 @@ pub fn valid_tenant_name(name: &str) -> bool {
         && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-')
 }
 
-impl Catalog {
+impl SqliteCatalog {
     /// Opens (creating if needed) `dir/catalog.db`.
-    pub fn open(dir: &Path) -> Result<Catalog> {
+    pub fn open(dir: &Path) -> Result<SqliteCatalog> {
         std::fs::create_dir_all(dir)
             .map_err(|source| ServiceError::io(format!("create the data directory {}", dir.display()), source))?;
         let path = dir.join("catalog.db");
         let conn = Connection::open(&path).map_err(|source| ServiceError::catalog(path.clone(), "open", source))?;
-        Catalog::init(conn, path)
+        SqliteCatalog::init(conn, path)
     }
 
     /// A catalog in memory (nothing survives the process).
-    pub fn in_memory() -> Result<Catalog> {
+    pub fn in_memory() -> Result<SqliteCatalog> {
         let path = PathBuf::from(":memory:");
         let conn =
             Connection::open_in_memory().map_err(|source| ServiceError::catalog(path.clone(), "open", source))?;
-        Catalog::init(conn, path)
+        SqliteCatalog::init(conn, path)
     }
 
-    fn init(conn: Connection, path: PathBuf) -> Result<Catalog> {
+    fn init(conn: Connection, path: PathBuf) -> Result<SqliteCatalog> {
         let err = |op| {
             let path = path.clone();
             move |source| ServiceError::catalog(path, op, source)
@@ -138,25 +183,26 @@ impl Catalog {
              PRAGMA user_version = 1;",
         )
         .map_err(err("create the schema"))?;
-        Ok(Catalog { conn: Mutex::new(conn), path })
+        Ok(SqliteCatalog { conn: Mutex::new(conn), path })
     }
-
-    /// The database file (`:memory:` in memory).
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn err(&self, op: &'static str) -> impl FnOnce(rusqlite::Error) -> ServiceError + '_ {
         move |source| ServiceError::catalog(self.path.clone(), op, source)
     }
+}
+
+impl Catalog for SqliteCatalog {
+    /// The database file (`:memory:` in memory).
+    fn path(&self) -> &Path {
+        &self.path
+    }
 
     /// Answers a trivial query (readiness).
-    pub fn ping(&self) -> Result<()> {
+    fn ping(&self) -> Result<()> {
         self.conn.lock().query_row("SELECT 1", [], |_| Ok(())).map_err(self.err("ping"))
     }
 
     /// Creates a tenant with a fresh random tag.
-    pub fn create_tenant(&self, name: &str) -> Result<TenantRecord> {
+    fn create_tenant(&self, name: &str) -> Result<TenantRecord> {
         if !valid_tenant_name(name) {
             return Err(ServiceError::invalid(
                 "tenant name",
@@ -190,7 +236,7 @@ impl Catalog {
     }
 
     /// Every tenant, by name.
-    pub fn tenants(&self) -> Result<Vec<TenantRecord>> {
+    fn tenants(&self) -> Result<Vec<TenantRecord>> {
         let conn = self.conn.lock();
         let mut stmt = conn
             .prepare("SELECT name, tag, created_at_ms FROM tenants ORDER BY name")
@@ -202,7 +248,7 @@ impl Catalog {
     }
 
     /// One tenant.
-    pub fn tenant(&self, name: &str) -> Result<Option<TenantRecord>> {
+    fn tenant(&self, name: &str) -> Result<Option<TenantRecord>> {
         self.conn
             .lock()
             .query_row("SELECT name, tag, created_at_ms FROM tenants WHERE name = ?1", [name], |r| {
@@ -214,7 +260,7 @@ impl Catalog {
 
     /// Creates a key for `tenant`. The returned [`NewKey::key`] is the only time the secret
     /// exists outside the caller.
-    pub fn create_key(&self, tenant: &str, role: Role, label: Option<&str>) -> Result<(NewKey, KeyRecord)> {
+    fn create_key(&self, tenant: &str, role: Role, label: Option<&str>) -> Result<(NewKey, KeyRecord)> {
         if self.tenant(tenant)?.is_none() {
             return Err(ServiceError::NotFound { what: "tenant", name: tenant.to_owned() });
         }
@@ -243,7 +289,7 @@ impl Catalog {
     }
 
     /// Looks a key up by id (revoked ones included).
-    pub fn key(&self, id: &str) -> Result<Option<KeyRecord>> {
+    fn key(&self, id: &str) -> Result<Option<KeyRecord>> {
         self.conn
             .lock()
             .query_row(
@@ -256,7 +302,7 @@ impl Catalog {
     }
 
     /// Keys of a tenant (all tenants with `None`), oldest first.
-    pub fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>> {
+    fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>> {
         let conn = self.conn.lock();
         let sql = "SELECT id, tenant, role, hash, label, created_at_ms, revoked_at_ms FROM keys
                    WHERE (?1 IS NULL OR tenant = ?1) ORDER BY created_at_ms, id";
@@ -267,7 +313,7 @@ impl Catalog {
 
     /// Revokes a key (of `tenant`, if given). Returns the record; revoking twice keeps the
     /// first revocation time.
-    pub fn revoke_key(&self, id: &str, tenant: Option<&str>) -> Result<KeyRecord> {
+    fn revoke_key(&self, id: &str, tenant: Option<&str>) -> Result<KeyRecord> {
         let found = self.key(id)?.filter(|k| tenant.is_none_or(|t| t == k.tenant));
         let Some(mut rec) = found else { return Err(ServiceError::NotFound { what: "key", name: id.to_owned() }) };
         if rec.revoked_at_ms.is_none() {
@@ -282,7 +328,7 @@ impl Catalog {
     }
 
     /// Stores a tool definition (a removed one is brought back).
-    pub fn put_tool(&self, tenant: &str, name: &str, def: &ToolDef) -> Result<()> {
+    fn put_tool(&self, tenant: &str, name: &str, def: &ToolDef) -> Result<()> {
         let json = serde_json::to_string(def).unwrap_or_default();
         self.conn
             .lock()
@@ -296,7 +342,7 @@ impl Catalog {
     }
 
     /// Marks a tool removed (its definition stays for settling recorded effects).
-    pub fn remove_tool(&self, tenant: &str, name: &str) -> Result<bool> {
+    fn remove_tool(&self, tenant: &str, name: &str) -> Result<bool> {
         let n = self
             .conn
             .lock()
@@ -309,7 +355,7 @@ impl Catalog {
     }
 
     /// Every tool of a tenant, removed ones included, by name.
-    pub fn tools(&self, tenant: &str) -> Result<Vec<StoredTool>> {
+    fn tools(&self, tenant: &str) -> Result<Vec<StoredTool>> {
         let conn = self.conn.lock();
         let mut stmt = conn
             .prepare("SELECT name, def, removed FROM tools WHERE tenant = ?1 ORDER BY name")
@@ -329,7 +375,7 @@ impl Catalog {
     }
 
     /// Stores a capability.
-    pub fn put_capability(&self, tenant: &str, name: &str, spec: &CapabilitySpec) -> Result<()> {
+    fn put_capability(&self, tenant: &str, name: &str, spec: &CapabilitySpec) -> Result<()> {
         let json = serde_json::to_string(spec).unwrap_or_default();
         self.conn
             .lock()
@@ -343,7 +389,7 @@ impl Catalog {
     }
 
     /// Deletes a capability.
-    pub fn delete_capability(&self, tenant: &str, name: &str) -> Result<bool> {
+    fn delete_capability(&self, tenant: &str, name: &str) -> Result<bool> {
         let n = self
             .conn
             .lock()
@@ -353,7 +399,7 @@ impl Catalog {
     }
 
     /// Every capability of a tenant, by name.
-    pub fn capabilities(&self, tenant: &str) -> Result<Vec<(String, CapabilitySpec)>> {
+    fn capabilities(&self, tenant: &str) -> Result<Vec<(String, CapabilitySpec)>> {
         let conn = self.conn.lock();
         let mut stmt = conn
             .prepare("SELECT name, spec FROM capabilities WHERE tenant = ?1 ORDER BY name")
@@ -394,7 +440,7 @@ mod tests {
     #[test]
     fn keys_are_stored_hashed_and_revocable() {
         let dir = tempfile::tempdir().unwrap();
-        let cat = Catalog::open(dir.path()).unwrap();
+        let cat = SqliteCatalog::open(dir.path()).unwrap();
         let t = cat.create_tenant("acme").unwrap();
         assert_eq!(t.tag.len(), 8);
         assert!(matches!(cat.create_tenant("acme"), Err(ServiceError::TenantExists { .. })));
@@ -409,7 +455,7 @@ mod tests {
         let wal = std::fs::read(dir.path().join("catalog.db-wal")).unwrap_or_default();
         let hay = [bytes, wal].concat();
         assert!(!hay.windows(secret.len()).any(|w| w == secret.as_bytes()));
-        let cat = Catalog::open(dir.path()).unwrap();
+        let cat = SqliteCatalog::open(dir.path()).unwrap();
         assert!(cat.revoke_key(&rec.id, Some("other")).is_err());
         let r = cat.revoke_key(&rec.id, Some("acme")).unwrap();
         assert!(r.revoked_at_ms.is_some());

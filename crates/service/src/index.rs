@@ -537,38 +537,52 @@ impl LedgerIndex {
                 return r.view.effects.iter().find(|e| e.id == effect).cloned();
             }
         }
-        self.view(store, tx)?.effects.into_iter().find(|e| e.id == effect)
+        self.view(store, tx).ok()??.effects.into_iter().find(|e| e.id == effect)
     }
 
     /// The transaction's view, from memory or (when it was evicted) from the ledger. `None`
-    /// if the tenant's engine never began it.
-    pub fn view(&self, store: &dyn LedgerStore, tx: TxId) -> Option<TxView> {
+    /// if the tenant's engine never began it; a failed read of the ledger is an error, never
+    /// taken for "no such transaction".
+    ///
+    /// The evicted path scans the store (blocking I/O on a durable backend): inside a
+    /// multi-threaded tokio runtime it runs under `block_in_place`, so the worker's other
+    /// tasks move elsewhere instead of waiting behind it.
+    pub fn view(&self, store: &dyn LedgerStore, tx: TxId) -> Result<Option<TxView>, StoreError> {
         let slot = {
             let s = self.state.lock();
             if let Some(r) = s.records.get(&tx) {
-                return Some(r.view.clone());
+                return Ok(Some(r.view.clone()));
             }
-            let i = usize::try_from(tx.0).ok()?.checked_sub(1)?;
-            let slot = *s.slots.get(i)?;
+            let Some(i) = usize::try_from(tx.0).ok().and_then(|n| n.checked_sub(1)) else { return Ok(None) };
+            let Some(slot) = s.slots.get(i).copied() else { return Ok(None) };
             if slot.first == 0 {
-                return None;
+                return Ok(None);
             }
             slot
         };
-        let mut view: Option<TxView> = None;
-        let _ = store.scan(slot.first, &mut |lsn, e| {
-            if lsn > slot.last {
-                return false;
+        let read = || {
+            let mut view: Option<TxView> = None;
+            store
+                .scan(slot.first, &mut |lsn, e| {
+                    if lsn > slot.last {
+                        return false;
+                    }
+                    if e.tx() == tx {
+                        match &mut view {
+                            None => view = TxView::from_begin(lsn, e),
+                            Some(v) => v.apply(lsn, e),
+                        }
+                    }
+                    true
+                })
+                .map(|()| view)
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(read)
             }
-            if e.tx() == tx {
-                match &mut view {
-                    None => view = TxView::from_begin(lsn, e),
-                    Some(v) => v.apply(lsn, e),
-                }
-            }
-            true
-        });
-        view
+            _ => read(),
+        }
     }
 
     /// A receiver that changes whenever the transaction's record changes; `None` if it is not

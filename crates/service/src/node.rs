@@ -14,10 +14,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{Role, parse_key, secret_matches};
-use crate::catalog::{Catalog, KeyRecord};
+use crate::catalog::{Catalog, KeyRecord, SqliteCatalog};
 use crate::error::{Result, ServiceError};
 use crate::metrics::{Metrics, Snapshot};
 use crate::tenant::{Tenant, TenantSettings, TenantStatus};
+use tidegate_runtime::StoreUrl;
 
 /// What a node is opened with.
 #[derive(Debug, Clone)]
@@ -62,7 +63,7 @@ impl AuthError {
 }
 
 struct Inner {
-    catalog: Arc<Catalog>,
+    catalog: Arc<dyn Catalog>,
     tenants: RwLock<HashMap<String, Arc<Tenant>>>,
     opening: tokio::sync::Mutex<()>,
     failed: Mutex<HashMap<String, String>>,
@@ -91,15 +92,23 @@ impl Service {
     /// in it (their recovery runs in the background). A tenant that cannot be opened is
     /// logged and reported by [`Service::readiness`]; the others serve.
     pub async fn open(settings: ServiceSettings) -> Result<Service> {
-        let catalog = if settings.tenant.memory {
-            Catalog::in_memory()?
-        } else {
-            let dir: PathBuf = settings.tenant.data_dir.clone().ok_or_else(|| {
-                ServiceError::invalid("server.data_dir", "(none)", "a data directory, or server.memory = true")
-            })?;
-            tokio::task::spawn_blocking(move || Catalog::open(&dir))
-                .await
-                .map_err(|e| ServiceError::io("open the catalog", std::io::Error::other(e)))??
+        let catalog = match &settings.tenant.store {
+            StoreUrl::Memory => Arc::new(SqliteCatalog::in_memory()?) as Arc<dyn Catalog>,
+            StoreUrl::Sqlite(dir) => {
+                let dir: PathBuf = dir.clone();
+                Arc::new(
+                    tokio::task::spawn_blocking(move || SqliteCatalog::open(&dir))
+                        .await
+                        .map_err(|e| ServiceError::io("open the catalog", std::io::Error::other(e)))??,
+                )
+            }
+            other => {
+                return Err(ServiceError::invalid(
+                    "server.store",
+                    other.to_string(),
+                    "`memory:` or a SQLite directory: this build keeps its catalog in neither elsewhere",
+                ));
+            }
         };
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -107,7 +116,7 @@ impl Service {
             .build()
             .map_err(|e| ServiceError::HttpClient(Arc::new(e)))?;
         let service = Service(Arc::new(Inner {
-            catalog: Arc::new(catalog),
+            catalog,
             tenants: RwLock::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
             failed: Mutex::new(HashMap::new()),
@@ -134,7 +143,7 @@ impl Service {
     }
 
     /// The catalog.
-    pub fn catalog(&self) -> &Arc<Catalog> {
+    pub fn catalog(&self) -> &Arc<dyn Catalog> {
         &self.0.catalog
     }
 

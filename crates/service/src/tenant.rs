@@ -3,14 +3,16 @@
 //! tenant.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use tidegate_runtime::{CheckpointPolicy, Level, Ordering, RetryPolicy, Speculation, Tidegate, Transaction, TxId};
+use tidegate_runtime::{
+    CheckpointPolicy, Level, Ordering, RetryPolicy, Speculation, StoreUrl, Tidegate, Transaction, TxId,
+};
 use tidegate_sqlite::SqliteStore;
-use tidegate_storage::{LedgerStore, MemoryStore};
+use tidegate_storage::LedgerStore;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
@@ -25,13 +27,12 @@ use crate::settings::{DispatchSection, ReviewSection};
 use crate::tap::TimedStore;
 use crate::tools::ServerTool;
 
-/// What every tenant's engine is built with (from [`Config`]).
+/// What every tenant's engine is built with (a front door's configuration fills it in).
 #[derive(Debug, Clone)]
 pub struct TenantSettings {
-    /// Ledgers in memory.
-    pub memory: bool,
-    /// The data directory (ledgers in `tenants/<name>/`).
-    pub data_dir: Option<PathBuf>,
+    /// Where the node keeps its catalog and the tenants' ledgers (`StoreUrl`: `memory:`, or
+    /// a SQLite directory holding `catalog.db` and `tenants/<name>/`).
+    pub store: StoreUrl,
     /// Default lease.
     pub lease: Duration,
     /// Level.
@@ -126,7 +127,7 @@ pub struct Tenant {
     /// Requests in progress for this tenant.
     pub permits: Arc<Semaphore>,
     status: Mutex<TenantStatus>,
-    catalog: Arc<Catalog>,
+    catalog: Arc<dyn Catalog>,
     background: Mutex<Vec<JoinHandle<()>>>,
     settings: TenantSettings,
     /// The review manager (opened at the first `/v1/review` request).
@@ -147,34 +148,21 @@ impl Tenant {
     pub fn open(
         record: &TenantRecord,
         settings: &TenantSettings,
-        catalog: Arc<Catalog>,
+        catalog: Arc<dyn Catalog>,
         http: reqwest::Client,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Tenant>> {
         let name = record.name.clone();
         let tenant_err = |what, source| ServiceError::Tenant { tenant: name.clone(), what, source: Arc::new(source) };
-        let mut tenant_dir = None;
-        let (store, sqlite): (Arc<dyn LedgerStore>, Option<Arc<SqliteStore>>) = if settings.memory {
-            (Arc::new(MemoryStore::new()), None)
-        } else {
-            let Some(dir) = &settings.data_dir else {
-                return Err(ServiceError::invalid(
-                    "server.data_dir",
-                    "(none)",
-                    "a data directory, or server.memory = true",
-                ));
-            };
-            let dir = dir.join("tenants").join(&record.name);
-            std::fs::create_dir_all(&dir)
-                .map_err(|source| ServiceError::io(format!("create {}", dir.display()), source))?;
-            let s = SqliteStore::open(&dir).map_err(|e| tenant_err("open the ledger", e.into()))?;
-            let s = Arc::new(s);
-            tenant_dir = Some(dir);
-            (s.clone() as Arc<dyn LedgerStore>, Some(s))
-        };
+        // The backend is the node's store URL, for this tenant (one way to name it for every
+        // front door: `tidegate_runtime::StoreUrl`).
+        let place = settings.store.for_tenant(&record.name);
+        let tenant_dir = place.dir().map(Path::to_path_buf);
+        let opened = place.open().map_err(|e| tenant_err("open the ledger", e))?;
+        let (store, sqlite): (Arc<dyn LedgerStore>, Option<Arc<SqliteStore>>) = (opened.store, opened.sqlite);
         let index = Arc::new(LedgerIndex::new(settings.retain.max(1), metrics.clone()));
         let timed = Arc::new(TimedStore::new(store.clone(), metrics.clone()));
-        let checkpoints = if settings.memory {
+        let checkpoints = if !settings.store.is_durable() {
             CheckpointPolicy::never()
         } else {
             CheckpointPolicy {
@@ -471,7 +459,7 @@ impl Tenant {
         self.engine.stop();
         self.dispatcher.queue().wake_all();
         let mut problems = Vec::new();
-        if !self.settings.memory
+        if self.settings.store.is_durable()
             && self.store.last_lsn() > 0
             && let Err(e) = self.engine.checkpoint_now()
         {

@@ -138,13 +138,20 @@ impl Tenant {
             .ok_or_else(|| ServiceError::NotFound { what: "transaction", name: id.to_owned() })
     }
 
+    /// The transaction `tx` as the ledger shows it (`None`: never begun). A ledger that
+    /// cannot be read is `Unavailable`, never "no such transaction".
+    pub fn view(&self, tx: TxId) -> Result<Option<TxView>> {
+        self.index.view(&*self.store, tx).map_err(|e| ServiceError::Unavailable {
+            code: "store_unavailable",
+            detail: format!("the tenant's ledger cannot be read: {e}"),
+            retry_after: Some(1),
+        })
+    }
+
     /// The transaction `id` as the ledger shows it.
     pub fn view_of(&self, id: &str) -> Result<(TxId, TxView)> {
         let tx = self.parse_tx(id)?;
-        let v = self
-            .index
-            .view(&*self.store, tx)
-            .ok_or_else(|| ServiceError::NotFound { what: "transaction", name: id.to_owned() })?;
+        let v = self.view(tx)?.ok_or_else(|| ServiceError::NotFound { what: "transaction", name: id.to_owned() })?;
         Ok((tx, v))
     }
 
@@ -271,10 +278,8 @@ impl Tenant {
     fn expire_later(&self, node: &Service, lt: &Arc<LiveTx>, n: u32) {
         let configured = self.settings().lease;
         let now = self.engine.clock().now();
-        let lease = self
-            .index
-            .view(&*self.store, lt.handle.id())
-            .map_or(configured, |v| v.lease_until.since(now).max(configured));
+        let lease =
+            self.view(lt.handle.id()).ok().flatten().map_or(configured, |v| v.lease_until.since(now).max(configured));
         let (lt, stop, metrics) = (Arc::downgrade(lt), node.shutdown_token().clone(), node.metrics().clone());
         tokio::spawn(async move {
             tokio::select! {

@@ -59,7 +59,7 @@ pub(super) fn check_lease(lease_ms: Option<u64>) -> ApiResult<Option<Duration>> 
 /// Attaches the transaction to an abort error.
 pub(super) fn with_tx(t: &Tenant, tx: TxId, mut e: ApiError) -> ApiError {
     if e.code == "transaction_aborted"
-        && let Some(v) = t.index.view(&*t.store, tx)
+        && let Ok(Some(v)) = t.view(tx)
     {
         e.transaction = serde_json::to_value(tx_out(t, &v)).ok();
     }

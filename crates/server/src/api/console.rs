@@ -49,7 +49,7 @@ fn snapshot_event(t: &Tenant, sent: &mut HashMap<TxId, String>) -> SseEvent {
     sent.clear();
     let data: Vec<TransactionOut> = txs
         .into_iter()
-        .filter_map(|tx| t.index.view(&*t.store, tx))
+        .filter_map(|tx| t.view(tx).ok().flatten())
         .map(|v| {
             let out = tx_out(t, &v);
             if v.phase == Phase::Sealed {
@@ -143,7 +143,7 @@ pub async fn stream(
             ids.dedup();
             let mut data = Vec::new();
             for tx in ids {
-                let Some(v) = s.t.index.view(&*s.t.store, tx) else { continue };
+                let Ok(Some(v)) = s.t.view(tx) else { continue };
                 let out = tx_out(&s.t, &v);
                 let waits = serde_json::to_string(&out.waits_for).unwrap_or_default();
                 let was =

@@ -28,7 +28,7 @@ fn branches_of(t: &Tenant, g: u64) -> Option<Vec<TxId>> {
 }
 
 fn group_out(t: &Tenant, g: u64, branches: &[TxId]) -> GroupOut {
-    let views: Vec<_> = branches.iter().filter_map(|b| t.index.view(&*t.store, *b)).collect();
+    let views: Vec<_> = branches.iter().filter_map(|b| t.view(*b).ok().flatten()).collect();
     let settled = views.iter().all(|v| v.phase.settled());
     let winner = views.iter().find(|v| v.phase == Phase::Committed).map(|v| ids::tx(&t.tag, v.tx));
     GroupOut {

@@ -191,7 +191,7 @@ impl TxFilter {
         if !self.needs_view() {
             return true;
         }
-        let Some(v) = t.index.view(&*t.store, tx) else { return false };
+        let Ok(Some(v)) = t.view(tx) else { return false };
         if self.agent.as_deref().is_some_and(|a| a != &*v.agent) {
             return false;
         }

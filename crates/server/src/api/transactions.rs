@@ -29,7 +29,7 @@ use tidegate_service::tools::legacy_envelope;
 use tidegate_service::transactions::EffectCall;
 
 fn respond(t: &Tenant, tx: TxId, settled: bool) -> ApiResult<(StatusCode, Json<TransactionOut>)> {
-    let v = t.index.view(&*t.store, tx).ok_or_else(|| ApiError::internal("transaction vanished from the ledger"))?;
+    let v = t.view(tx)?.ok_or_else(|| ApiError::internal("transaction vanished from the ledger"))?;
     let code = if settled || v.phase.settled() { StatusCode::OK } else { StatusCode::ACCEPTED };
     Ok((code, Json(tx_out(t, &v))))
 }
@@ -69,7 +69,7 @@ pub async fn begin(
     };
     let tx = handle.id();
     t.add_live(handle, None);
-    let v = t.index.view(&*t.store, tx).ok_or_else(|| ApiError::internal("the begin is not in the ledger"))?;
+    let v = t.view(tx)?.ok_or_else(|| ApiError::internal("the begin is not in the ledger"))?;
     Ok((StatusCode::CREATED, Json(tx_out(t, &v))))
 }
 
@@ -117,7 +117,13 @@ pub async fn list(
     };
     let (txs, has_more) = t.index.list(after, limit, filter);
     let next_cursor = if has_more { txs.last().map(|tx| tx.0.to_string()) } else { None };
-    let data = txs.into_iter().filter_map(|tx| t.index.view(&*t.store, tx)).map(|v| tx_out(t, &v)).collect();
+    let data = txs
+        .into_iter()
+        .filter_map(|tx| t.view(tx).transpose())
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .map(|v| tx_out(t, &v))
+        .collect();
     Ok(Json(TransactionList { data, has_more, next_cursor }))
 }
 
@@ -235,7 +241,7 @@ pub async fn seal(caller: Caller<TxWrite>, ApiPath(id): ApiPath<String>) -> ApiR
     let t = &caller.tenant;
     let (lt, _) = live_of(t, &id)?;
     lt.handle.seal().map_err(|e| with_tx(t, lt.handle.id(), from_runtime(e)))?;
-    let v = t.index.view(&*t.store, lt.handle.id()).ok_or_else(|| ApiError::internal("transaction vanished"))?;
+    let v = t.view(lt.handle.id())?.ok_or_else(|| ApiError::internal("transaction vanished"))?;
     Ok(Json(tx_out(t, &v)))
 }
 
@@ -431,7 +437,7 @@ pub async fn events(
             if s.done || tokio::time::Instant::now() >= s.deadline || s.state.shutdown_token().is_cancelled() {
                 return None;
             }
-            let v = s.t.index.view(&*s.t.store, s.tx)?;
+            let v = s.t.view(s.tx).ok()??;
             let body = serde_json::to_string(&tx_out(&s.t, &v)).unwrap_or_default();
             if v.phase.settled() {
                 s.done = true;
