@@ -457,7 +457,7 @@ fn commit(
         };
         tx.execute(
             "INSERT OR REPLACE INTO checkpoint (id, lsn, body, written_by, chain) VALUES (1, ?1, ?2, ?3, ?4)",
-            params![lsn as i64, body, crate::open::WRITTEN_BY, ck_chain.map(|c| c.0.to_vec())],
+            params![lsn as i64, body, crate::schema::WRITTEN_BY, ck_chain.map(|c| c.0.to_vec())],
         )
         .map_err(db)?;
     }
