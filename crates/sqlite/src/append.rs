@@ -11,30 +11,34 @@ use tidegate_core::Event;
 use tidegate_storage::{LedgerStore, Lsn, StoreError};
 
 use crate::SqliteStore;
-use crate::writer::{Batch, Row};
+use crate::writer::{Batch, tx_column};
 
 impl SqliteStore {
     pub(crate) fn append_batch(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
         if self.read_only {
             return Err(StoreError::ReadOnly { path: self.shared.path.clone(), op: "append" });
         }
-        let rows =
-            batch.iter().enumerate().map(|(i, e)| Row::encode(i, e)).collect::<Result<Vec<Row>, StoreError>>()?;
+        // Nothing is encoded here: the caller holds the engine's lock. The writer encodes the
+        // batch when it commits it; only the cheap check of the `tx` column happens now, so a
+        // bad id still fails this append with nothing queued.
+        for (i, e) in batch.iter().enumerate() {
+            tx_column(i, e)?;
+        }
         let mut st = self.shared.state.lock();
         st.failure()?;
         let last = self.shared.last.load(Ordering::Relaxed);
-        if rows.is_empty() {
+        if batch.is_empty() {
             return Ok(last);
         }
         if self.crash_after_appends.is_some_and(|n| st.appends >= n) {
             let n = st.appends + 1;
             return Err(self.shared.fail(st, StoreError::InjectedCrash { what: "append", n }));
         }
-        let new_last = last + rows.len() as Lsn;
+        let new_last = last + batch.len() as Lsn;
         if i64::try_from(new_last).is_err() {
             return Err(StoreError::InvalidArgument {
                 field: "batch length",
-                value: rows.len().to_string(),
+                value: batch.len().to_string(),
                 expected: "LSNs that fit in a signed 64-bit integer",
             });
         }
@@ -43,9 +47,9 @@ impl SqliteStore {
         if was_empty {
             st.oldest = Some(Instant::now());
         }
-        st.queued_rows += rows.len();
+        st.queued_rows += batch.len();
         let full = st.queued_rows >= self.max_batch_rows;
-        st.queue.push(Arc::new(Batch { first: last + 1, rows }));
+        st.queue.push(Batch { first: last + 1, events: batch.clone() });
         self.shared.last.store(new_last, Ordering::Release);
         drop(st);
         if was_empty || full {

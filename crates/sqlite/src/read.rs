@@ -2,8 +2,6 @@
 //! row by row and along the chain, then the batches not yet durable from memory) and the
 //! stored checkpoint.
 
-use std::sync::Arc;
-
 use rusqlite::OptionalExtension;
 use rusqlite::types::ValueRef;
 use tidegate_core::Event;
@@ -30,7 +28,7 @@ impl SqliteStore {
                 pos = next;
             }
             // Under the lock, every event after `st.durable` is in `inflight` or `queue`.
-            let pending: Vec<Arc<Batch>> = {
+            let pending: Vec<Batch> = {
                 let st = self.shared.state.lock();
                 st.failure()?;
                 if st.durable >= pos {
@@ -39,12 +37,12 @@ impl SqliteStore {
                 st.inflight.iter().chain(&st.queue).filter(|b| b.last() >= pos).cloned().collect()
             };
             for b in &pending {
-                for (i, row) in b.rows.iter().enumerate() {
+                for (i, event) in b.events.iter().enumerate() {
                     let lsn = b.first + i as Lsn;
                     if lsn < pos {
                         continue;
                     }
-                    if !visit(lsn, &row.decode(lsn)?) {
+                    if !visit(lsn, event) {
                         return Ok(());
                     }
                 }

@@ -28,8 +28,9 @@ use crate::writer::Shared;
 ///   <dir>/ledger.db-wal, -shm   SQLite's write-ahead log (folded into ledger.db on a clean close)
 /// ```
 ///
-/// `append` encodes the batch, assigns its LSNs and queues it, without I/O. One writer
-/// thread commits everything queued in one SQLite transaction (`synchronous=FULL`: one
+/// `append` assigns the batch its LSNs and queues it as it is (shared, not copied), without
+/// encoding it and without I/O: the caller holds the engine's lock. One writer thread encodes
+/// and commits everything queued in one SQLite transaction (`synchronous=FULL`: one
 /// sync) when somebody waits for durability, so concurrent appenders share a sync; then it
 /// advances the high-water mark (a second sync), then the durable LSN, and wakes exactly the
 /// blocking ([`LedgerStore::wait_durable`]) and async ([`tidegate_storage::durable`], no
