@@ -10,6 +10,10 @@
 //!                                    durable = last(b2); inflight = [] ──► wake the waiters ≤ durable
 //! ```
 //!
+//! The queue holds the batches as the engine handed them (the same `Arc<[Event]>`, not a
+//! copy): the writer encodes each event ([`wire::encode`]) as it inserts it, so the
+//! appender, which holds the engine's lock, never serialises anything.
+//!
 //! Each commit also checks the stream's owner token inside its transaction (a newer owner
 //! fences this store out) and chains every row it inserts; after the commit the high-water
 //! mark is advanced and synced, and only then are the waiters woken.
@@ -35,49 +39,29 @@ use tidegate_storage::{Lsn, StoreError};
 use crate::Options;
 use crate::head::HeadFile;
 
-/// One encoded event.
-#[derive(Debug)]
-pub(crate) struct Row {
-    pub(crate) tx: i64,
-    /// The stored bytes of the event ([`wire::encode`]).
-    pub(crate) body: String,
-    /// Where the `"event"` tag's value sits in `body`.
-    kind: std::ops::Range<usize>,
+/// The `tx` column of an event: its transaction id, which must fit SQLite's signed integer.
+/// Checked by `append` (so a bad id fails the append, nothing queued) and again by the
+/// writer.
+pub(crate) fn tx_column(index: usize, event: &Event) -> Result<i64, StoreError> {
+    let tx = event.tx().0;
+    i64::try_from(tx).map_err(|_| StoreError::InvalidArgument {
+        field: "event.tx",
+        value: format!("{tx} (event {index} of the batch)"),
+        expected: "a transaction id ≤ 2^63 - 1",
+    })
 }
 
-impl Row {
-    /// Encodes the `index`-th event of a batch.
-    pub(crate) fn encode(index: usize, event: &Event) -> Result<Row, StoreError> {
-        let tx = event.tx().0;
-        let tx = i64::try_from(tx).map_err(|_| StoreError::InvalidArgument {
-            field: "event.tx",
-            value: tx.to_string(),
-            expected: "a transaction id ≤ 2^63 - 1",
-        })?;
-        let body = wire::encode(index, event)?;
-        let kind = wire::kind_range(&body).unwrap_or(0..0);
-        Ok(Row { tx, body, kind })
-    }
-
-    pub(crate) fn kind(&self) -> &str {
-        self.body.get(self.kind.clone()).unwrap_or("")
-    }
-
-    pub(crate) fn decode(&self, lsn: Lsn) -> Result<Event, StoreError> {
-        wire::decode(&self.body).map_err(|e| StoreError::Corrupt { lsn, detail: format!("queued event: {e}") })
-    }
-}
-
-/// Consecutive events appended by one call.
-#[derive(Debug)]
-pub(super) struct Batch {
-    pub(super) first: Lsn,
-    pub(super) rows: Vec<Row>,
+/// Consecutive events appended by one call, shared with the engine (not copied); encoded by
+/// the writer when it commits them.
+#[derive(Debug, Clone)]
+pub(crate) struct Batch {
+    pub(crate) first: Lsn,
+    pub(crate) events: Arc<[Event]>,
 }
 
 impl Batch {
-    pub(super) fn last(&self) -> Lsn {
-        self.first + self.rows.len() as Lsn - 1
+    pub(crate) fn last(&self) -> Lsn {
+        self.first + self.events.len() as Lsn - 1
     }
 }
 
@@ -85,9 +69,9 @@ impl Batch {
 #[derive(Debug, Default)]
 pub(super) struct State {
     /// Batches appended and not yet taken by the writer, in LSN order.
-    pub(super) queue: Vec<Arc<Batch>>,
+    pub(super) queue: Vec<Batch>,
     /// Batches the writer is committing (kept so `scan` sees them).
-    pub(super) inflight: Vec<Arc<Batch>>,
+    pub(super) inflight: Vec<Batch>,
     pub(super) queued_rows: usize,
     /// When the oldest queued batch was appended.
     pub(super) oldest: Option<Instant>,
@@ -406,14 +390,16 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
     }
 }
 
-/// Writes `batches`, then the checkpoint if one is due, in one transaction and commits it
-/// (durably: `synchronous=FULL`), after checking that this store still owns the stream.
+/// Encodes and writes `batches`, then the checkpoint if one is due, in one transaction and
+/// commits it (durably: `synchronous=FULL`), after checking that this store still owns the
+/// stream. An event that cannot be encoded fails the commit (nothing of it is written) and so
+/// stops the store.
 /// Returns the chain value of the last row written. The checkpoint's LSN is at most the last
 /// LSN appended when it was requested, so its events are already durable or in this very
 /// transaction.
 fn commit(
     conn: &mut Connection,
-    batches: &[Arc<Batch>],
+    batches: &[Batch],
     checkpoint: Option<(Lsn, &[u8])>,
     cfg: &WriterConfig,
 ) -> Result<Chain, StoreError> {
@@ -433,14 +419,22 @@ fn commit(
             .prepare_cached("INSERT INTO events (lsn, tx, kind, body, chain) VALUES (?1, ?2, ?3, ?4, ?5)")
             .map_err(db)?;
         for b in batches {
-            for (i, row) in b.rows.iter().enumerate() {
+            for (i, event) in b.events.iter().enumerate() {
                 let lsn = b.first + i as Lsn;
-                chain = chain.next(lsn, row.body.as_bytes());
+                let tx = tx_column(i, event)?;
+                let body = wire::encode(i, event).map_err(|e| match e {
+                    StoreError::Encode { index, detail } => {
+                        StoreError::Encode { index, detail: format!("{detail} (LSN {lsn}; the commit was abandoned)") }
+                    }
+                    other => other,
+                })?;
+                let kind = wire::kind_range(&body).and_then(|r| body.get(r)).unwrap_or("");
+                chain = chain.next(lsn, body.as_bytes());
                 if checkpoint.is_some_and(|(c, _)| c == lsn) {
                     at_checkpoint = Some(chain);
                 }
                 // LSNs were checked to fit in an i64 when they were assigned.
-                insert.execute(params![lsn as i64, row.tx, row.kind(), row.body, &chain.0[..]]).map_err(db)?;
+                insert.execute(params![lsn as i64, tx, kind, body, &chain.0[..]]).map_err(db)?;
             }
         }
     }
@@ -457,7 +451,7 @@ fn commit(
         };
         tx.execute(
             "INSERT OR REPLACE INTO checkpoint (id, lsn, body, written_by, chain) VALUES (1, ?1, ?2, ?3, ?4)",
-            params![lsn as i64, body, crate::open::WRITTEN_BY, ck_chain.map(|c| c.0.to_vec())],
+            params![lsn as i64, body, crate::schema::WRITTEN_BY, ck_chain.map(|c| c.0.to_vec())],
         )
         .map_err(db)?;
     }

@@ -375,6 +375,66 @@ fn events_nobody_waits_for_become_durable_after_the_idle_flush() {
     }
 }
 
+/// `append` runs under the engine's lock, so it must queue the engine's batch as it is and
+/// leave the encoding to the writer: until the commit, `scan` hands out the very events of the
+/// appended `Arc` (an encoded-then-decoded copy would live elsewhere), and after it the rows
+/// in SQLite are exactly `wire::encode` of them.
+#[test]
+fn append_queues_the_engines_batch_and_the_writer_encodes_it() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_with(root.path(), on_demand()).unwrap();
+    let batch: Arc<[Event]> = Arc::from(events(3, 3));
+    let last = store.append(&batch).unwrap();
+    assert_eq!((last, store.durable_lsn()), (3, 0), "nothing committed yet");
+    let mut seen = Vec::new();
+    store
+        .scan(1, &mut |lsn, e| {
+            seen.push((lsn, e as *const Event));
+            true
+        })
+        .unwrap();
+    let expected: Vec<(Lsn, *const Event)> =
+        batch.iter().enumerate().map(|(i, e)| (i as Lsn + 1, e as *const Event)).collect();
+    assert_eq!(seen, expected, "queued events are served from the appended batch itself");
+    store.sync().unwrap();
+    let conn = db(root.path());
+    let bodies: Vec<(i64, i64, String, String)> = conn
+        .prepare("SELECT lsn, tx, kind, body FROM events ORDER BY lsn")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let want: Vec<(i64, i64, String, String)> = batch
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (i as i64 + 1, 3, "read".to_owned(), tidegate_storage::wire::encode(i, e).unwrap()))
+        .collect();
+    assert_eq!(bodies, want);
+    assert_eq!(all(&store), batch.to_vec());
+}
+
+/// A transaction id the `tx` column cannot hold still fails the append itself (checked
+/// without encoding), with nothing queued.
+#[test]
+fn an_event_whose_tx_does_not_fit_fails_the_append_and_queues_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_with(root.path(), on_demand()).unwrap();
+    append(&store, events(1, 1)).unwrap();
+    let err = append(&store, vec![event(2, 0), event(u64::MAX, 1)]).unwrap_err();
+    match &err {
+        StoreError::InvalidArgument { field, value, .. } => {
+            assert_eq!(*field, "event.tx");
+            assert!(value.contains(&u64::MAX.to_string()) && value.contains("event 1"), "{value}");
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert!(!err.retryable());
+    assert_eq!((store.last_lsn(), store.stats().queued_rows), (1, 1));
+    store.sync().unwrap();
+    assert_eq!(all(&store), events(1, 1));
+}
+
 #[test]
 fn an_async_waiter_is_woken_by_the_writer() {
     let root = tempfile::tempdir().unwrap();

@@ -125,7 +125,8 @@ pub enum StoreError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// An event could not be encoded as JSON; nothing of its batch was appended.
+    /// An event could not be encoded as JSON; nothing of its batch was written (a backend
+    /// that encodes on its writer, as the SQLite store, stops with this as its cause).
     #[error("event {index} of the batch could not be encoded as JSON: {detail}")]
     Encode {
         /// The event's 0-based position in its batch.

@@ -39,8 +39,9 @@
 //! records reads as a default), so older ledgers still read; removing a field, changing its
 //! meaning or shape, or adding an event kind (or class, disposition, tag, abort reason) older
 //! readers must understand bumps the version, and readers refuse a ledger whose version is
-//! newer than theirs. An engine `Event` (or enum value) with no record form fails the append
-//! with [`StoreError::Encode`] instead of writing something older readers misread.
+//! newer than theirs. An engine `Event` (or enum value) with no record form fails with
+//! [`StoreError::Encode`] instead of writing something older readers misread (a backend that
+//! encodes on its writer thread, as the SQLite store does, fails that commit and stops).
 //!
 //! # Chain
 //!
