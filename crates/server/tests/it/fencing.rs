@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use crate::common::{Harness, Resp};
+use crate::common::{Harness, Resp, Sink};
 
 /// Another node takes `tenant`'s ledger stream: a larger owner token in its `meta` table,
 /// which the store's writer checks in every commit.
@@ -43,13 +43,25 @@ async fn a_fenced_tenant_answers_503_with_a_problem_and_the_other_tenant_is_serv
             r.body["id"].as_str().unwrap().to_owned()
         }
     };
-    let tx = begin(acme.agent.clone()).await;
+    let sink = Sink::start().await;
+    h.webhook_tool(&acme.admin, &sink, "refund", "reversible", true, false).await;
+    let r = h.req("POST", "/v1/transactions", Some(&acme.agent), Some(json!({}))).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let tx = r.body["id"].as_str().unwrap().to_owned();
     take_over(&h, "acme");
 
-    // The commit's decision cannot become durable: the request that met the fence says so.
-    let r =
-        h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&acme.agent), Some(json!({"seal": true}))).await;
+    // The effect's pending record cannot become durable: the request that met the fence says
+    // so, and the call never reached the webhook.
+    let r = h
+        .req(
+            "POST",
+            &format!("/v1/transactions/{tx}/effects"),
+            Some(&acme.agent),
+            Some(json!({"tool": "refund", "args": {"id": "a"}})),
+        )
+        .await;
     assert_not_served(&r, "acme");
+    assert!(sink.on("refund/call").is_empty(), "the call never ran");
     // Every later request of the tenant, with any of its keys, gets the same answer.
     assert_not_served(&h.req("GET", &format!("/v1/transactions/{tx}"), Some(&acme.agent), None).await, "acme");
     assert_not_served(&h.req("POST", "/v1/transactions", Some(&acme.agent), Some(json!({}))).await, "acme");
