@@ -172,7 +172,12 @@ async fn concurrent_transactions_all_get_an_error_when_the_fence_falls_and_none_
     // A gated effect fires only after its commit decision is in the ledger, and every
     // acknowledged commit fired its own: acknowledged <= fired <= decided.
     let fired = world.count("ship", "fire");
-    assert!(ok.len() <= fired && fired <= committed.len(), "{} acked, {fired} fired, {} decided", ok.len(), committed.len());
+    assert!(
+        ok.len() <= fired && fired <= committed.len(),
+        "{} acked, {fired} fired, {} decided",
+        ok.len(),
+        committed.len()
+    );
 }
 
 /// A group-commit store: appends are queued (accepted at once) and become durable when
