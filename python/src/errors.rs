@@ -56,6 +56,8 @@ fn classify(err: &Error) -> (&'static str, String) {
         },
         Error::Finished { .. } => ("WrongState", "settled".into()),
         Error::Store(_) => ("StoreError", "store".into()),
+        // Another owner holds the ledger stream: this engine stopped for good.
+        Error::Fenced(_) => ("StoreError", "fenced".into()),
         Error::InvalidArgument { .. } => ("InvalidArgument", "invalid_argument".into()),
         Error::UnknownTool { .. } => ("UnknownTool", "unknown_tool".into()),
         Error::CallInterrupted { .. } => ("WrongState", "settled".into()),

@@ -243,6 +243,10 @@ impl Checkpointer {
     pub(crate) fn now(&self) -> std::result::Result<CheckpointInfo, String> {
         let (m, cv) = &*self.ctl;
         let mut c = m.lock();
+        // A disabled checkpointer's thread has ended: nobody would serve the request.
+        if let Some(why) = &c.disabled {
+            return Err(why.clone());
+        }
         c.wanted += 1;
         let w = c.wanted;
         cv.notify_all();
@@ -447,6 +451,8 @@ impl Tidegate {
     /// it (the engine also takes them by its [`CheckpointPolicy`]). Blocks the calling
     /// thread; call it from outside the async runtime or through `spawn_blocking`.
     pub fn checkpoint_now(&self) -> Result<CheckpointInfo> {
+        // A fenced engine's store belongs to another owner now: nothing of it is written.
+        self.refuse_if_fenced()?;
         let Some(ck) = &self.inner.checkpointer else {
             return Err(Error::Store(StoreError::Unsupported { op: "checkpoints (disabled by the policy)" }));
         };

@@ -21,7 +21,7 @@ use crate::hooks::PreCommitHook;
 use crate::tool::{CallCtx, Tool};
 use crate::trace::{FileTrace, TraceSink};
 use crate::tx::Transaction;
-use crate::{Error, Result};
+use crate::{Error, Fence, Result};
 
 /// The one retry-and-probe policy of every call the engine makes (eager calls, releases at
 /// commit, compensations): bounded retry with exponential backoff for failures known not to
@@ -337,6 +337,7 @@ impl Builder {
                 tx_hooks: Mutex::new(HashMap::default()),
                 tools: RwLock::new(HashMap::default()),
                 poisoned: AtomicBool::new(false),
+                fence: tokio::sync::watch::Sender::new(None),
                 stop: Notify::new(),
                 trace: self.trace,
                 task_scope: self.task_scope,
@@ -353,6 +354,16 @@ impl Builder {
                 _own: own,
             }),
         })
+    }
+}
+
+impl Inner {
+    /// See [`Tidegate::stopped_error`].
+    pub(crate) fn stopped_error(&self) -> Error {
+        match &*self.fence.borrow() {
+            Some(f) => Error::Fenced(f.clone()),
+            None => Error::Store(StoreError::Closed),
+        }
     }
 }
 
@@ -453,6 +464,8 @@ pub(crate) struct Inner {
     pub(crate) tools: RwLock<HashMap<Arc<str>, Tool>>,
     /// Set when the store failed or [`Tidegate::stop`] was called: no more work is accepted.
     pub(crate) poisoned: AtomicBool,
+    /// Set (before `poisoned`) when the store fenced this engine out: every refusal names it.
+    pub(crate) fence: tokio::sync::watch::Sender<Option<Fence>>,
     /// Cancels the engine's own settlement tasks on [`Tidegate::stop`].
     pub(crate) stop: Notify,
     /// Where operation records go, when tracing.
@@ -578,6 +591,7 @@ impl Tidegate {
     /// process; for an older one, or one a previous process finished, it is read from the
     /// ledger (a scan, stopping at its settlement), so memory stays bounded.
     pub fn transaction(&self, id: TxId) -> Result<Transaction> {
+        self.refuse_if_fenced()?;
         let g = self.inner.shared.lock();
         let err = match g.core.epoch(id) {
             Ok(epoch) => {
@@ -715,6 +729,7 @@ impl Tidegate {
     /// earlier transactions, why, and the overlapping scopes. Empty when it would decide at
     /// once or is past deciding; an error for an unknown or settled transaction.
     pub fn waits_for(&self, tx: TxId) -> Result<Vec<tidegate_core::engine::WaitsFor>> {
+        self.refuse_if_fenced()?;
         Ok(self.inner.shared.lock().core.waits_for(tx)?)
     }
 
@@ -725,6 +740,7 @@ impl Tidegate {
 
     /// The committed version of a scope.
     pub fn version(&self, scope: &str) -> Result<tidegate_core::Version> {
+        self.refuse_if_fenced()?;
         let s = self.parse_scope(scope, "scope")?;
         Ok(self.inner.shared.lock().core.version(&s))
     }
@@ -766,7 +782,7 @@ impl Tidegate {
         f: impl FnOnce(&mut Core) -> std::result::Result<R, tidegate_core::EngineError>,
     ) -> Result<(R, Lsn)> {
         if self.inner.poisoned.load(AtomicOrdering::Relaxed) {
-            return Err(Error::Store(StoreError::Closed));
+            return Err(self.stopped_error());
         }
         let mut background: SmallVec<[Action; 2]> = SmallVec::new();
         let mut g = self.inner.shared.lock();
@@ -805,9 +821,22 @@ impl Tidegate {
                 }
                 Err(e) => {
                     // The state machine moved on but its facts are not in the ledger: stop
-                    // accepting work rather than acknowledge something unrecorded.
-                    self.inner.poisoned.store(true, AtomicOrdering::Relaxed);
-                    return Err(Error::Store(e));
+                    // accepting work rather than acknowledge something unrecorded. A fence is
+                    // recorded first, so that every refusal from now on names it.
+                    let fence = Fence::from_store(self.plan_tenant(), &e);
+                    if let Some(f) = &fence {
+                        self.record_fence(f);
+                    }
+                    self.inner.poisoned.store(true, AtomicOrdering::SeqCst);
+                    drop(g);
+                    drop(finished_ctxs);
+                    return Err(match fence {
+                        Some(f) => {
+                            self.halt();
+                            Error::Fenced(f)
+                        }
+                        None => Error::Store(e),
+                    });
                 }
             }
         }
@@ -891,8 +920,71 @@ impl Tidegate {
             return Ok(());
         }
         // Resolved by the store's group-commit writer; no thread is parked per waiter.
-        tidegate_storage::durable(&*self.inner.store, lsn).await?;
-        Ok(())
+        tidegate_storage::durable(&*self.inner.store, lsn).await.map_err(|e| self.store_failed(e))
+    }
+
+    /// The runtime error for a store failure met outside the engine lock (a durability wait):
+    /// a fence stops the engine (its queued events will never be durable, so its state is
+    /// ahead of the ledger); any other failure is returned as it is.
+    pub(crate) fn store_failed(&self, e: StoreError) -> Error {
+        let Some(fence) = Fence::from_store(self.plan_tenant(), &e) else { return Error::Store(e) };
+        self.record_fence(&fence);
+        self.inner.poisoned.store(true, AtomicOrdering::SeqCst);
+        self.halt();
+        Error::Fenced(self.fenced().unwrap_or(fence))
+    }
+
+    /// Keeps the first fence met (later ones say the same thing).
+    fn record_fence(&self, fence: &Fence) {
+        self.inner.fence.send_if_modified(|f| {
+            if f.is_some() {
+                return false;
+            }
+            *f = Some(fence.clone());
+            true
+        });
+    }
+
+    /// After a fence: cancels the settlement tasks (the new owner's recovery finishes what
+    /// they left, from the ledger), stops the plan executor, and wakes every commit and
+    /// turnstile waiter, who find the engine stopped. Called without the engine lock.
+    fn halt(&self) {
+        self.inner.stop.notify_waiters();
+        self.inner.turnstile.notify_waiters();
+        let waiters: SmallVec<[Arc<Notify>; 4]> = self.inner.shared.lock().waiters.values().cloned().collect();
+        for w in waiters {
+            w.notify_one();
+        }
+        self.inner.plans.stop();
+    }
+
+    /// The error every operation gets once the engine has stopped: [`Error::Fenced`] after a
+    /// fence, else `StoreError::Closed`.
+    pub(crate) fn stopped_error(&self) -> Error {
+        self.inner.stopped_error()
+    }
+
+    /// Refuses a read of the engine's state once it was fenced out: its state may be ahead of
+    /// the ledger (a decision whose append was refused), and nothing unrecorded is shown.
+    pub(crate) fn refuse_if_fenced(&self) -> Result<()> {
+        match &*self.inner.fence.borrow() {
+            Some(f) => Err(Error::Fenced(f.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// The fence, if this engine's store refused it as an old owner of its ledger stream (see
+    /// [`Error::Fenced`]): the engine has stopped, and its owner should stop serving it.
+    pub fn fenced(&self) -> Option<Fence> {
+        self.inner.fence.borrow().clone()
+    }
+
+    /// Resolves with the fence once this engine is fenced out (at once if it already is), or
+    /// with `None` if the engine is dropped first. Holds no reference to the engine, so an
+    /// owner can watch from a task of its own without keeping the engine alive.
+    pub fn when_fenced(&self) -> impl std::future::Future<Output = Option<Fence>> + Send + 'static {
+        let mut rx = self.inner.fence.subscribe();
+        async move { rx.wait_for(Option::is_some).await.ok().and_then(|f| f.clone()) }
     }
 }
 

@@ -33,6 +33,12 @@ pub enum Error {
     /// The ledger store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Another owner holds this engine's ledger stream (a node that took the tenant over):
+    /// the engine was fenced out and stopped, and refuses every later operation with this
+    /// error. Not retryable on this engine; the work belongs to the new owner now, whose
+    /// ledger holds everything this engine acknowledged.
+    #[error(transparent)]
+    Fenced(Fence),
     /// A malformed argument.
     #[error("invalid `{field}` = {value}: expected {expected}")]
     InvalidArgument {
@@ -111,6 +117,7 @@ impl Error {
                 !committed && reason.as_ref().is_some_and(AbortReason::retryable)
             }
             Error::Store(e) => e.retryable(),
+            Error::Fenced(_) => false,
             // A plan log failure is a store or engine failure: as transient as its cause (after
             // it the executor answers `PlanError::Stopped`, not retryable, until the engine is
             // reopened, as the engine itself does after a failed append). Plan refusals stay
@@ -126,6 +133,37 @@ impl Error {
         }
     }
 
+    /// Whether this engine was fenced out of its ledger stream: [`Error::Fenced`], or a store
+    /// or plan-log failure caused by the store refusing this handle as an old owner. A front
+    /// door that sees it stops serving the engine's tenant here (another node owns it now).
+    pub fn is_fenced(&self) -> bool {
+        match self {
+            Error::Fenced(_) => true,
+            Error::Store(e) => e.is_fenced(),
+            Error::Plan(p) => plan_fenced(p),
+            _ => false,
+        }
+    }
+
+    /// The fence that stopped the engine: [`Error::Fenced`], or a plan-log failure whose
+    /// cause is one.
+    pub fn fence(&self) -> Option<&Fence> {
+        match self {
+            Error::Fenced(f) => Some(f),
+            Error::Plan(p) => {
+                let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(p);
+                while let Some(c) = cause {
+                    if let Some(f) = c.downcast_ref::<Error>().and_then(Error::fence) {
+                        return Some(f);
+                    }
+                    cause = c.source();
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
     /// The outcome, when the error is an abort.
     pub fn outcome(&self) -> Option<&Outcome> {
         match self {
@@ -137,6 +175,55 @@ impl Error {
     /// The abort reason, when the error is an abort.
     pub fn abort_reason(&self) -> Option<&AbortReason> {
         self.outcome().and_then(|o| o.reason.as_ref())
+    }
+}
+
+/// Whether a plan error was caused by a fenced store or engine (its cause chain holds one).
+fn plan_fenced(p: &tidegate_plans::PlanError) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(p);
+    while let Some(c) = cause {
+        if let Some(e) = c.downcast_ref::<Error>()
+            && e.is_fenced()
+        {
+            return true;
+        }
+        if c.downcast_ref::<StoreError>().is_some_and(StoreError::is_fenced) {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// Why an engine stopped as a fenced-out owner: whose ledger stream, the token this engine
+/// appended with, and the newer owner's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "tenant `{tenant}`: ledger stream {stream} is owned by token {current} now; this engine (token {token}) was \
+     fenced out and stopped: it accepts nothing more, and the new owner serves the tenant"
+)]
+pub struct Fence {
+    /// The tenant the engine served ([`crate::Builder::tenant`], `default` unless set).
+    pub tenant: String,
+    /// The ledger stream, in the backend's terms (a data directory, a stream name).
+    pub stream: String,
+    /// The fencing token this engine appended with.
+    pub token: u64,
+    /// The token of the owner that holds the stream now (0 if the store did not say).
+    pub current: u64,
+}
+
+impl Fence {
+    /// The fence `err` reports for an engine serving `tenant`, if `err` is (or was caused by)
+    /// the store refusing an old owner.
+    pub(crate) fn from_store(tenant: &str, err: &StoreError) -> Option<Fence> {
+        match err {
+            StoreError::Fenced { stream, token, current } => {
+                Some(Fence { tenant: tenant.to_owned(), stream: stream.clone(), token: *token, current: *current })
+            }
+            StoreError::Failed { cause } => Fence::from_store(tenant, cause),
+            _ => None,
+        }
     }
 }
 

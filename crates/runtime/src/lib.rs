@@ -53,7 +53,7 @@ mod tx;
 pub use checkpoint::{CheckpointInfo, CheckpointPolicy, ReplayReport};
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use engine::{Builder, RetryPolicy, TaskScope, Tidegate, TxOptions};
-pub use error::{Error, FailureKind, Result};
+pub use error::{Error, FailureKind, Fence, Result};
 pub use extension::MAX_STREAM_BYTES;
 pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};

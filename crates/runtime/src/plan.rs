@@ -529,7 +529,7 @@ impl Tidegate {
             return Ok(r.plans.clone());
         }
         if self.inner.poisoned.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Store(tidegate_storage::StoreError::Closed));
+            return Err(self.stopped_error());
         }
         let _starting = self.inner.plans.starting.lock().await;
         if let Some(r) = self.inner.plans.running.lock().as_ref() {
@@ -712,13 +712,18 @@ impl tidegate_plans::PlanLog for LedgerLog {
             tg.record_extensions_touching(STREAM, facts, touches)
                 .map_err(|e| PlanError::log("append", e.retryable(), e))
         })();
-        let store = self.store.clone();
+        let (store, inner) = (self.store.clone(), self.inner.clone());
         async move {
             let lsn = recorded?;
             if lsn != 0 && !store.is_durable(lsn) {
-                tidegate_storage::durable(&*store, lsn)
-                    .await
-                    .map_err(|e| PlanError::log("make an append durable", e.retryable(), e))?;
+                tidegate_storage::durable(&*store, lsn).await.map_err(|e| {
+                    // A fence stops the engine as its own waits do (`Tidegate::store_failed`).
+                    let e = match inner.upgrade() {
+                        Some(inner) => Tidegate { inner }.store_failed(e),
+                        None => Error::Store(e),
+                    };
+                    PlanError::log("make an append durable", e.retryable(), e)
+                })?;
             }
             Ok(())
         }

@@ -25,7 +25,7 @@ impl Tidegate {
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
         if self.inner.poisoned.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Store(tidegate_storage::StoreError::Closed));
+            return Err(self.stopped_error());
         }
         // Boxed once: moved to a task afterwards without copying the (large) future itself.
         let mut work = Box::pin(work);
@@ -43,7 +43,7 @@ impl Tidegate {
             Ok(r) => r,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // The runtime is shutting down: the work did not finish here.
-            Err(_) => Err(Error::Store(tidegate_storage::StoreError::Closed)),
+            Err(_) => Err(self.stopped_error()),
         }
     }
 
@@ -62,13 +62,14 @@ impl Tidegate {
             // Registered before the check, so a stop between the two is not missed.
             stop.as_mut().enable();
             if inner.poisoned.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(Error::Store(tidegate_storage::StoreError::Closed));
+                return Err(inner.stopped_error());
             }
             tokio::select! {
                 r = work => r,
-                () = stop => Err(Error::Store(tidegate_storage::StoreError::Closed)),
+                () = stop => Err(inner.stopped_error()),
             }
         };
+        let stopped = self.inner.clone();
         self.inner.handle.spawn(async move {
             let Some(wrap) = scope else { return body.await };
             let slot = std::sync::Arc::new(parking_lot::Mutex::new(None));
@@ -79,14 +80,14 @@ impl Tidegate {
             }))
             .await;
             let r = slot.lock().take();
-            r.unwrap_or(Err(Error::Store(tidegate_storage::StoreError::Closed)))
+            r.unwrap_or_else(|| Err(stopped.stopped_error()))
         })
     }
 
     /// Stops the engine as a process stop would, for an owner shutting it down (a server
     /// closing a tenant): every settlement task still running is cancelled where it stands
     /// (the ledger has what it did; the next open's recovery finishes it) and no further work
-    /// is accepted (`StoreError::Closed`). Settlement tasks otherwise outlive the futures of
+    /// is accepted (`StoreError::Closed`, or [`Error::Fenced`] once the store fenced it out). Settlement tasks otherwise outlive the futures of
     /// the calls that started them, and keep the engine (and its store) alive until done.
     pub fn stop(&self) {
         self.inner.poisoned.store(true, std::sync::atomic::Ordering::SeqCst);

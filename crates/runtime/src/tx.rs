@@ -168,6 +168,7 @@ impl Transaction {
     /// The transaction's lifecycle state; once it has finished, an error saying how it ended
     /// ([`Error::Finished`], or `Settled` if it ended long ago).
     pub fn state(&self) -> Result<TxState> {
+        self.engine.refuse_if_fenced()?;
         let g = self.engine.inner.shared.lock();
         g.core.state(self.id).map_err(|e| g.endings.explain(e))
     }
@@ -307,6 +308,9 @@ impl Transaction {
         self.engine.durable(lsn).await?;
         if must_wait {
             self.turnstile(id).await;
+            // The engine may have stopped while this call waited (its store fenced it out):
+            // then the call never starts (the dropped ticket reports it did not happen).
+            self.engine.refuse_if_fenced()?;
         }
         ticket.start();
         Ok(ticket)
@@ -389,7 +393,10 @@ impl Transaction {
             let notified = inner.turnstile.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !inner.shared.lock().core.earlier_in_flight(self.id, effect) {
+            // A stopped engine wakes its turnstile: the caller then finds it stopped.
+            if inner.poisoned.load(std::sync::atomic::Ordering::SeqCst)
+                || !inner.shared.lock().core.earlier_in_flight(self.id, effect)
+            {
                 return;
             }
             notified.await;

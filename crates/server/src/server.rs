@@ -111,6 +111,10 @@ impl AppState {
                 format!("the tenant's engine could not be opened: {e}"),
             )
             .retry_after(5)),
+            // The node dropped the key's tenant (its store fenced the node out).
+            Err(AuthError::NotServed { tenant, reason }) => {
+                Err(tidegate_service::ServiceError::TenantUnavailable { tenant, reason }.into())
+            }
             Err(e) => Err(ApiError::unauthenticated(e.to_string())),
         }
     }

@@ -121,6 +121,16 @@ pub enum ServiceError {
         /// Seconds after which it may serve again, if known.
         retry_after: Option<u64>,
     },
+    /// This node does not serve the tenant (any more): its ledger store fenced the node's
+    /// engine out because another node took the tenant over, so the node dropped it.
+    /// Retryable: another node may serve the tenant (a router sends the request there).
+    #[error("tenant `{tenant}` is not served by this node: {reason}")]
+    TenantUnavailable {
+        /// The tenant.
+        tenant: String,
+        /// Why (the fence: the ledger stream and both owners' tokens).
+        reason: String,
+    },
     /// The service is shutting down; the operation was not started.
     #[error("the service is shutting down")]
     ShuttingDown,
@@ -152,9 +162,23 @@ impl ServiceError {
         ServiceError::Conflict { code, detail: detail.into(), retry_after: None }
     }
 
-    /// The engine's refusal.
+    /// The engine's refusal; an engine fenced out of its ledger stream is
+    /// [`ServiceError::TenantUnavailable`] (the node drops such a tenant).
     pub fn engine(e: tidegate_runtime::Error) -> ServiceError {
-        ServiceError::Engine(Arc::new(e))
+        match e.fence() {
+            Some(f) => ServiceError::fenced(f),
+            None => ServiceError::Engine(Arc::new(e)),
+        }
+    }
+
+    /// The refusal for a tenant this node dropped because `fence` fenced its engine out.
+    pub fn fenced(fence: &tidegate_runtime::Fence) -> ServiceError {
+        let reason = format!(
+            "its ledger stream {} is owned by token {} now and this node's engine (token {}) was fenced out; \
+             another node serves the tenant",
+            fence.stream, fence.current, fence.token
+        );
+        ServiceError::TenantUnavailable { tenant: fence.tenant.clone(), reason }
     }
 
     /// An I/O failure while doing `op`.
@@ -189,7 +213,10 @@ impl ServiceError {
             ),
             ServiceError::Tenant { source, .. } | ServiceError::Engine(source) => source.retryable(),
             ServiceError::Conflict { retry_after, .. } => retry_after.is_some(),
-            ServiceError::Unavailable { .. } | ServiceError::Io { .. } | ServiceError::ShuttingDown => true,
+            ServiceError::Unavailable { .. }
+            | ServiceError::TenantUnavailable { .. }
+            | ServiceError::Io { .. }
+            | ServiceError::ShuttingDown => true,
             _ => false,
         }
     }

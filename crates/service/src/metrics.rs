@@ -175,6 +175,8 @@ pub struct Metrics {
     pub client_results: Family<ResultLabel, Counter>,
     /// Tickets dropped because no result came within the transaction's lease.
     pub client_tickets_expired: Counter,
+    /// Tenants dropped because their ledger store fenced this node out.
+    pub tenants_fenced: Counter,
 }
 
 impl Default for Metrics {
@@ -253,6 +255,12 @@ impl Metrics {
             "Tickets of client-executed effects dropped because no result came within the lease.",
             client_tickets_expired.clone(),
         );
+        let tenants_fenced = Counter::default();
+        registry.register(
+            "tidegate_tenants_fenced",
+            "Tenants this node dropped because their ledger store fenced it out (another node took them over).",
+            tenants_fenced.clone(),
+        );
         registry.register_collector(Box::new(SnapshotCollector(snapshot.clone())));
         Metrics {
             registry,
@@ -273,6 +281,7 @@ impl Metrics {
             client_tickets,
             client_results,
             client_tickets_expired,
+            tenants_fenced,
         }
     }
 

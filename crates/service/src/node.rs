@@ -2,6 +2,12 @@
 //! owns (settlement work a caller that goes away must not cancel), authentication of API keys
 //! and an orderly close. A front door holds one [`Service`] and reaches tenants only through
 //! it.
+//!
+//! A tenant whose ledger store fences the node's engine out (another node took the tenant
+//! over) is dropped: its engine, background tasks and review manager are stopped, it leaves the
+//! node's tenants, and every later request for it answers
+//! [`ServiceError::TenantUnavailable`] (retryable: another node serves it) until this node
+//! restarts. The other tenants are not touched.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -53,6 +59,15 @@ pub enum AuthError {
     /// The key's tenant could not be opened: retryable.
     #[error("the tenant's engine could not be opened: {0}")]
     TenantUnavailable(String),
+    /// This node dropped the key's tenant (its store fenced the node out): what
+    /// [`ServiceError::TenantUnavailable`] says. Retryable: another node serves it.
+    #[error("tenant `{tenant}` is not served by this node: {reason}")]
+    NotServed {
+        /// The tenant.
+        tenant: String,
+        /// Why (the fence).
+        reason: String,
+    },
 }
 
 impl AuthError {
@@ -67,6 +82,8 @@ struct Inner {
     tenants: RwLock<HashMap<String, Arc<Tenant>>>,
     opening: tokio::sync::Mutex<()>,
     failed: Mutex<HashMap<String, String>>,
+    /// Tenants dropped because their store fenced this node out, with the refusal to give.
+    dropped: Mutex<HashMap<String, ServiceError>>,
     settings: ServiceSettings,
     metrics: Arc<Metrics>,
     http: reqwest::Client,
@@ -120,6 +137,7 @@ impl Service {
             tenants: RwLock::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
             failed: Mutex::new(HashMap::new()),
+            dropped: Mutex::new(HashMap::new()),
             settings,
             metrics: Arc::new(Metrics::new()),
             http,
@@ -179,14 +197,15 @@ impl Service {
         self.0.tenants.read().values().cloned().collect()
     }
 
-    /// The tenant `name`, opened if it is in the catalog and not open yet.
+    /// The tenant `name`, opened if it is in the catalog and not open yet. A tenant this node
+    /// dropped because its store fenced it out is [`ServiceError::TenantUnavailable`].
     pub async fn open_tenant(&self, name: &str) -> Result<Arc<Tenant>> {
-        if let Some(t) = self.0.tenants.read().get(name) {
-            return Ok(t.clone());
+        if let Some(t) = self.serving(name)? {
+            return Ok(t);
         }
         let _guard = self.0.opening.lock().await;
-        if let Some(t) = self.0.tenants.read().get(name) {
-            return Ok(t.clone());
+        if let Some(t) = self.serving(name)? {
+            return Ok(t);
         }
         let Some(record) = self.0.catalog.tenant(name)? else {
             return Err(ServiceError::NotFound { what: "tenant", name: name.to_owned() });
@@ -197,9 +216,84 @@ impl Service {
             .await
             .map_err(|e| ServiceError::io(format!("open tenant {name}"), std::io::Error::other(e)))??;
         tenant.start();
+        self.watch_fence(&tenant);
         self.0.tenants.write().insert(name.to_owned(), tenant.clone());
         self.0.failed.lock().remove(name);
         Ok(tenant)
+    }
+
+    /// The open tenant `name`, if this node serves it; the refusal if it dropped it. A tenant
+    /// whose engine was fenced out is dropped here at once (its watcher may not have run yet).
+    fn serving(&self, name: &str) -> Result<Option<Arc<Tenant>>> {
+        if let Some(refusal) = self.0.dropped.lock().get(name) {
+            return Err(refusal.clone());
+        }
+        let Some(t) = self.0.tenants.read().get(name).cloned() else { return Ok(None) };
+        match t.engine.fenced() {
+            None => Ok(Some(t)),
+            Some(fence) => {
+                self.drop_fenced(&t, &fence);
+                Err(ServiceError::fenced(&fence))
+            }
+        }
+    }
+
+    /// Drops `tenant` from the node when its engine is fenced out, whatever operation (or
+    /// background task) met the fence.
+    fn watch_fence(&self, tenant: &Arc<Tenant>) {
+        let fenced = tenant.engine.when_fenced();
+        let (node, weak) = (Arc::downgrade(&self.0), Arc::downgrade(tenant));
+        tenant.add_background(tokio::spawn(async move {
+            let Some(fence) = fenced.await else { return };
+            if let (Some(node), Some(tenant)) = (node.upgrade(), weak.upgrade()) {
+                Service(node).drop_fenced(&tenant, &fence);
+            }
+        }));
+    }
+
+    /// Drops a tenant whose engine was fenced out (see the module documentation): it answers
+    /// [`ServiceError::TenantUnavailable`] from now on, and its engine, background tasks and
+    /// review manager are stopped (on a blocking thread: the review database's client must
+    /// not be dropped on a runtime worker). Idempotent.
+    fn drop_fenced(&self, tenant: &Arc<Tenant>, fence: &tidegate_runtime::Fence) {
+        let refusal = ServiceError::fenced(fence);
+        self.0.dropped.lock().entry(tenant.name.clone()).or_insert_with(|| refusal.clone());
+        let removed = {
+            let mut tenants = self.0.tenants.write();
+            match tenants.get(&tenant.name) {
+                Some(t) if Arc::ptr_eq(t, tenant) => tenants.remove(&tenant.name),
+                _ => None,
+            }
+        };
+        let Some(t) = removed else { return };
+        tracing::warn!(tenant = %t.name, "dropped from this node: {refusal}");
+        self.0.metrics.tenants_fenced.inc();
+        let name = t.name.clone();
+        let release = tokio::task::spawn_blocking(move || t.release_fenced());
+        tokio::spawn(async move {
+            if let Err(e) = release.await {
+                tracing::error!(tenant = %name, "releasing the fenced tenant failed: {e}");
+            }
+        });
+    }
+
+    /// The tenants this node dropped because their stores fenced it out, with why.
+    pub fn dropped_tenants(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = self
+            .0
+            .dropped
+            .lock()
+            .iter()
+            .map(|(name, e)| {
+                let reason = match e {
+                    ServiceError::TenantUnavailable { reason, .. } => reason.clone(),
+                    other => other.to_string(),
+                };
+                (name.clone(), reason)
+            })
+            .collect();
+        v.sort();
+        v
     }
 
     /// Authenticates a presented API key (`tgk_<id>_<secret>`); opens its tenant if needed.
@@ -230,7 +324,10 @@ impl Service {
         if record.revoked_at_ms.is_some() {
             return Err(AuthError::Unauthenticated("the API key was revoked"));
         }
-        let tenant = self.open_tenant(&record.tenant).await.map_err(|e| AuthError::TenantUnavailable(e.to_string()))?;
+        let tenant = self.open_tenant(&record.tenant).await.map_err(|e| match e {
+            ServiceError::TenantUnavailable { tenant, reason } => AuthError::NotServed { tenant, reason },
+            e => AuthError::TenantUnavailable(e.to_string()),
+        })?;
         Ok(Authenticated { tenant, role: record.role, key_id: record.id })
     }
 

@@ -300,6 +300,28 @@ impl Tenant {
         *self.status.lock() = status;
     }
 
+    /// Adds a task stopped with the tenant (when it closes or is dropped).
+    pub fn add_background(&self, task: JoinHandle<()>) {
+        self.background.lock().push(task);
+    }
+
+    /// Stops what is left of a tenant whose engine was fenced out (the node dropped it): its
+    /// background tasks, its review manager and any engine work still running, and wakes the
+    /// pull workers waiting on its queue. Nothing is checkpointed or synced: the ledger
+    /// stream belongs to another owner now, and the engine's state may be ahead of it.
+    /// Blocking (the review database's client is closed here).
+    pub fn release_fenced(&self) {
+        for h in self.background.lock().drain(..) {
+            h.abort();
+        }
+        self.review.close();
+        self.engine.stop();
+        self.dispatcher.queue().wake_all();
+        // Handles of live transactions would only answer the fence; let them go.
+        self.live.lock().clear();
+        self.groups.lock().clear();
+    }
+
     /// Where the tenant's engine is.
     pub fn status(&self) -> TenantStatus {
         self.status.lock().clone()

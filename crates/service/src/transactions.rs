@@ -229,8 +229,16 @@ impl Tenant {
         let tx = lt.handle.id();
         let (tool, args, opts) = planned.parts();
         let handle = lt.handle.clone();
+        // A call waiting on a worker that cannot report any more (the tenant's store fenced
+        // this node out, so the node dropped it) ends with the fence rather than waiting on.
+        let fenced = self.engine.when_fenced();
         let ack = node
-            .spawn(async move { handle.call_with(&tool, args, opts).await })
+            .spawn(async move {
+                tokio::select! {
+                    r = handle.call_with(&tool, args, opts) => r,
+                    Some(fence) = fenced => Err(tidegate_runtime::Error::Fenced(fence)),
+                }
+            })
             .await
             .map_err(|_| ServiceError::Internal("the call's task failed".into()))?
             .ok_or(ServiceError::ShuttingDown)??;

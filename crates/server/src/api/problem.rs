@@ -242,6 +242,7 @@ pub fn from_runtime_ref(e: &tidegate_runtime::Error) -> ApiError {
             e.retryable = finished.retryable();
             e
         }
+        E::Fenced(f) => tenant_unavailable(&ServiceError::fenced(f).to_string()),
         E::Store(s) => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", format!("the ledger store failed: {s}"))
         }
@@ -270,6 +271,16 @@ pub fn from_runtime_ref(e: &tidegate_runtime::Error) -> ApiError {
         }
         other => ApiError::internal(other.to_string()),
     }
+}
+
+/// Seconds a client waits before asking again for a tenant this node does not serve (another
+/// node may serve it by then, or a router sends the request there).
+pub const TENANT_RETRY_AFTER_S: u64 = 5;
+
+/// 503 for a tenant this node does not serve (any more); `detail` names the tenant and why.
+fn tenant_unavailable(detail: &str) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "tenant_unavailable", detail.to_owned())
+        .retry_after(TENANT_RETRY_AFTER_S)
 }
 
 /// Maps an engine refusal.
@@ -306,9 +317,13 @@ pub fn from_engine(e: &EngineError) -> ApiError {
 
 /// The one mapping of the service's errors to problem documents: bad input is 400 naming the
 /// field, a missing thing 404, a conflict 409 (with `Retry-After` when it says when), a part
-/// that cannot serve 503, the engine's refusals as [`from_runtime`] maps them.
+/// that cannot serve 503 (a tenant this node dropped, `tenant_unavailable`, with
+/// `Retry-After`), the engine's refusals as [`from_runtime`] maps them.
 impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> ApiError {
+        if let ServiceError::TenantUnavailable { .. } = &e {
+            return tenant_unavailable(&e.to_string());
+        }
         match e {
             ServiceError::Invalid { field, value, expected } => ApiError::invalid(field, value, expected),
             ServiceError::NotFound { what, name } => ApiError::not_found(what, &name),

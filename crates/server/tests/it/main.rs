@@ -9,6 +9,7 @@ mod common;
 mod console;
 mod crash;
 mod dispatch;
+mod fencing;
 mod isolation;
 mod openapi;
 mod plans_story;
