@@ -914,6 +914,13 @@ impl Tidegate {
         CallCtx { key: self.inner.shared.lock().core.adapter_key(tx, effect), ..CallCtx::bare(tx, effect) }
     }
 
+    /// Waits until everything the engine has appended so far is durable: after a settlement
+    /// seen through an [`crate::AppendObserver`] (which sees batches when they are appended,
+    /// before the store made them durable), this is the wait that makes it safe to report.
+    pub async fn appended_durable(&self) -> Result<()> {
+        self.durable(self.inner.store.last_lsn()).await
+    }
+
     /// Waits until the ledger holds everything up to `lsn` durably.
     pub(crate) async fn durable(&self, lsn: Lsn) -> Result<()> {
         if lsn == 0 || self.inner.store.is_durable(lsn) {

@@ -103,8 +103,9 @@ pub fn wait_duration(state: &AppState, field: &str, ms: Option<u64>) -> Result<D
     Ok(Duration::from_millis(ms))
 }
 
-/// Waits until `tx` settles (`Ok(true)`), `timeout` passes or shutdown begins (`Ok(false)`),
-/// or `op` ends with a refusal (`Err`).
+/// Waits until `tx` settles durably (`Ok(true)`), `timeout` passes or shutdown begins
+/// (`Ok(false)`), or `op` ends with a refusal (`Err`). With `op` (the request's own commit or
+/// abort), the settlement is the operation's end, never the index's first sight of it.
 pub async fn settle(
     state: &AppState,
     tenant: &Arc<Tenant>,
@@ -125,7 +126,11 @@ pub async fn settle(
                 None => {}
             }
         }
-        if tenant.index.phase(tx).is_none_or(|p| p.settled()) {
+        // The index sees a settlement when it is appended, before it is durable: a request
+        // that runs the settlement answers from the operation (which returns once the decision
+        // is durable), and a plain wait waits for the ledger's durability before answering.
+        if op.is_none() && tenant.index.phase(tx).is_none_or(|p| p.settled()) {
+            tenant.engine.appended_durable().await.map_err(tidegate_service::ServiceError::engine)?;
             return Ok(true);
         }
         if Instant::now() >= deadline || state.shutdown_token().is_cancelled() {

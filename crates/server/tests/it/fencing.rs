@@ -80,3 +80,19 @@ async fn a_fenced_tenant_answers_503_with_a_problem_and_the_other_tenant_is_serv
     assert!(r.text.contains("tidegate_tenants_fenced_total 1"), "{}", r.text);
     h.stop().await;
 }
+
+/// A commit whose decision cannot become durable is never answered `committed`: the request
+/// answers from its own settlement (which waits for durability), not from the ledger index,
+/// which sees the decision when it is appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_meets_the_fence_is_not_answered_committed() {
+    let h = Harness::durable(tempfile::tempdir().unwrap(), |c| c.server.shutdown_drain_ms = 300).await;
+    let (_, acme) = h.tenant("acme");
+    let r = h.req("POST", "/v1/transactions", Some(&acme.agent), Some(json!({"may_touch": ["kv:x"]}))).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let tx = r.body["id"].as_str().unwrap().to_owned();
+    take_over(&h, "acme");
+    let r = h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&acme.agent), Some(json!({"seal": true}))).await;
+    assert_not_served(&r, "acme");
+    h.stop().await;
+}
