@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use serde_json::{Value, json};
 use tidegate_runtime::plans::{Forward, Operation, PlanView, Status};
-use tidegate_runtime::{CallResult, Choice, DispatchRequest, Error, PlanDetail, Predicate, TxId, TxOptions};
+use tidegate_runtime::{CallOutcome, Choice, DispatchRequest, Error, PlanDetail, Predicate, TxId, TxOptions};
 
 use crate::calls::{ArgBuilder, CallCtx, describe, invoke, is_error};
 use crate::convert::{output_to_json, to_json, to_py};
@@ -180,15 +180,9 @@ fn request_py<'py>(py: Python<'py>, r: &DispatchRequest) -> PyResult<Bound<'py, 
     let cls = py.import("tidegate.plans")?.getattr("CapabilityRequest")?;
     let kw = PyDict::new(py);
     kw.set_item("capability", &r.capability)?;
-    kw.set_item(
-        "operation",
-        match r.operation {
-            Operation::Compensate => "compensate",
-            Operation::Probe => "probe",
-        },
-    )?;
+    kw.set_item("operation", r.operation.as_str())?;
     kw.set_item("tool", &r.tool)?;
-    kw.set_item("key", &r.key)?;
+    kw.set_item("key", r.key.to_string())?;
     kw.set_item("args", to_py(py, &r.args)?)?;
     kw.set_item(
         "output",
@@ -203,28 +197,29 @@ fn request_py<'py>(py: Python<'py>, r: &DispatchRequest) -> PyResult<Bound<'py, 
 /// What a handler's return value says. A compensation: `None` done, a `str` done with that
 /// residue, anything else done with it as output. A probe: `True` / `Happened(output)`
 /// happened, `False` did not, `None` unknown.
-fn result_of(operation: Operation, v: &Bound<'_, PyAny>) -> CallResult {
+fn result_of(operation: Operation, v: &Bound<'_, PyAny>) -> CallOutcome {
     match operation {
-        Operation::Compensate => {
-            if v.is_none() {
-                CallResult::Done { output: Value::Null, residue: None }
-            } else if let Ok(residue) = v.extract::<String>() {
-                CallResult::Done { output: Value::Null, residue: Some(residue) }
-            } else {
-                CallResult::Done { output: output_to_json(v), residue: None }
-            }
-        }
         Operation::Probe => {
             if v.is_none() {
-                return CallResult::Unknown("the probe could not tell (returned None)".into());
+                return CallOutcome::unknown("the probe could not tell (returned None)");
             }
             if let Ok(out) = v.getattr("_tidegate_happened") {
-                return CallResult::Done { output: output_to_json(&out), residue: None };
+                return CallOutcome::done(output_to_json(&out));
             }
             match v.is_truthy() {
-                Ok(true) => CallResult::Done { output: Value::Null, residue: None },
-                Ok(false) => CallResult::NotApplied("the probe says it did not take effect".into()),
-                Err(e) => CallResult::Unknown(format!("the probe's answer has no truth value: {e}")),
+                Ok(true) => CallOutcome::done(Value::Null),
+                Ok(false) => CallOutcome::not_applied("the probe says it did not take effect", false),
+                Err(e) => CallOutcome::unknown(format!("the probe's answer has no truth value: {e}")),
+            }
+        }
+        // A compensation (the only other operation a capability handler is sent).
+        _ => {
+            if v.is_none() {
+                CallOutcome::done(Value::Null)
+            } else if let Ok(residue) = v.extract::<String>() {
+                CallOutcome::done_with_residue(Value::Null, Some(residue))
+            } else {
+                CallOutcome::done(output_to_json(v))
             }
         }
     }
@@ -232,7 +227,7 @@ fn result_of(operation: Operation, v: &Bound<'_, PyAny>) -> CallResult {
 
 /// Runs a capability handler for `req`. `NotApplied` and `TransientError` raised say it
 /// certainly did not take effect; any other exception that the outcome is unknown.
-pub(crate) async fn run_capability(f: PyFn, req: DispatchRequest, ctx: Option<Arc<CallCtx>>) -> CallResult {
+pub(crate) async fn run_capability(f: PyFn, req: DispatchRequest, ctx: Option<Arc<CallCtx>>) -> CallOutcome {
     let op = req.operation;
     let build: ArgBuilder = Box::new(move |py| {
         let r = request_py(py, &req)?;
@@ -242,21 +237,23 @@ pub(crate) async fn run_capability(f: PyFn, req: DispatchRequest, ctx: Option<Ar
         Ok(v) => interp::attach(|py| result_of(op, v.bind(py))),
         Err(exc) => interp::attach(|py| {
             let msg = describe(py, &exc);
-            if is_error(py, &exc, "NotApplied") || is_error(py, &exc, "TransientError") {
-                CallResult::NotApplied(msg)
+            if is_error(py, &exc, "NotApplied") {
+                CallOutcome::not_applied(msg, false)
+            } else if is_error(py, &exc, "TransientError") {
+                CallOutcome::not_applied(msg, true)
             } else {
-                CallResult::Unknown(msg)
+                CallOutcome::unknown(msg)
             }
         }),
     }
 }
 
 /// Runs a handler for the plan executor: on the runtime's blocking pool, with no caller.
-pub(crate) async fn run_for_executor(f: PyFn, req: DispatchRequest) -> CallResult {
+pub(crate) async fn run_for_executor(f: PyFn, req: DispatchRequest) -> CallOutcome {
     let joined =
         tokio::task::spawn_blocking(move || tokio::runtime::Handle::current().block_on(run_capability(f, req, None)))
             .await;
-    joined.unwrap_or_else(|e| CallResult::Unknown(format!("the capability handler's thread failed: {e}")))
+    joined.unwrap_or_else(|e| CallOutcome::unknown(format!("the capability handler's thread failed: {e}")))
 }
 
 /// A plan of an engine (`tidegate.Plan` wraps it).

@@ -7,7 +7,7 @@ use pyo3::types::{PyDict, PyTuple};
 use serde_json::Value;
 use tidegate_runtime::plans::{Operation, resolve_args};
 use tidegate_runtime::{
-    CallHandle, CallResult, Compensation, Descriptor, DispatchRequest, EffectClass, Probe, ToolError,
+    CallHandle, CallOutcome, Compensation, Descriptor, DispatchRequest, EffectClass, Probe, ToolError,
 };
 
 use crate::calls::{ArgBuilder, CallCtx, current, describe, invoke, is_error};
@@ -279,8 +279,8 @@ async fn run_compensation(
 
 /// The in-process compensation of a tool declared with a descriptor: the descriptor's
 /// arguments resolved against the recorded call (as the plan executor resolves them), sent to
-/// this engine's handler for its capability with the key `<forward key>#compensate` (or the
-/// descriptor's own). The forward key is the call's idempotency key (a recovery in a later
+/// this engine's handler for its capability with the compensation key of the forward key (or
+/// the descriptor's own). The forward key is the call's idempotency key (a recovery in a later
 /// process reads it from the ledger), else the engine's derived `<tool>:<tx>:<effect>`
 /// (docs/plans.md).
 async fn compensate_by_capability(
@@ -310,14 +310,15 @@ async fn compensate_by_capability(
         operation: Operation::Compensate,
         tool,
         key: desc.key_for(&forward_key),
-        args: resolved,
-        output: Some((*output).clone()),
+        args: Arc::new(resolved),
+        output: Some(output),
     };
     match run_capability(handler, request, ctx).await {
-        CallResult::Done { residue: Some(r), .. } => Ok(Compensation::with_residue(r)),
-        CallResult::Done { .. } => Ok(Compensation::clean()),
-        CallResult::NotApplied(m) => Err(ToolError::failed(m)),
-        CallResult::Unknown(m) => Err(ToolError::unknown(m)),
+        CallOutcome::Done { residue: Some(r), .. } => Ok(Compensation::with_residue(r)),
+        CallOutcome::Done { .. } => Ok(Compensation::clean()),
+        CallOutcome::NotApplied { message, retry: false } => Err(ToolError::failed(message)),
+        CallOutcome::NotApplied { message, retry: true } => Err(ToolError::transient(message)),
+        CallOutcome::Unknown { message } => Err(ToolError::unknown(message)),
     }
 }
 

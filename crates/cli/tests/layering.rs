@@ -13,7 +13,7 @@ use std::process::Command;
 /// dependencies (behind a cargo feature) are listed in `OPTIONAL`.
 const ALLOWED: [(&str, &[&str]); 11] = [
     ("tidegate-core", &[]),
-    ("tidegate-plans", &[]),
+    ("tidegate-plans", &["tidegate-core"]),
     ("tidegate-review", &[]),
     ("tidegate-detect", &[]),
     ("tidegate-storage", &["tidegate-core"]),

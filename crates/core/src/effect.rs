@@ -110,6 +110,10 @@ pub enum CallOutcome {
     Done {
         /// The tool's output.
         output: Arc<Value>,
+        /// What a compensation could not undo (a fee), when it reported any. `None` for a
+        /// call, a release and a probe.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        residue: Option<String>,
     },
     /// The call certainly did not take effect.
     NotApplied {
@@ -131,7 +135,12 @@ pub enum CallOutcome {
 impl CallOutcome {
     /// A call that took effect with `output`.
     pub fn done(output: impl Into<Arc<Value>>) -> CallOutcome {
-        CallOutcome::Done { output: output.into() }
+        CallOutcome::Done { output: output.into(), residue: None }
+    }
+
+    /// A compensation that took effect with `output`, leaving `residue` (if any).
+    pub fn done_with_residue(output: impl Into<Arc<Value>>, residue: Option<String>) -> CallOutcome {
+        CallOutcome::Done { output: output.into(), residue }
     }
 
     /// A call that certainly did not take effect; `retry` says whether trying again may help.
@@ -147,9 +156,14 @@ impl CallOutcome {
     /// The output, when the call took effect.
     pub fn output(&self) -> Option<&Arc<Value>> {
         match self {
-            CallOutcome::Done { output } => Some(output),
+            CallOutcome::Done { output, .. } => Some(output),
             _ => None,
         }
+    }
+
+    /// Whether it took effect.
+    pub fn is_done(&self) -> bool {
+        matches!(self, CallOutcome::Done { .. })
     }
 
     /// The tool's message, when the call failed.

@@ -8,6 +8,7 @@
 
 #![deny(missing_docs)]
 
+pub mod dispatch;
 pub mod effect;
 pub mod engine;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod ledger;
 pub mod scope;
 pub mod trace;
 
+pub use dispatch::{BoxFuture, Clock, DEFAULT_DISPATCH_DEADLINE, Dispatch, DispatchKey, DispatchRequest, Operation};
 pub use effect::{
     AbortReason, CallOutcome, Disposition, EffectClass, EffectDecl, EffectOutcome, HeldAck, Outcome, PartialCommit, Tag,
 };

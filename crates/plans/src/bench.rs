@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::executor::{CallResult, Executor};
+use crate::executor::{CallOutcome, Executor};
 use crate::fact::{Descriptor, Entry, Observation, PlanFact};
 use crate::wheel::Wheel;
 
@@ -179,7 +179,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Value, String> {
             break;
         }
         for a in d.actions {
-            let f = a.result_fact(CallResult::Done { output: Value::Null, residue: None });
+            let f = a.result_fact(CallOutcome::done(Value::Null));
             exec.apply_fact(&f).map_err(|e| e.to_string())?;
             fired += 1;
         }

@@ -9,9 +9,11 @@ use std::sync::Mutex as SyncMutex;
 use tokio::sync::{Mutex, Notify, mpsc};
 
 use crate::error::PlanError;
-use crate::executor::{Action, CallResult, DispatchRequest, Executor, PlanDetail, PlanView};
+use crate::executor::{Action, CallOutcome, DispatchRequest, Executor, PlanDetail, PlanView};
 use crate::fact::{Choice, EffectId, Entry, Observation, PlanFact, PlanId, StuckReason, Touch, TxId, Verdict};
 use crate::predicate::Predicate;
+use tidegate_core::Timestamp;
+pub use tidegate_core::{Clock, Dispatch};
 
 /// The durable log the executor is a fold of: plan records and engine facts in ledger order.
 pub trait PlanLog: Send + Sync + 'static {
@@ -41,27 +43,6 @@ pub trait PlanLog: Send + Sync + 'static {
     }
 }
 
-/// How long the executor waits for one dispatch by default (5 minutes of engine clock)
-/// before it takes the outcome as unknown; see [`Dispatch::deadline_ms`].
-pub const DEFAULT_DISPATCH_DEADLINE_MS: u64 = 300_000;
-
-/// Runs a dispatch by capability (webhook or pull worker in the server).
-pub trait Dispatch: Send + Sync + 'static {
-    /// One dispatch, with the dispatcher's own retries; see [`CallResult`].
-    fn dispatch(&self, request: DispatchRequest) -> impl Future<Output = CallResult> + Send;
-
-    /// How long the executor waits for `request` (ms of engine clock, at least 1) before it
-    /// stops waiting and records the outcome as unknown: a compensation is then probed
-    /// (docs/plans.md invariant 6) and retried or sent to the owner, never left in flight. The
-    /// dispatch's future is dropped at the deadline, and a panic in it is an unknown outcome
-    /// too. Default [`DEFAULT_DISPATCH_DEADLINE_MS`]; a dispatcher returns each capability's
-    /// own setting.
-    fn deadline_ms(&self, request: &DispatchRequest) -> u64 {
-        let _ = request;
-        DEFAULT_DISPATCH_DEADLINE_MS
-    }
-}
-
 /// The text of a panic payload.
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
@@ -71,15 +52,18 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic with a non-text payload".to_owned())
 }
 
-/// The engine clock, in milliseconds.
-pub trait Clock: Send + Sync + 'static {
-    /// Now.
-    fn now_ms(&self) -> u64;
-    /// Resolves at `at_ms` (at once if passed).
-    fn sleep_until(&self, at_ms: u64) -> impl Future<Output = ()> + Send;
+/// The executor's time in milliseconds of `clock` (the engine's clock reads nanoseconds).
+fn now_ms(clock: &impl Clock) -> u64 {
+    clock.now().0 / 1_000_000
 }
 
-/// Tokio's clock (virtual under `tokio::time::pause`), counting from `base_ms` at creation.
+/// Sleeps on `clock` until `at_ms`.
+fn sleep_until_ms(clock: &impl Clock, at_ms: u64) -> tidegate_core::BoxFuture<()> {
+    clock.sleep_until(Timestamp(at_ms.saturating_mul(1_000_000)))
+}
+
+/// Tokio's clock (virtual under `tokio::time::pause`), reading `base_ms` at creation: the
+/// executor's own tests and benchmark run on it (an engine passes its own clock).
 #[derive(Debug, Clone)]
 pub struct TokioClock {
     start: tokio::time::Instant,
@@ -94,13 +78,14 @@ impl TokioClock {
 }
 
 impl Clock for TokioClock {
-    fn now_ms(&self) -> u64 {
-        self.base_ms + self.start.elapsed().as_millis() as u64
+    fn now(&self) -> Timestamp {
+        let ms = self.base_ms + self.start.elapsed().as_millis() as u64;
+        Timestamp(ms.saturating_mul(1_000_000))
     }
 
-    fn sleep_until(&self, at_ms: u64) -> impl Future<Output = ()> + Send {
-        let wait = at_ms.saturating_sub(self.base_ms);
-        tokio::time::sleep_until(self.start + Duration::from_millis(wait))
+    fn sleep_until(&self, deadline: Timestamp) -> tidegate_core::BoxFuture<()> {
+        let wait = (deadline.0 / 1_000_000).saturating_sub(self.base_ms);
+        Box::pin(tokio::time::sleep_until(self.start + Duration::from_millis(wait)))
     }
 }
 
@@ -162,7 +147,7 @@ pub struct Plans<L, D, C> {
     stopped: OnceLock<PlanError>,
 }
 
-impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
+impl<L: PlanLog, D: Dispatch + 'static, C: Clock + 'static> Plans<L, D, C> {
     /// Rebuilds the executor of `tenant` from `log` and records its start.
     pub async fn start(tenant: &str, log: L, dispatch: D, clock: C) -> Result<Arc<Self>, PlanError> {
         let mut exec = log.initial(tenant).unwrap_or_else(|| Executor::new(tenant));
@@ -196,7 +181,7 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
         let mut exec = self.exec.lock().await;
         self.check()?;
         self.catch_up(&mut exec);
-        let (fact, out) = f(&mut exec, self.clock.now_ms())?;
+        let (fact, out) = f(&mut exec, now_ms(&self.clock))?;
         self.guard(self.log.append(vec![Entry::Plan(fact)]).await)?;
         drop(exec);
         self.wake.notify_one();
@@ -297,7 +282,7 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
     pub async fn detail(&self, plan: PlanId) -> Option<PlanDetail> {
         let mut exec = self.exec.lock().await;
         self.catch_up(&mut exec);
-        exec.detail(plan, self.clock.now_ms())
+        exec.detail(plan, now_ms(&self.clock))
     }
 
     /// The tenant this executor serves.
@@ -310,25 +295,25 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
     /// deadline are an unknown outcome (the handler may have acted before it stopped), which
     /// the executor resolves by probing, never by firing blindly again. The dispatch's future
     /// is dropped at the deadline.
-    async fn bounded_dispatch(self: &Arc<Self>, request: DispatchRequest) -> CallResult {
+    async fn bounded_dispatch(self: &Arc<Self>, request: DispatchRequest) -> CallOutcome {
         let capability = request.capability.clone();
-        let limit = self.dispatch.deadline_ms(&request).max(1);
-        let at = self.clock.now_ms().saturating_add(limit);
+        let limit = u64::try_from(self.dispatch.deadline(&request).as_millis()).unwrap_or(u64::MAX).max(1);
+        let at = now_ms(&self.clock).saturating_add(limit);
         let this = Arc::clone(self);
         let task = tokio::spawn(async move { this.dispatch.dispatch(request).await });
         let abort = task.abort_handle();
         tokio::select! {
             r = task => match r {
                 Ok(r) => r,
-                Err(e) if e.is_panic() => CallResult::Unknown(format!(
+                Err(e) if e.is_panic() => CallOutcome::unknown(format!(
                     "the handler of capability `{capability}` panicked: {}",
                     panic_text(&*e.into_panic())
                 )),
-                Err(_) => CallResult::Unknown(format!("the dispatch to capability `{capability}` was cancelled")),
+                Err(_) => CallOutcome::unknown(format!("the dispatch to capability `{capability}` was cancelled")),
             },
-            () = self.clock.sleep_until(at) => {
+            () = sleep_until_ms(&self.clock, at) => {
                 abort.abort();
-                CallResult::Unknown(format!(
+                CallOutcome::unknown(format!(
                     "capability `{capability}` did not answer within its deadline of {limit} ms"
                 ))
             }
@@ -338,13 +323,13 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
     /// The executor loop: decide, make the decision durable, dispatch, record results, sleep
     /// until a command, a result or the next deadline. Returns only on a log failure.
     pub async fn run(self: Arc<Self>) -> Result<(), PlanError> {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Action, CallResult)>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Action, CallOutcome)>();
         loop {
             let (actions, next) = {
                 let mut exec = self.exec.lock().await;
                 self.check()?;
                 self.catch_up(&mut exec);
-                let d = exec.decide(self.clock.now_ms());
+                let d = exec.decide(now_ms(&self.clock));
                 if !d.facts.is_empty() {
                     // A compensation's scopes are touched in the same append as its
                     // `comp_started`, before it is dispatched.
@@ -364,7 +349,7 @@ impl<L: PlanLog, D: Dispatch, C: Clock> Plans<L, D, C> {
             }
             let sleep = async {
                 match next {
-                    Some(at) => self.clock.sleep_until(at).await,
+                    Some(at) => sleep_until_ms(&self.clock, at).await,
                     None => std::future::pending().await,
                 }
             };

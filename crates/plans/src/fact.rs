@@ -69,9 +69,13 @@ impl Descriptor {
         Ok(())
     }
 
-    /// The compensation key for a forward effect keyed `forward_key`.
-    pub fn key_for(&self, forward_key: &str) -> String {
-        self.key.clone().unwrap_or_else(|| format!("{forward_key}#compensate"))
+    /// The compensation's key for a forward effect keyed `forward_key`: the descriptor's own
+    /// `key`, else the forward key's compensation (`<key>#compensate` once rendered).
+    pub fn key_for(&self, forward_key: &str) -> tidegate_core::DispatchKey {
+        match &self.key {
+            Some(k) => tidegate_core::DispatchKey::given(forward_key, k.as_str()),
+            None => tidegate_core::DispatchKey::compensation(forward_key),
+        }
     }
 }
 

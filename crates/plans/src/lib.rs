@@ -15,7 +15,8 @@
 //!                                   PlanLog::append           Dispatch::dispatch ─► result fact
 //! ```
 //!
-//! This crate imports nothing of Tidegate; the binding to the engine's ledger, runtime and
+//! This crate imports only the dispatch vocabulary of `tidegate-core` (`CallOutcome`,
+//! `DispatchRequest`, `DispatchKey`, `Dispatch`, `Clock`); the binding to the engine's ledger, runtime and
 //! server is described in docs/plans.md ("Binding").
 
 #![deny(missing_docs)]
@@ -28,11 +29,11 @@ mod fact;
 mod predicate;
 mod wheel;
 
-pub use driver::{Clock, DEFAULT_DISPATCH_DEADLINE_MS, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
+pub use driver::{Clock, Dispatch, MemoryLog, PlanLog, Plans, TokioClock};
 pub use error::{PlanError, SharedError};
 pub use executor::{
-    Action, CallResult, Decision, DispatchRequest, Executor, Forward, Operation, PLAN_SNAPSHOT_VERSION, PlanDetail,
-    PlanView, RegistrationView, Status, TriggerView, resolve_args,
+    Action, CallOutcome, Decision, DispatchKey, DispatchRequest, Executor, Forward, Operation, PLAN_SNAPSHOT_VERSION,
+    PlanDetail, PlanView, RegistrationView, Status, TriggerView, resolve_args,
 };
 pub use fact::{
     Cause, Choice, CompResult, DEFAULT_CASCADE_LIMIT, Descriptor, EffectId, Entry, MAX_CASCADE_LIMIT,
@@ -40,4 +41,5 @@ pub use fact::{
     StuckReason, Touch, TxId, Verdict,
 };
 pub use predicate::{Compensated, MAX_ATOMS, MAX_DEPTH, NoCommit, Predicate, Tagged, Tri};
+pub use tidegate_core::DEFAULT_DISPATCH_DEADLINE;
 pub use wheel::Wheel;

@@ -14,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tidegate_plans::{
-    Action, CallResult, Choice, Compensated, Descriptor, Entry, Executor, Observation, Outcome, PlanError, PlanFact,
+    Action, CallOutcome, Choice, Compensated, Descriptor, Entry, Executor, Observation, Outcome, PlanError, PlanFact,
     PlanId, Predicate, Status, StuckReason, TxId, Verdict,
 };
 
@@ -162,45 +162,42 @@ impl Sim {
         panic!("seed {}: the executor did not settle within 10,000 decisions", self.seed);
     }
 
-    fn run(&mut self, a: &Action) -> CallResult {
+    fn run(&mut self, a: &Action) -> CallOutcome {
         let req = a.request().clone();
+        let key = req.key.to_string();
         let unknown = self.rng.gen_bool(0.05);
         match a {
             Action::Compensate { plan, seq, .. } => {
-                let want = req.key.trim_end_matches("#compensate").to_owned();
+                let want = key.trim_end_matches("#compensate").to_owned();
                 if req.args.get("booking") != Some(&Value::String(want.clone())) {
                     self.world
                         .errors
                         .push(format!("compensation {} got args {} (expected booking {want})", req.key, req.args));
                 }
-                if self.rng.gen_bool(0.05) && self.world.refused_once.insert(req.key.clone()) {
-                    return CallResult::NotApplied("503 before processing".into());
+                if self.rng.gen_bool(0.05) && self.world.refused_once.insert(key.clone()) {
+                    return CallOutcome::not_applied("503 before processing", false);
                 }
                 let apply = !unknown || self.rng.gen_bool(0.5);
                 if apply {
-                    *self.world.comp_count.entry(req.key.clone()).or_default() += 1;
-                    self.world.comp_order.push((*plan, *seq, req.key.clone()));
+                    *self.world.comp_count.entry(key.clone()).or_default() += 1;
+                    self.world.comp_order.push((*plan, *seq, key.clone()));
                 }
-                if unknown {
-                    CallResult::Unknown("timed out".into())
-                } else {
-                    CallResult::Done { output: json!({"undone": req.key}), residue: None }
-                }
+                if unknown { CallOutcome::unknown("timed out") } else { CallOutcome::done(json!({"undone": key})) }
             }
-            Action::ProbeForward { .. } if unknown => CallResult::Unknown("probe timed out".into()),
+            Action::ProbeForward { .. } if unknown => CallOutcome::unknown("probe timed out"),
             Action::ProbeForward { .. } => {
-                if self.world.applied_fwd.contains(&req.key) {
-                    CallResult::Done { output: json!({"id": req.key}), residue: None }
+                if self.world.applied_fwd.contains(&key) {
+                    CallOutcome::done(json!({"id": key}))
                 } else {
-                    CallResult::NotApplied("no such call".into())
+                    CallOutcome::not_applied("no such call", false)
                 }
             }
-            Action::ProbeCompensation { .. } if unknown => CallResult::Unknown("probe timed out".into()),
+            Action::ProbeCompensation { .. } if unknown => CallOutcome::unknown("probe timed out"),
             Action::ProbeCompensation { .. } => {
-                if self.world.comp_count.get(&req.key).copied().unwrap_or(0) > 0 {
-                    CallResult::Done { output: Value::Null, residue: None }
+                if self.world.comp_count.get(&key).copied().unwrap_or(0) > 0 {
+                    CallOutcome::done(Value::Null)
                 } else {
-                    CallResult::NotApplied("no such compensation".into())
+                    CallOutcome::not_applied("no such compensation", false)
                 }
             }
         }

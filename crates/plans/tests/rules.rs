@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use tidegate_plans::{
-    Action, CallResult, Choice, Compensated, Descriptor, Dispatch, DispatchRequest, Entry, Executor, MemoryLog,
+    Action, CallOutcome, Choice, Compensated, Descriptor, Dispatch, DispatchRequest, Entry, Executor, MemoryLog,
     NoCommit, Observation, Operation, Outcome, PlanError, PlanFact, PlanId, PlanLog, Plans, Predicate, SkipReason,
     Status, StuckReason, TokioClock, TxId, Verdict,
 };
@@ -22,7 +22,7 @@ struct H {
     done: Vec<String>,
     /// Every dispatch, in order.
     calls: Vec<DispatchRequest>,
-    answer: Box<dyn FnMut(&DispatchRequest) -> CallResult>,
+    answer: Box<dyn FnMut(&DispatchRequest) -> CallOutcome>,
 }
 
 impl H {
@@ -35,7 +35,7 @@ impl H {
             now: 0,
             done: vec![],
             calls: vec![],
-            answer: Box::new(|_| CallResult::Done { output: Value::Null, residue: None }),
+            answer: Box::new(|_| CallOutcome::done(Value::Null)),
         }
     }
     fn cmd(
@@ -94,8 +94,8 @@ impl H {
             for a in d.actions {
                 let r = (self.answer)(a.request());
                 self.calls.push(a.request().clone());
-                if matches!(a, Action::Compensate { .. }) && matches!(r, CallResult::Done { .. }) {
-                    self.done.push(a.request().key.clone());
+                if matches!(a, Action::Compensate { .. }) && matches!(r, CallOutcome::Done { .. }) {
+                    self.done.push(a.request().key.to_string());
                 }
                 let f = a.result_fact(r);
                 self.exec.apply_fact(&f).unwrap();
@@ -138,7 +138,7 @@ fn failed_plan_unwinds_every_step_last_in_first_out() {
     h.cmd(|e, now| e.signal(p, "visa refused", now)).unwrap();
     h.pump();
     assert_eq!(h.done, ["k2.0#compensate", "k1.1#compensate", "k1.0#compensate"]);
-    assert_eq!(h.calls[0].args, json!({"booking": "b2.0"}), "the reference to the forward output resolved");
+    assert_eq!(*h.calls[0].args, json!({"booking": "b2.0"}), "the reference to the forward output resolved");
     assert_eq!(h.status(p), Status::Ended(Outcome::Unwound));
 }
 
@@ -175,10 +175,10 @@ fn deadline_fires_only_when_the_clock_reaches_it() {
 fn never_externalised_effects_are_not_compensated_and_in_doubt_ones_are_probed() {
     let mut h = H::new();
     // The forward probe says: b1.1 happened, b1.2 did not.
-    h.answer = Box::new(|r| match (r.operation, r.key.as_str()) {
-        (Operation::Probe, "k1.1") => CallResult::Done { output: json!({"id": "b1.1"}), residue: None },
-        (Operation::Probe, _) => CallResult::NotApplied("404".into()),
-        _ => CallResult::Done { output: Value::Null, residue: None },
+    h.answer = Box::new(|r| match (r.operation, r.key.to_string().as_str()) {
+        (Operation::Probe, "k1.1") => CallOutcome::done(json!({"id": "b1.1"})),
+        (Operation::Probe, _) => CallOutcome::not_applied("404", false),
+        _ => CallOutcome::done(Value::Null),
     });
     let p = h.open(None, None);
     h.cmd(|e, _| e.begin_step(p, 1)).unwrap();
@@ -432,9 +432,10 @@ fn an_in_doubt_compensation_after_a_crash_is_probed_not_repeated() {
         h.log.extend(d.facts.into_iter().map(Entry::Plan));
         h.rebuild();
         h.answer = Box::new(move |r| match r.operation {
-            Operation::Probe if happened => CallResult::Done { output: Value::Null, residue: None },
-            Operation::Probe => CallResult::NotApplied("404".into()),
-            Operation::Compensate => CallResult::Done { output: Value::Null, residue: None },
+            Operation::Probe if happened => CallOutcome::done(Value::Null),
+            Operation::Probe => CallOutcome::not_applied("404", false),
+            Operation::Compensate => CallOutcome::done(Value::Null),
+            op => panic!("the executor never asks a plan capability to {op}"),
         });
         h.pump();
         let ops: Vec<_> = h.calls.iter().map(|c| (c.operation, c.capability.as_str())).collect();
@@ -462,15 +463,15 @@ fn records_carry_their_version_and_newer_ones_are_refused() {
 }
 
 /// A dispatcher that records every compensation key.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 struct Sink(Arc<Mutex<Vec<String>>>);
 
 impl Dispatch for Sink {
-    fn dispatch(&self, r: DispatchRequest) -> impl std::future::Future<Output = CallResult> + Send {
+    fn dispatch(&self, r: DispatchRequest) -> tidegate_core::BoxFuture<CallOutcome> {
         if r.operation == Operation::Compensate {
-            self.0.lock().unwrap().push(r.key.clone());
+            self.0.lock().unwrap().push(r.key.to_string());
         }
-        std::future::ready(CallResult::Done { output: Value::Null, residue: None })
+        Box::pin(std::future::ready(CallOutcome::done(Value::Null)))
     }
 }
 

@@ -1,6 +1,5 @@
 //! Time, injected: the engine never reads the system clock itself.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,15 +10,8 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use tidegate_core::Timestamp;
 
-/// A source of time and sleeps.
-///
-/// `now` MUST be monotonic. `sleep_until` MUST NOT resolve before `now() >= deadline`.
-pub trait Clock: Send + Sync + fmt::Debug {
-    /// The current time.
-    fn now(&self) -> Timestamp;
-    /// A future that resolves once `now() >= deadline`.
-    fn sleep_until(&self, deadline: Timestamp) -> BoxFuture<'static, ()>;
-}
+/// The one clock trait, from `tidegate-core` (docs/service.md, "Dispatch vocabulary").
+pub use tidegate_core::Clock;
 
 /// Tokio's clock, anchored to wall-clock time when created: `now` is the Unix time at
 /// creation plus tokio's monotonic elapsed time, so timestamps written to a durable ledger

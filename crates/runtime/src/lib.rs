@@ -58,7 +58,7 @@ pub use extension::MAX_STREAM_BYTES;
 pub use group::{Speculation, SpeculationOutcome};
 pub use hooks::{FnHook, PreCommitHook, Verdict};
 pub use observer::AppendObserver;
-pub use plan::{CapabilityHandler, CapabilityOptions, Plan, PlanDispatch, PlanOptions};
+pub use plan::{CapabilityHandler, CapabilityOptions, Plan, PlanOptions};
 pub use read::Read;
 pub use recover::RecoveryReport;
 pub use run::{Attempt, DEFAULT_ATTEMPTS, RunReport};
@@ -67,12 +67,13 @@ pub use ticket::{Step, Ticket, TicketAction};
 pub use tidegate_core::engine::{EffectView, ReadResult, SealedView, WaitCause, WaitsFor};
 pub use tidegate_core::scope::{CaseRule, MAX_SCOPE_BYTES, MAX_SCOPE_SEGMENTS, PathStyle, ScopeError, ScopeRule};
 pub use tidegate_core::{
-    Ablation, AbortReason, CallOutcome, Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, GroupId,
-    Isolation, Level, Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
+    Ablation, AbortReason, BoxFuture, CallOutcome, DEFAULT_DISPATCH_DEADLINE, Dispatch, DispatchKey, DispatchRequest,
+    Disposition, EffectClass, EffectId, EffectOutcome, EngineError, Epoch, GroupId, Isolation, Level, Operation,
+    Ordering, Outcome, PartialCommit, Scope, ScopeRegistry, Tag, TxId, TxState, Version,
 };
 /// The plan executor's crate (descriptors, predicates, views, errors), re-exported.
 pub use tidegate_plans as plans;
-pub use tidegate_plans::{CallResult, Choice, Descriptor, DispatchRequest, PlanDetail, PlanError, PlanId, Predicate};
+pub use tidegate_plans::{Choice, Descriptor, PlanDetail, PlanError, PlanId, Predicate};
 /// The embedded ledger backend (feature `sqlite`, default on): a durable engine is
 /// `Tidegate::builder().store(Arc::new(SqliteStore::open(dir)?)).build()`.
 #[cfg(feature = "sqlite")]

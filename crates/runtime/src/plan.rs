@@ -8,7 +8,7 @@
 //!  Transaction::call_with(.., CallOptions::compensate(d)) ─► effect_recorded { compensation: d }
 //!  with_core (engine lock) ─► engine events of plan steps as Observations ─► feed ─► executor
 //!  executor ─► Dispatch by capability: in-process handlers ([`Tidegate::capability`]), else
-//!              the embedder's [`PlanDispatch`] (the server's webhooks and pull workers)
+//!              the embedder's [`Dispatch`] (the server's webhooks and pull workers)
 //! ```
 //!
 //! The executor holds nothing the ledger does not show: on start it folds every plan record
@@ -21,14 +21,13 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap as HashMap;
 use serde_json::Value;
-use tidegate_core::{EffectClass, Event, Timestamp, TxId};
+use tidegate_core::{BoxFuture, CallOutcome, DEFAULT_DISPATCH_DEADLINE, Dispatch, EffectClass, Event, Timestamp, TxId};
 use tidegate_plans::{
-    CallResult, Choice, DispatchRequest, Entry, Observation, PlanDetail, PlanError, PlanFact, PlanId, PlanView, Plans,
-    Predicate, STREAM, StuckReason, Verdict,
+    Choice, DispatchRequest, Entry, Observation, PlanDetail, PlanError, PlanFact, PlanId, PlanView, Plans, Predicate,
+    STREAM, StuckReason, Verdict,
 };
 use tidegate_storage::{LedgerStore, Lsn};
 use tokio::sync::Notify;
@@ -38,37 +37,22 @@ use crate::engine::{Inner, Tidegate, TxOptions};
 use crate::error::{Error, Result};
 use crate::tx::Transaction;
 
-/// Runs compensations and probes by capability for the plan executor (the server's
-/// implementation posts to webhooks or queues for pull workers).
-pub trait PlanDispatch: Send + Sync + fmt::Debug {
-    /// One dispatch, with the dispatcher's own retries.
-    fn dispatch(&self, request: DispatchRequest) -> BoxFuture<'static, CallResult>;
-
-    /// How long the executor waits for `request` before its outcome counts as unknown (ms of
-    /// engine clock; see [`tidegate_plans::Dispatch::deadline_ms`]). Default
-    /// [`tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS`].
-    fn deadline_ms(&self, request: &DispatchRequest) -> u64 {
-        let _ = request;
-        tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS
-    }
-}
-
 /// An in-process capability handler.
-pub type CapabilityHandler = Arc<dyn Fn(DispatchRequest) -> BoxFuture<'static, CallResult> + Send + Sync>;
+pub type CapabilityHandler = Arc<dyn Fn(DispatchRequest) -> BoxFuture<CallOutcome> + Send + Sync>;
 
 /// Options of an in-process capability ([`Tidegate::capability_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CapabilityOptions {
     /// How long the executor waits for one call of the handler before its outcome counts as
     /// unknown (the handler's future is dropped; a compensation is then probed, and retried
-    /// or sent to the plan's owner). Default 5 minutes
-    /// ([`tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS`]); at least 1 ms.
+    /// or sent to the plan's owner). Default 5 minutes ([`DEFAULT_DISPATCH_DEADLINE`]); at
+    /// least 1 ms.
     pub deadline: Duration,
 }
 
 impl Default for CapabilityOptions {
     fn default() -> Self {
-        CapabilityOptions { deadline: Duration::from_millis(tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS) }
+        CapabilityOptions { deadline: DEFAULT_DISPATCH_DEADLINE }
     }
 }
 
@@ -193,7 +177,7 @@ impl Plan {
 pub(crate) struct PlanState {
     pub(crate) feed: Arc<Feed>,
     caps: RwLock<HashMap<String, (CapabilityHandler, CapabilityOptions)>>,
-    external: RwLock<Option<Arc<dyn PlanDispatch>>>,
+    external: RwLock<Option<Arc<dyn Dispatch>>>,
     tenant: String,
     running: Mutex<Option<Running>>,
     starting: tokio::sync::Mutex<()>,
@@ -223,7 +207,7 @@ impl PlanState {
     }
 }
 
-pub(crate) type EnginePlans = Plans<LedgerLog, EngineDispatch, PlanClock>;
+pub(crate) type EnginePlans = Plans<LedgerLog, EngineDispatch, Arc<dyn Clock>>;
 
 struct Running {
     plans: Arc<EnginePlans>,
@@ -452,7 +436,7 @@ impl Tidegate {
     pub fn capability<F, Fut>(&self, capability: impl Into<String>, handler: F)
     where
         F: Fn(DispatchRequest) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = CallResult> + Send + 'static,
+        Fut: Future<Output = CallOutcome> + Send + 'static,
     {
         self.capability_with(capability, CapabilityOptions::default(), handler);
     }
@@ -464,7 +448,7 @@ impl Tidegate {
     pub fn capability_with<F, Fut>(&self, capability: impl Into<String>, opts: CapabilityOptions, handler: F)
     where
         F: Fn(DispatchRequest) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = CallResult> + Send + 'static,
+        Fut: Future<Output = CallOutcome> + Send + 'static,
     {
         let h: CapabilityHandler = Arc::new(move |r| Box::pin(handler(r)));
         self.inner.plans.caps.write().insert(capability.into(), (h, opts));
@@ -473,7 +457,7 @@ impl Tidegate {
     /// Sends the compensations and probes of capabilities without an in-process handler to
     /// `dispatch` (the server's webhooks and pull workers). Without one they fail
     /// (`not_applied`), which makes their plan stuck until the capability exists.
-    pub fn set_plan_dispatch(&self, dispatch: Arc<dyn PlanDispatch>) {
+    pub fn set_plan_dispatch(&self, dispatch: Arc<dyn Dispatch>) {
         *self.inner.plans.external.write() = Some(dispatch);
     }
 
@@ -542,7 +526,7 @@ impl Tidegate {
             resume: Mutex::new(None),
         };
         let dispatch = EngineDispatch { inner: Arc::downgrade(&self.inner) };
-        let clock = PlanClock(self.inner.clock.clone());
+        let clock = self.inner.clock.clone();
         let plans = match Plans::start(&self.inner.plans.tenant, log, dispatch, clock).await {
             Ok(p) => p,
             Err(e) => {
@@ -598,52 +582,43 @@ fn ms(t: Timestamp) -> u64 {
     t.0 / 1_000_000
 }
 
-/// The engine clock in milliseconds.
-pub(crate) struct PlanClock(Arc<dyn Clock>);
-
-impl tidegate_plans::Clock for PlanClock {
-    fn now_ms(&self) -> u64 {
-        ms(self.0.now())
-    }
-
-    fn sleep_until(&self, at_ms: u64) -> impl Future<Output = ()> + Send {
-        self.0.sleep_until(Timestamp(at_ms.saturating_mul(1_000_000)))
-    }
-}
-
 /// In-process capabilities first, then the embedder's dispatcher.
+#[derive(Debug)]
 pub(crate) struct EngineDispatch {
     inner: Weak<Inner>,
 }
 
-impl tidegate_plans::Dispatch for EngineDispatch {
-    fn deadline_ms(&self, request: &DispatchRequest) -> u64 {
-        let Some(inner) = self.inner.upgrade() else { return tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS };
+impl Dispatch for EngineDispatch {
+    fn deadline(&self, request: &DispatchRequest) -> Duration {
+        let Some(inner) = self.inner.upgrade() else { return DEFAULT_DISPATCH_DEADLINE };
         if let Some((_, opts)) = inner.plans.caps.read().get(&request.capability) {
-            return u64::try_from(opts.deadline.as_millis()).unwrap_or(u64::MAX);
+            return opts.deadline;
         }
         match inner.plans.external.read().as_ref() {
-            Some(d) => d.deadline_ms(request),
-            None => tidegate_plans::DEFAULT_DISPATCH_DEADLINE_MS,
+            Some(d) => d.deadline(request),
+            None => DEFAULT_DISPATCH_DEADLINE,
         }
     }
 
-    fn dispatch(&self, request: DispatchRequest) -> impl Future<Output = CallResult> + Send {
+    fn dispatch(&self, request: DispatchRequest) -> BoxFuture<CallOutcome> {
         let target = self.inner.upgrade().map(|inner| {
             let local = inner.plans.caps.read().get(&request.capability).map(|(h, _)| h.clone());
             (local, inner.plans.external.read().clone())
         });
-        async move {
+        Box::pin(async move {
             match target {
-                None => CallResult::NotApplied("the engine stopped".into()),
+                None => CallOutcome::not_applied("the engine stopped", true),
                 Some((Some(h), _)) => h(request).await,
                 Some((None, Some(d))) => d.dispatch(request).await,
-                Some((None, None)) => CallResult::NotApplied(format!(
-                    "no capability `{}` is registered (Tidegate::capability) and no plan dispatcher is set",
-                    request.capability
-                )),
+                Some((None, None)) => CallOutcome::not_applied(
+                    format!(
+                        "no capability `{}` is registered (Tidegate::capability) and no plan dispatcher is set",
+                        request.capability
+                    ),
+                    false,
+                ),
             }
-        }
+        })
     }
 }
 

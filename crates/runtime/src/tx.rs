@@ -360,7 +360,7 @@ impl Transaction {
         self.engine.durable(lsn).await?;
         match exec {
             ExecResult::Done => match result {
-                CallOutcome::Done { output } => Ok(Ack::Executed { effect: id, output }),
+                CallOutcome::Done { output, .. } => Ok(Ack::Executed { effect: id, output }),
                 // Failed while the transaction was already aborting.
                 failed => Err(self.interrupted(tool, failed.message().unwrap_or_default().to_owned())),
             },

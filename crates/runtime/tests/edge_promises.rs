@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tidegate_core::{AbortReason, EngineError, Level};
 use tidegate_runtime::plans::{Status, StuckReason};
 use tidegate_runtime::{
-    CallOptions, CallResult, CapabilityOptions, Compensation, Descriptor, EffectClass, Error, PlanOptions, Tidegate,
+    CallOptions, CallOutcome, CapabilityOptions, Compensation, Descriptor, EffectClass, Error, PlanOptions, Tidegate,
     Tool, TxOptions,
 };
 
@@ -176,7 +176,7 @@ fn counter(tg: &Tidegate, kv: &Kv) -> Tool {
             let key = req.args["key"].as_str().unwrap_or_default().to_owned();
             *kv.values.lock().entry(key.clone()).or_insert(0) -= 1;
             kv.log.lock().push(format!("sub {key}"));
-            CallResult::Done { output: json!("ok"), residue: None }
+            CallOutcome::done(json!("ok"))
         }
     });
     Tool::builder("add", EffectClass::Reversible)
@@ -301,7 +301,7 @@ fn fine_capability(tg: &Tidegate, kv: &Kv) {
         let kv = kv.clone();
         async move {
             kv.log.lock().push(format!("undo {}", req.args["key"].as_str().unwrap_or_default()));
-            CallResult::Done { output: json!("ok"), residue: None }
+            CallOutcome::done(json!("ok"))
         }
     });
 }
@@ -347,7 +347,7 @@ async fn hanging_capability_handler_times_out_and_sends_the_plan_to_its_owner() 
     let tg = Tidegate::in_memory().unwrap();
     fine_capability(&tg, &kv);
     tg.capability_with("undo", CapabilityOptions::deadline(Duration::from_millis(200)), |_| {
-        std::future::pending::<CallResult>()
+        std::future::pending::<CallOutcome>()
     });
     let plan = one_step_plan(&tg, &kv, "undo").await;
     plan.fail("cancelled").await.unwrap();
@@ -374,17 +374,17 @@ async fn a_compensation_whose_handler_panicked_once_is_probed_and_retried() {
         async move {
             let first = {
                 let mut c = c.lock();
-                c.push(req.key.clone());
+                c.push(req.key.to_string());
                 c.len() == 1
             };
             if first {
                 panic!("first attempt dies");
             }
             k.log.lock().push(format!("undo {}", req.args["key"].as_str().unwrap_or_default()));
-            CallResult::Done { output: json!("ok"), residue: None }
+            CallOutcome::done(json!("ok"))
         }
     });
-    tg.capability("flaky-probe", |_| async { CallResult::NotApplied("no such cancellation".into()) });
+    tg.capability("flaky-probe", |_| async { CallOutcome::not_applied("no such cancellation", false) });
     let add = Tool::builder("add", EffectClass::Reversible)
         .scope(|_| "travel:top".to_owned())
         .call(|_| async { Ok(json!("ok")) })

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use serde_json::json;
 use tidegate_runtime::plans::{Outcome, Status, Tagged, Tri};
 use tidegate_runtime::{
-    CallOptions, CallResult, Compensation, Descriptor, EffectClass, Error, PlanError, PlanOptions, Predicate,
+    CallOptions, CallOutcome, Compensation, Descriptor, EffectClass, Error, PlanError, PlanOptions, Predicate,
     SqliteStore, StoreError, Tidegate, Tool, TxOptions,
 };
 
@@ -63,7 +63,7 @@ fn cancel_capability(tg: &Tidegate, sink: &Sink) {
         async move {
             let booking = req.args["booking"].as_str().unwrap_or("?").to_owned();
             s.0.lock().push(format!("cancel {booking} {}", req.key));
-            CallResult::Done { output: json!({"cancelled": booking}), residue: None }
+            CallOutcome::done(json!({"cancelled": booking}))
         }
     });
 }
@@ -328,7 +328,7 @@ async fn an_in_doubt_forward_effect_is_probed_and_never_compensated_if_it_did_no
         let s = s.clone();
         async move {
             s.0.lock().push(format!("unstage {}", req.key));
-            CallResult::Done { output: json!(null), residue: None }
+            CallOutcome::done(json!(null))
         }
     });
     let s = sink.clone();
@@ -336,7 +336,7 @@ async fn an_in_doubt_forward_effect_is_probed_and_never_compensated_if_it_did_no
         let s = s.clone();
         async move {
             s.0.lock().push(format!("probe {}", req.key));
-            CallResult::NotApplied("no such write".into())
+            CallOutcome::not_applied("no such write", false)
         }
     });
     let tool = book(&sink);

@@ -36,7 +36,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tidegate_runtime::plans::{NoCommit, Operation, Outcome, Status, Tri};
 use tidegate_runtime::{
-    CallOptions, CallResult, CapabilityOptions, Choice, Compensation, Descriptor, EffectClass, EngineError, Error,
+    CallOptions, CallOutcome, CapabilityOptions, Choice, Compensation, Descriptor, EffectClass, EngineError, Error,
     ManualClock, MemoryStore, PlanError, PlanId, PlanOptions, Predicate, Probe, Tidegate, Tool, ToolError, TxOptions,
 };
 use tidegate_storage::LedgerStore;
@@ -194,10 +194,10 @@ fn capabilities(tg: &Tidegate, world: &Shared) {
     tg.capability_with("cancel", opts, move |req| {
         let w = w.clone();
         async move {
-            let fwd = req.key.trim_end_matches("#compensate").to_owned();
+            let fwd = req.key.forward().to_owned();
             let trouble = match req.operation {
                 Operation::Compensate => w.lock().trouble.remove(&fwd),
-                Operation::Probe => None,
+                _ => None,
             };
             match trouble {
                 Some(Trouble::Hang) => {
@@ -217,9 +217,9 @@ fn capabilities(tg: &Tidegate, world: &Shared) {
             match req.operation {
                 Operation::Probe => {
                     if w.undone.get(&fwd).is_some_and(|v| v.contains(&"plan")) {
-                        CallResult::Done { output: Value::Null, residue: None }
+                        CallOutcome::done(Value::Null)
                     } else {
-                        CallResult::NotApplied("no such cancellation".into())
+                        CallOutcome::not_applied("no such cancellation", false)
                     }
                 }
                 Operation::Compensate => {
@@ -238,7 +238,11 @@ fn capabilities(tg: &Tidegate, world: &Shared) {
                         drop(w);
                         panic!("cancel {fwd}: the handler broke after acting");
                     }
-                    CallResult::Done { output: json!({"cancelled": req.key}), residue: None }
+                    CallOutcome::done(json!({"cancelled": req.key}))
+                }
+                op => {
+                    w.errors.push(format!("the executor asked `cancel` to {op}"));
+                    CallOutcome::not_applied("a plan capability only compensates and probes", false)
                 }
             }
         }
@@ -247,10 +251,10 @@ fn capabilities(tg: &Tidegate, world: &Shared) {
     tg.capability("booked?", move |req| {
         let w = w.clone();
         async move {
-            if w.lock().booked.contains(&req.key) {
-                CallResult::Done { output: json!({"booking": req.key}), residue: None }
+            if w.lock().booked.contains(&req.key.to_string()) {
+                CallOutcome::done(json!({"booking": req.key}))
             } else {
-                CallResult::NotApplied("no such booking".into())
+                CallOutcome::not_applied("no such booking", false)
             }
         }
     });

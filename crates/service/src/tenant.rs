@@ -502,46 +502,25 @@ impl Tenant {
 }
 
 /// The plan executor's dispatch over the tenant's [`Dispatcher`] (webhook or pull worker by
-/// capability): `Compensate` and `Probe`, with the dispatcher's own retries; its outcomes map
-/// one to one (`Failed` is `not_applied`).
+/// capability): `Compensate` and `Probe`, with the dispatcher's own retries, in the one
+/// vocabulary (a `not_applied` with `retry: true` is the capability's attempts run out
+/// without the effect taking place: to the plan it is not applied, and the plan is stuck
+/// until retried).
 #[derive(Debug)]
 struct PlanDispatcher(Arc<Dispatcher>);
 
-impl tidegate_runtime::PlanDispatch for PlanDispatcher {
-    fn deadline_ms(&self, r: &tidegate_runtime::DispatchRequest) -> u64 {
-        self.0.deadline_ms(&r.capability).unwrap_or(tidegate_runtime::plans::DEFAULT_DISPATCH_DEADLINE_MS)
+impl tidegate_runtime::Dispatch for PlanDispatcher {
+    fn deadline(&self, r: &tidegate_runtime::DispatchRequest) -> std::time::Duration {
+        self.0
+            .deadline_ms(&r.capability)
+            .map_or(tidegate_runtime::DEFAULT_DISPATCH_DEADLINE, std::time::Duration::from_millis)
     }
 
     fn dispatch(
         &self,
         r: tidegate_runtime::DispatchRequest,
-    ) -> futures::future::BoxFuture<'static, tidegate_runtime::CallResult> {
-        use crate::dispatch::{DispatchOutcome, DispatchRequest, Operation};
-        use tidegate_runtime::CallResult;
+    ) -> tidegate_runtime::BoxFuture<tidegate_runtime::CallOutcome> {
         let d = self.0.clone();
-        Box::pin(async move {
-            let operation = match r.operation {
-                tidegate_runtime::plans::Operation::Compensate => Operation::Compensate,
-                tidegate_runtime::plans::Operation::Probe => Operation::Probe,
-            };
-            // Attempts are filed under the forward effect's key, as the tools' compensations are.
-            let effect_key = r.key.strip_suffix("#compensate").unwrap_or(&r.key).to_owned();
-            let req = DispatchRequest {
-                capability: r.capability,
-                operation,
-                tool: r.tool,
-                key: r.key,
-                effect_key,
-                args: Arc::new(r.args),
-                output: r.output.map(Arc::new),
-            };
-            match d.dispatch(req).await {
-                DispatchOutcome::Done { output, residue } => CallResult::Done { output, residue },
-                // Transient: the capability's attempts ran out without the effect taking
-                // place; to the plan it is not applied (it stays stuck until retried).
-                DispatchOutcome::Failed(e) | DispatchOutcome::Transient(e) => CallResult::NotApplied(e),
-                DispatchOutcome::Unknown(e) => CallResult::Unknown(e),
-            }
-        })
+        Box::pin(async move { d.dispatch(r).await })
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tidegate_runtime::{CallCtx, Compensation, EffectClass, Probe, Tool, ToolError};
 
-use crate::dispatch::{DispatchOutcome, DispatchRequest, Dispatcher, Operation};
+use crate::dispatch::{CallOutcome, DispatchKey, DispatchRequest, Dispatcher, Operation};
 use crate::registry::{Template, ToolDef};
 
 /// A registered server tool.
@@ -31,11 +31,6 @@ pub struct ServerTool {
     pub tool: Tool,
     scopes: Vec<Template>,
     key: Option<Template>,
-}
-
-/// The key of a compensation dispatch for the effect keyed `key`.
-pub fn compensation_key(key: &str) -> String {
-    format!("{key}#compensate")
 }
 
 /// The key the dispatches of an effect carry: its adapter key if it has one, else
@@ -54,12 +49,13 @@ fn call_parts(tag: &str, tool: &str, ctx: &CallCtx, recorded: &Value) -> (Value,
     (client_args(recorded, ctx.key.as_deref()), effect_key(tag, tool, ctx))
 }
 
-fn tool_error(o: DispatchOutcome) -> ToolError {
+/// The handler's error for a dispatch that did not end `Done`.
+fn tool_error(o: CallOutcome) -> ToolError {
     match o {
-        DispatchOutcome::Done { .. } => ToolError::unknown("a dispatch that succeeded was read as a failure"),
-        DispatchOutcome::Failed(m) => ToolError::failed(m),
-        DispatchOutcome::Transient(m) => ToolError::transient(m),
-        DispatchOutcome::Unknown(m) => ToolError::unknown(m),
+        CallOutcome::Done { .. } => ToolError::unknown("a dispatch that succeeded was read as a failure"),
+        CallOutcome::NotApplied { message, retry: false } => ToolError::failed(message),
+        CallOutcome::NotApplied { message, retry: true } => ToolError::transient(message),
+        CallOutcome::Unknown { message } => ToolError::unknown(message),
     }
 }
 
@@ -95,13 +91,12 @@ impl ServerTool {
                     capability: cap,
                     operation: op,
                     tool: tn.to_string(),
-                    key: key.clone(),
-                    effect_key: key,
+                    key: DispatchKey::effect(key),
                     args: Arc::new(args),
                     output: None,
                 };
                 match d.dispatch(req).await {
-                    DispatchOutcome::Done { output, .. } => Ok(output),
+                    CallOutcome::Done { output, .. } => Ok(Arc::unwrap_or_clone(output)),
                     other => Err(tool_error(other)),
                 }
             }
@@ -117,13 +112,12 @@ impl ServerTool {
                         capability: cap,
                         operation: Operation::Compensate,
                         tool: tn.to_string(),
-                        key: compensation_key(&key),
-                        effect_key: key,
+                        key: DispatchKey::compensation(key),
                         args: Arc::new(args),
                         output: Some(output),
                     };
                     match d.dispatch(req).await {
-                        DispatchOutcome::Done { residue, .. } => Ok(Compensation { residue }),
+                        CallOutcome::Done { residue, .. } => Ok(Compensation { residue }),
                         other => Err(tool_error(other)),
                     }
                 }
@@ -146,15 +140,14 @@ impl ServerTool {
                         capability: cap,
                         operation: Operation::Probe,
                         tool: tn.to_string(),
-                        key: key.clone(),
-                        effect_key: key,
+                        key: DispatchKey::effect(key),
                         args: Arc::new(args),
                         output: None,
                     };
                     match d.dispatch(req).await {
-                        DispatchOutcome::Done { output, .. } => Probe::Happened(output),
-                        DispatchOutcome::Failed(_) | DispatchOutcome::Transient(_) => Probe::DidNotHappen,
-                        DispatchOutcome::Unknown(_) => Probe::Unknown,
+                        CallOutcome::Done { output, .. } => Probe::Happened(Arc::unwrap_or_clone(output)),
+                        CallOutcome::NotApplied { .. } => Probe::DidNotHappen,
+                        CallOutcome::Unknown { .. } => Probe::Unknown,
                     }
                 }
             });
@@ -198,7 +191,6 @@ mod tests {
         assert_eq!(client_args(&env, None), env);
         let extra = json!({"args": 1, "key": "k1", "extra": true});
         assert_eq!(client_args(&extra, Some("k1")), extra);
-        assert_eq!(compensation_key("k1"), "k1#compensate");
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl Core {
         let Some(t) = self.txs.get(&tx) else {
             if let Some(task) = self.late.remove(&(tx, effect)) {
                 return Ok(match result {
-                    CallOutcome::Done { output } => {
+                    CallOutcome::Done { output, .. } => {
                         self.emit(Event::EffectExecuted { tx, effect, output: output.clone() }, Given::Nothing);
                         self.touch_late(tx, effect, false);
                         ExecResult::Late(CompensationTask { output, ..task })
@@ -135,7 +135,7 @@ impl Core {
             });
         }
         let (message, unknown, retry) = match result {
-            CallOutcome::Done { output } => {
+            CallOutcome::Done { output, .. } => {
                 self.emit(Event::EffectExecuted { tx, effect, output }, Given::Nothing);
                 // Aborted while the call ran: compensate it now. Until that compensation is
                 // reported the effect's fate is open, so a settlement meanwhile tags it
@@ -692,7 +692,7 @@ pub(super) fn needs_compensation(e: &super::Eff) -> bool {
 /// The `released` record of a release's outcome.
 pub(super) fn released(tx: TxId, effect: EffectId, result: CallOutcome) -> Event {
     match result {
-        CallOutcome::Done { output } => {
+        CallOutcome::Done { output, .. } => {
             Event::Released { tx, effect, output: Some(output), error: None, unknown: false }
         }
         CallOutcome::NotApplied { message, .. } => {

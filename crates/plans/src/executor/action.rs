@@ -1,54 +1,13 @@
-//! What a decision asks of the dispatcher: the dispatch vocabulary ([`Operation`],
-//! [`DispatchRequest`], [`CallResult`]), the [`Action`]s [`Executor::decide`] returns with the
-//! facts that announce them, and how a dispatch's result becomes the fact that records it.
+//! What a decision asks of the dispatcher, in the dispatch vocabulary every layer shares
+//! (`tidegate_core::dispatch`: [`Operation`], [`DispatchRequest`], `CallOutcome`): the
+//! [`Action`]s [`Executor::decide`] returns with the facts that announce them, and how a
+//! dispatch's outcome becomes the fact that records it.
 //!
 //! [`Executor::decide`]: super::Executor::decide
 
-use serde_json::Value;
+pub use tidegate_core::{CallOutcome, DispatchKey, DispatchRequest, Operation};
 
 use crate::fact::{CompResult, PlanFact, PlanId, Seq, Touch};
-
-/// What a dispatch asks a capability to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    /// Undo a forward effect.
-    Compensate,
-    /// Ask whether the operation with this key took effect.
-    Probe,
-}
-
-/// One dispatch (the server's `DispatchRequest` carries the same fields).
-#[derive(Debug, Clone, PartialEq)]
-pub struct DispatchRequest {
-    /// The capability's name.
-    pub capability: String,
-    /// The operation.
-    pub operation: Operation,
-    /// The forward effect's tool.
-    pub tool: String,
-    /// The idempotency key of every attempt.
-    pub key: String,
-    /// The arguments (references resolved).
-    pub args: Value,
-    /// The forward effect's output, if known.
-    pub output: Option<Value>,
-}
-
-/// How a dispatch ended (a probe: `Done` = happened, `NotApplied` = did not).
-#[derive(Debug, Clone, PartialEq)]
-pub enum CallResult {
-    /// Confirmed.
-    Done {
-        /// The capability's output.
-        output: Value,
-        /// Residue a compensation reported.
-        residue: Option<String>,
-    },
-    /// Certainly did not take effect.
-    NotApplied(String),
-    /// May or may not have taken effect.
-    Unknown(String),
-}
 
 /// A dispatch the executor decided; run it after the decision's facts are durable, then
 /// append [`Action::result_fact`].
@@ -116,24 +75,26 @@ impl Action {
     }
 
     /// The fact recording the dispatch's result.
-    pub fn result_fact(&self, result: CallResult) -> PlanFact {
-        let happened = |r: &CallResult| match r {
-            CallResult::Done { .. } => Some(true),
-            CallResult::NotApplied(_) => Some(false),
-            CallResult::Unknown(_) => None,
+    pub fn result_fact(&self, result: CallOutcome) -> PlanFact {
+        let happened = |r: &CallOutcome| match r {
+            CallOutcome::Done { .. } => Some(true),
+            CallOutcome::NotApplied { .. } => Some(false),
+            CallOutcome::Unknown { .. } => None,
         };
         match self {
             Action::Compensate { plan, seq, depth, .. } => {
                 let (result, output, residue, error) = match result {
-                    CallResult::Done { output, residue } => (CompResult::Done, Some(output), residue, None),
-                    CallResult::NotApplied(e) => (CompResult::NotApplied, None, None, Some(e)),
-                    CallResult::Unknown(e) => (CompResult::Unknown, None, None, Some(e)),
+                    CallOutcome::Done { output, residue } => {
+                        (CompResult::Done, Some(std::sync::Arc::unwrap_or_clone(output)), residue, None)
+                    }
+                    CallOutcome::NotApplied { message, .. } => (CompResult::NotApplied, None, None, Some(message)),
+                    CallOutcome::Unknown { message } => (CompResult::Unknown, None, None, Some(message)),
                 };
                 PlanFact::CompDone { plan: *plan, seq: *seq, result, output, residue, error, depth: *depth }
             }
             Action::ProbeForward { plan, seq, .. } => {
                 let output = match &result {
-                    CallResult::Done { output, .. } => Some(output.clone()),
+                    CallOutcome::Done { output, .. } => Some((**output).clone()),
                     _ => None,
                 };
                 PlanFact::ForwardProbed { plan: *plan, seq: *seq, happened: happened(&result), output }

@@ -6,7 +6,9 @@
 
 use serde_json::Value;
 
-use super::{Action, Decision, DispatchRequest, Executor, Forward, Operation, RegState, Status, Timer, value};
+use super::{
+    Action, Decision, DispatchKey, DispatchRequest, Executor, Forward, Operation, RegState, Status, Timer, value,
+};
 use crate::fact::{Cause, Descriptor, Outcome, PlanFact, PlanId, Seq, SkipReason, StuckReason, Touch, Verdict};
 use crate::predicate::Tri;
 
@@ -142,13 +144,13 @@ impl Executor {
         let output = r.output.as_deref().map(value);
         let stuck = |reason| Next::Fact(PlanFact::PlanStuck { plan, reason, at_ms: now }, None);
         let skip = |reason| Next::Fact(PlanFact::CompSkipped { plan, seq, reason }, None);
-        let probe = |capability: &str, key: &str| DispatchRequest {
+        let probe = |capability: &str, key: DispatchKey| DispatchRequest {
             capability: capability.into(),
             operation: Operation::Probe,
             tool: r.tool.to_string(),
-            key: key.into(),
-            args: value(&r.args),
-            output: output.clone(),
+            key,
+            args: std::sync::Arc::new(value(&r.args)),
+            output: output.clone().map(std::sync::Arc::new),
         };
         match &r.state {
             RegState::Done | RegState::Skipped => Next::Wait,
@@ -162,8 +164,11 @@ impl Executor {
                         if !self.probing.insert((plan, seq)) {
                             return Next::Wait;
                         }
-                        let key = d.map(|d| d.key_for(&r.key)).unwrap_or_default();
-                        Next::Action(Action::ProbeCompensation { plan, seq, request: probe(cap, &key) })
+                        let key = match d {
+                            Some(d) => d.key_for(&r.key),
+                            None => DispatchKey::compensation(&*r.key),
+                        };
+                        Next::Action(Action::ProbeCompensation { plan, seq, request: probe(cap, key) })
                     }
                     _ => stuck(StuckReason::CompensationInDoubt { seq }),
                 }
@@ -195,8 +200,8 @@ impl Executor {
                                 operation: Operation::Compensate,
                                 tool: r.tool.to_string(),
                                 key: d.key_for(&r.key),
-                                args,
-                                output: output.clone(),
+                                args: std::sync::Arc::new(args),
+                                output: output.clone().map(std::sync::Arc::new),
                             };
                             let fact = PlanFact::CompStarted { plan, seq, incarnation, attempt: r.attempts + 1 };
                             let touch = Touch {
@@ -213,7 +218,11 @@ impl Executor {
                             if !self.probing.insert((plan, seq)) {
                                 return Next::Wait;
                             }
-                            Next::Action(Action::ProbeForward { plan, seq, request: probe(cap, &r.key) })
+                            Next::Action(Action::ProbeForward {
+                                plan,
+                                seq,
+                                request: probe(cap, DispatchKey::effect(&*r.key)),
+                            })
                         }
                         _ => stuck(StuckReason::ForwardInDoubt { seq }),
                     },

@@ -45,7 +45,7 @@ mod snapshot;
 mod trigger;
 mod view;
 
-pub use action::{Action, CallResult, Decision, DispatchRequest, Operation};
+pub use action::{Action, CallOutcome, Decision, DispatchKey, DispatchRequest, Operation};
 pub use decide::resolve_args;
 pub use snapshot::PLAN_SNAPSHOT_VERSION;
 pub use view::{PlanDetail, PlanView, RegistrationView, TriggerView};

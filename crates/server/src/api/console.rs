@@ -261,7 +261,7 @@ pub async fn retry(
     ApiPath((id, effect)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<RetryIn>,
 ) -> ApiResult<Json<RetryOut>> {
-    use tidegate_service::dispatch::{DispatchOutcome, DispatchRequest, Operation};
+    use tidegate_service::dispatch::{CallOutcome, DispatchKey, DispatchRequest, Operation};
     let t = &caller.tenant;
     let (tx, n) = attention_target(t, &id, &effect)?;
     let note = body.note.as_deref().map(str::trim).unwrap_or_default().to_owned();
@@ -285,7 +285,7 @@ pub async fn retry(
     let (args, key) = ((*e.args).clone(), e.key.to_string());
     let (operation, capability, send_key, output) = if entry.committed {
         let op = if e.class.executes_eagerly() { Operation::Call } else { Operation::Release };
-        (op, tool.def.call.clone(), key.clone(), None)
+        (op, tool.def.call.clone(), DispatchKey::effect(key), None)
     } else {
         let Some(cap) = tool.def.compensate.clone() else {
             return Err(ApiError::conflict(
@@ -293,19 +293,13 @@ pub async fn retry(
                 format!("{id} aborted and tool `{}` has no compensate capability: resolve or accept it", e.tool),
             ));
         };
-        (
-            Operation::Compensate,
-            cap,
-            tidegate_service::tools::compensation_key(&key),
-            Some(e.output.clone().unwrap_or_default()),
-        )
+        (Operation::Compensate, cap, DispatchKey::compensation(key), Some(e.output.clone().unwrap_or_default()))
     };
     let req = DispatchRequest {
         capability,
         operation,
         tool: e.tool.to_string(),
         key: send_key,
-        effect_key: key,
         args: Arc::new(args),
         output,
     };
@@ -331,9 +325,9 @@ pub async fn retry(
     let (outcome, closed) = run.await.map_err(|_| ApiError::internal("the retry's task failed"))?;
     closed.map_err(from_runtime)?;
     let (outcome, detail) = match outcome {
-        DispatchOutcome::Done { .. } => ("done", None),
-        DispatchOutcome::Failed(m) | DispatchOutcome::Transient(m) => ("failed", Some(m)),
-        DispatchOutcome::Unknown(m) => ("unknown", Some(m)),
+        CallOutcome::Done { .. } => ("done", None),
+        CallOutcome::NotApplied { message, .. } => ("failed", Some(message)),
+        CallOutcome::Unknown { message } => ("unknown", Some(message)),
     };
     let text = match (&detail, note.is_empty()) {
         (None, true) => format!("retried {}: done", operation.as_str()),

@@ -1,22 +1,24 @@
 //! Capability dispatch: run an operation (call, release, compensate, probe) by capability
-//! name, on an HTTP webhook or a pull-worker queue, and say whether it is done, definitely
-//! failed, or of unknown outcome.
+//! name, on an HTTP webhook or a pull-worker queue, and say whether it is done, certainly not
+//! applied, or of unknown outcome, in the one dispatch vocabulary of `tidegate-core`
+//! ([`DispatchRequest`], [`CallOutcome`], [`tidegate_core::Dispatch`]; docs/service.md).
 //!
 //! ```text
 //!  runtime Tool closure ─┐                      ┌─► webhook::send  (POST, Idempotency-Key, bounded retry)
 //!  plans executor ───────┼─► Dispatcher::dispatch(DispatchRequest)
 //!  (issue 15)            │                      └─► queue::TaskQueue (a task; a worker leases and reports)
-//!                        └── DispatchOutcome::{Done | Failed | Unknown}; each attempt in the AttemptLog
+//!                        └── CallOutcome::{Done | NotApplied | Unknown}; each attempt in the AttemptLog
 //! ```
 //!
 //! Contract:
 //! * `dispatch` MUST NOT report `Done` unless the capability confirmed the operation (2xx, or
-//!   a worker's `done`), and MUST NOT report `Failed` unless the operation certainly did not
-//!   take effect (a 4xx, a refused connection on every attempt, a worker's `failed`, a worker
-//!   task no worker ever leased before its deadline), nor `Transient` unless it certainly did
-//!   not and a worker said trying again may help (`not_applied` with `retry: true` on the
+//!   a worker's `done`), and MUST NOT report `NotApplied` unless the operation certainly did
+//!   not take effect (a 4xx, a refused connection on every attempt, a worker's `failed`, a
+//!   worker task no worker ever leased before its deadline), and then with `retry: true` only
+//!   when a worker said trying again may help (`not_applied` with `retry: true` on the
 //!   capability's last attempt). Everything else is `Unknown`.
-//! * Every attempt carries the same key (`DispatchRequest::key`); receivers deduplicate on it.
+//! * Every attempt carries the same key (`DispatchRequest::key`, rendered to text once, here);
+//!   receivers deduplicate on it. Attempts are filed under the forward effect's key.
 //! * Dropping the future stops further attempts and withdraws a queued worker task; a
 //!   request already sent may still land (that is why keys exist).
 
@@ -28,8 +30,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+pub use tidegate_core::{CallOutcome, DispatchKey, DispatchRequest, Operation};
 
 pub use attempts::{Attempt, AttemptLog};
 pub use queue::{TaskQueue, TaskResult};
@@ -38,81 +39,13 @@ use crate::metrics::{DispatchLabels, Metrics};
 use crate::registry::CapabilitySpec;
 use crate::settings::DispatchSection;
 
-/// What a dispatch asks a capability to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum Operation {
-    /// Execute an eager effect.
-    Call,
-    /// Release a held effect at commit.
-    Release,
-    /// Undo an executed effect.
-    Compensate,
-    /// Ask whether a call with this key took effect.
-    Probe,
-}
-
-impl Operation {
-    /// The name used in headers, metrics and tasks.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Operation::Call => "call",
-            Operation::Release => "release",
-            Operation::Compensate => "compensate",
-            Operation::Probe => "probe",
-        }
-    }
-}
-
-/// One operation to dispatch.
-#[derive(Debug, Clone)]
-pub struct DispatchRequest {
-    /// The capability's name (of the dispatcher's tenant).
-    pub capability: String,
-    /// The operation.
-    pub operation: Operation,
-    /// The tool the operation belongs to.
-    pub tool: String,
-    /// The idempotency key sent with every attempt.
-    pub key: String,
-    /// The effect key the attempts are filed under (the forward effect's key, also for its
-    /// compensation).
-    pub effect_key: String,
-    /// The arguments.
-    pub args: Arc<Value>,
-    /// For a compensation, the forward call's output.
-    pub output: Option<Arc<Value>>,
-}
-
-/// How a dispatch ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum DispatchOutcome {
-    /// Confirmed: the output, and residue a compensation reported.
-    Done {
-        /// The capability's output.
-        output: Value,
-        /// Residue (compensations).
-        residue: Option<String>,
-    },
-    /// Certainly did not take effect.
-    Failed(String),
-    /// Certainly did not take effect, and trying again later may succeed: a worker reported
-    /// `not_applied` with `retry: true` on the capability's last attempt. The runtime takes
-    /// it as a transient failure (an eager call aborts retryably, `tool_unavailable`).
-    Transient(String),
-    /// May or may not have taken effect.
-    Unknown(String),
-}
-
-impl DispatchOutcome {
-    fn label(&self) -> &'static str {
-        match self {
-            DispatchOutcome::Done { .. } => "done",
-            DispatchOutcome::Failed(_) => "failed",
-            DispatchOutcome::Transient(_) => "transient",
-            DispatchOutcome::Unknown(_) => "unknown",
-        }
+/// The label of an outcome in metrics and attempt logs.
+fn label(outcome: &CallOutcome) -> &'static str {
+    match outcome {
+        CallOutcome::Done { .. } => "done",
+        CallOutcome::NotApplied { retry: false, .. } => "failed",
+        CallOutcome::NotApplied { retry: true, .. } => "transient",
+        CallOutcome::Unknown { .. } => "unknown",
     }
 }
 
@@ -205,9 +138,9 @@ impl Dispatcher {
     }
 
     /// Runs `req` on its capability (see the module contract).
-    pub async fn dispatch(&self, req: DispatchRequest) -> DispatchOutcome {
+    pub async fn dispatch(&self, req: DispatchRequest) -> CallOutcome {
         let Some(spec) = self.capability(&req.capability) else {
-            let outcome = DispatchOutcome::Failed(format!("capability `{}` is not registered", req.capability));
+            let outcome = CallOutcome::not_applied(format!("capability `{}` is not registered", req.capability), false);
             self.count("none", req.operation, &outcome);
             return outcome;
         };
@@ -221,13 +154,13 @@ impl Dispatcher {
         outcome
     }
 
-    fn count(&self, kind: &str, op: Operation, outcome: &DispatchOutcome) {
+    fn count(&self, kind: &str, op: Operation, outcome: &CallOutcome) {
         self.metrics
             .dispatch
             .get_or_create(&DispatchLabels {
                 kind: kind.to_owned(),
                 operation: op.as_str().to_owned(),
-                outcome: outcome.label().to_owned(),
+                outcome: label(outcome).to_owned(),
             })
             .inc();
     }

@@ -18,7 +18,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::attempts::{Attempt, AttemptLog, now_ms};
-use super::{DispatchOutcome, DispatchRequest, Operation};
+use super::{CallOutcome, DispatchRequest, Operation};
 use crate::ids;
 use crate::registry::WorkerSpec;
 use crate::settings::DispatchSection;
@@ -169,14 +169,14 @@ impl TaskQueue {
     /// Queues `req` and waits for a worker's report (or the deadline). A report that the
     /// operation certainly did not take effect but may succeed if tried again
     /// ([`TaskResult::Transient`]) queues it again under the same key after a backoff, up to
-    /// the capability's `attempts`; after the last it is [`DispatchOutcome::Transient`].
+    /// the capability's `attempts`; after the last it is [`CallOutcome::NotApplied`] with `retry: true`.
     pub(super) async fn run(
         &self,
         req: &DispatchRequest,
         spec: &WorkerSpec,
         defaults: &DispatchSection,
         log: &AttemptLog,
-    ) -> DispatchOutcome {
+    ) -> CallOutcome {
         let attempts = spec.attempts.unwrap_or(defaults.webhook_attempts).max(1);
         let backoff = Duration::from_millis(spec.backoff_ms.unwrap_or(defaults.webhook_backoff_ms));
         let (mut round, mut attempt) = (1u32, 1u32);
@@ -186,13 +186,15 @@ impl TaskQueue {
                 Err(outcome) => return outcome,
             };
             match result {
-                TaskResult::Done { output, residue } => return DispatchOutcome::Done { output, residue },
-                TaskResult::Failed(m) => return DispatchOutcome::Failed(m),
-                TaskResult::Unknown(m) => return DispatchOutcome::Unknown(m),
+                TaskResult::Done { output, residue } => return CallOutcome::done_with_residue(output, residue),
+                TaskResult::Failed(m) => return CallOutcome::not_applied(m, false),
+                TaskResult::Unknown(m) => return CallOutcome::unknown(m),
                 // For a probe, "not applied" is the answer "the call did not happen".
-                TaskResult::Transient(m) if req.operation == Operation::Probe => return DispatchOutcome::Failed(m),
+                TaskResult::Transient(m) if req.operation == Operation::Probe => {
+                    return CallOutcome::not_applied(m, false);
+                }
                 TaskResult::Transient(m) if round >= attempts => {
-                    return DispatchOutcome::Transient(format!("{m} (after {round} of {attempts} attempts)"));
+                    return CallOutcome::not_applied(format!("{m} (after {round} of {attempts} attempts)"), true);
                 }
                 TaskResult::Transient(_) => {
                     let factor = 1u32.checked_shl(round - 1).unwrap_or(u32::MAX);
@@ -213,7 +215,7 @@ impl TaskQueue {
         defaults: &DispatchSection,
         log: &AttemptLog,
         attempt: u32,
-    ) -> Result<(TaskResult, u32), DispatchOutcome> {
+    ) -> Result<(TaskResult, u32), CallOutcome> {
         let (tx, rx) = oneshot::channel();
         let lease = Duration::from_millis(spec.task_lease_ms.unwrap_or(defaults.task_lease_ms).max(1));
         let n = {
@@ -245,12 +247,15 @@ impl TaskQueue {
                 Err(_) => {
                     let ever = self.state.lock().tasks.get(&n).is_some_and(|e| e.ever_leased);
                     let outcome = if ever {
-                        DispatchOutcome::Unknown(format!("no worker reported within the deadline of {ms} ms"))
+                        CallOutcome::unknown(format!("no worker reported within the deadline of {ms} ms"))
                     } else {
-                        DispatchOutcome::Failed(format!("no worker took the task within the deadline of {ms} ms"))
+                        CallOutcome::not_applied(
+                            format!("no worker took the task within the deadline of {ms} ms"),
+                            false,
+                        )
                     };
                     log.record(
-                        &req.effect_key,
+                        req.key.forward(),
                         attempt_record(req, 0, "expired", "deadline passed".into(), now_ms(), Some(now_ms())),
                     );
                     drop(guard);
@@ -261,7 +266,7 @@ impl TaskQueue {
         };
         drop(guard);
         // The sender was dropped without a report: cannot happen while the task exists.
-        result.ok_or_else(|| DispatchOutcome::Unknown("the task was withdrawn without a report".into()))
+        result.ok_or_else(|| CallOutcome::unknown("the task was withdrawn without a report"))
     }
 
     fn view(&self, e: &Entry) -> TaskView {
@@ -271,7 +276,7 @@ impl TaskQueue {
             capability: e.req.capability.clone(),
             operation: e.req.operation,
             tool: e.req.tool.clone(),
-            key: e.req.key.clone(),
+            key: e.req.key.to_string(),
             args: (*e.req.args).clone(),
             output: e.req.output.as_ref().map(|o| (**o).clone()),
             attempt: e.attempt,
@@ -333,7 +338,7 @@ impl TaskQueue {
                     e.holders.push(worker.to_owned());
                 }
                 log.record(
-                    &e.req.effect_key,
+                    e.req.key.forward(),
                     attempt_record(
                         &e.req,
                         e.attempt,
@@ -390,7 +395,7 @@ impl TaskQueue {
             TaskResult::Unknown(_) => "unknown",
         };
         log.record(
-            &e.req.effect_key,
+            e.req.key.forward(),
             attempt_record(
                 &e.req,
                 e.attempt,
@@ -417,7 +422,7 @@ impl TaskQueue {
                 && *until <= now
             {
                 log.record(
-                    &e.req.effect_key,
+                    e.req.key.forward(),
                     attempt_record(
                         &e.req,
                         e.attempt,
@@ -484,7 +489,7 @@ fn attempt_record(
         capability: req.capability.clone(),
         kind: "worker".into(),
         attempt: n,
-        key: req.key.clone(),
+        key: req.key.to_string(),
         started_at_ms: started,
         finished_at_ms: finished,
         result: result.into(),

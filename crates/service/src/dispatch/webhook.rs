@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::attempts::{Attempt, AttemptLog, now_ms};
-use super::{DispatchOutcome, DispatchRequest, Operation};
+use super::{CallOutcome, DispatchRequest, Operation};
 use crate::metrics::{Metrics, ResultLabel};
 use crate::registry::WebhookSpec;
 use crate::settings::DispatchSection;
@@ -33,15 +33,17 @@ pub(super) async fn send(
     req: &DispatchRequest,
     log: &AttemptLog,
     metrics: &Metrics,
-) -> DispatchOutcome {
+) -> CallOutcome {
     let attempts = spec.attempts.unwrap_or(defaults.webhook_attempts).max(1);
     let timeout = Duration::from_millis(spec.timeout_ms.unwrap_or(defaults.webhook_timeout_ms).max(1));
     let backoff = Duration::from_millis(spec.backoff_ms.unwrap_or(defaults.webhook_backoff_ms));
+    // The key, rendered once: every attempt's header and body and its record carry this text.
+    let key = req.key.to_string();
     let mut body = json!({
         "operation": req.operation.as_str(),
         "tool": req.tool,
         "capability": req.capability,
-        "key": req.key,
+        "key": key,
         "args": &*req.args,
     });
     if let Some(o) = &req.output {
@@ -56,7 +58,7 @@ pub(super) async fn send(
         }
         let started = Instant::now();
         let started_ms = now_ms();
-        let result = attempt(http, &spec.url, timeout, req, n, &body).await;
+        let result = attempt(http, &spec.url, timeout, req.operation, &key, n, &body).await;
         metrics.webhook_duration.observe(started.elapsed().as_secs_f64());
         let (label, detail) = match &result {
             Try::Done(..) => ("done", "2xx".to_owned()),
@@ -74,13 +76,13 @@ pub(super) async fn send(
             _ => label,
         };
         log.record(
-            &req.effect_key,
+            req.key.forward(),
             Attempt {
                 operation: req.operation,
                 capability: req.capability.clone(),
                 kind: "webhook".into(),
                 attempt: n,
-                key: req.key.clone(),
+                key: key.clone(),
                 started_at_ms: started_ms,
                 finished_at_ms: Some(now_ms()),
                 result: final_label.into(),
@@ -88,14 +90,14 @@ pub(super) async fn send(
             },
         );
         match result {
-            Try::Done(output, residue) => return DispatchOutcome::Done { output, residue },
+            Try::Done(output, residue) => return CallOutcome::done_with_residue(output, residue),
             Try::Refused(d) => {
                 // A 4xx after an earlier attempt that may have landed: the receiver refused
                 // this one, but the earlier one may still have taken effect.
                 return if maybe_happened {
-                    DispatchOutcome::Unknown(format!("{d} (after an earlier attempt whose outcome is unknown)"))
+                    CallOutcome::unknown(format!("{d} (after an earlier attempt whose outcome is unknown)"))
                 } else {
-                    DispatchOutcome::Failed(d)
+                    CallOutcome::not_applied(d, false)
                 };
             }
             Try::NotSent(d) => last = d,
@@ -106,22 +108,23 @@ pub(super) async fn send(
         }
     }
     let msg = format!("{last} (after {attempts} attempts to {})", spec.url);
-    if maybe_happened { DispatchOutcome::Unknown(msg) } else { DispatchOutcome::Failed(msg) }
+    if maybe_happened { CallOutcome::unknown(msg) } else { CallOutcome::not_applied(msg, false) }
 }
 
 async fn attempt(
     http: &reqwest::Client,
     url: &str,
     timeout: Duration,
-    req: &DispatchRequest,
+    operation: Operation,
+    key: &str,
     n: u32,
     body: &Value,
 ) -> Try {
     let sent = http
         .post(url)
         .timeout(timeout)
-        .header("Idempotency-Key", &req.key)
-        .header("Tidegate-Operation", req.operation.as_str())
+        .header("Idempotency-Key", key)
+        .header("Tidegate-Operation", operation.as_str())
         .header("Tidegate-Attempt", n.to_string())
         .json(body)
         .send()
@@ -162,7 +165,7 @@ async fn attempt(
         } else {
             serde_json::from_slice::<Value>(&bytes).unwrap_or_else(|_| Value::String(text.into_owned()))
         };
-        let residue = if req.operation == Operation::Compensate {
+        let residue = if operation == Operation::Compensate {
             output.get("residue").and_then(Value::as_str).map(str::to_owned)
         } else {
             None
