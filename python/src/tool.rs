@@ -102,14 +102,15 @@ pub(crate) fn build(d: Declared) -> Result<tidegate_runtime::Tool, tidegate_runt
     let names = d.names.clone();
     let call = d.call;
     // No scope extractor: every call passes the scopes Python computed.
-    let mut builder = tidegate_runtime::Tool::builder(d.name, d.class)
-        .call_ctx(move |engine: tidegate_runtime::CallCtx, args: Arc<Value>| {
+    let mut builder = tidegate_runtime::Tool::builder(d.name, d.class).call_ctx(
+        move |engine: tidegate_runtime::CallCtx, args: Arc<Value>| {
             let ctx = current();
             let f = call.clone();
             let names = names.clone();
             let live = LiveCall::in_ctx(&engine);
             async move { run_call(f, args, names, ctx, live).await }
-        });
+        },
+    );
     let builder_lacks_compensation = d.compensate.is_none() && d.descriptor.is_none();
     if let (None, Some(desc)) = (&d.compensate, &d.descriptor) {
         // An aborted transaction (a plan step too: the plan executor leaves aborted steps to

@@ -92,7 +92,8 @@ async fn a_commit_that_meets_the_fence_is_not_answered_committed() {
     assert_eq!(r.status, 201, "{r:?}");
     let tx = r.body["id"].as_str().unwrap().to_owned();
     take_over(&h, "acme");
-    let r = h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&acme.agent), Some(json!({"seal": true}))).await;
+    let r =
+        h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&acme.agent), Some(json!({"seal": true}))).await;
     assert_not_served(&r, "acme");
     h.stop().await;
 }
