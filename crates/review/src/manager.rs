@@ -362,15 +362,14 @@ impl State {
     /// issue 27 item 5).
     fn materialise(&mut self, actions: &mut Vec<Action>) {
         let active: BTreeSet<u64> = self.active.keys().copied().collect();
+        for tx in self.active.values_mut().filter(|t| t.phase == Phase::Pending) {
+            tx.waits_on.retain(|d, _| active.contains(d));
+        }
         if self.active.values().any(|t| t.phase == Phase::Executing) {
             return;
         }
         for tx in self.active.values_mut() {
-            if tx.phase != Phase::Pending {
-                continue;
-            }
-            tx.waits_on.retain(|d, _| active.contains(d));
-            if !tx.waits_on.is_empty() {
+            if tx.phase != Phase::Pending || !tx.waits_on.is_empty() {
                 continue;
             }
             let ready =

@@ -8,7 +8,10 @@
 //! - the database equals a reference replay, on a fresh database, of exactly the transactions
 //!   in history (executed and not compensated, in the order they executed), table by table;
 //! - every transaction that ran live also runs in the replay;
-//! - every removal answered `removed`, no removal was refused, and the graph is consistent.
+//! - every removal answered `removed`, no removal was refused, and the graph is consistent;
+//! - a removal took along only transactions that presuppose its effect (a repayment of the
+//!   loan it opened, a loan or transfer of the account it opened);
+//! - non-suspicious transactions whose declared writes may meet ran in arrival order.
 //!
 //! Sizes: `TIDEGATE_REVIEW_WORLD_SEQUENCES` sequences per (strategy, granularity) (default 4)
 //! of `TIDEGATE_REVIEW_WORLD_STEPS` steps (default 40). A failure prints its seed; replay it
@@ -24,7 +27,7 @@ use tidegate_review::exec::{self, ExecFailure};
 use tidegate_review::value::Row;
 use tidegate_review::{
     Database, Decision, Granularity, Manager, MemoryLog, Options, Record, Request, SqliteDatabase, Status, Strategy,
-    TemplateSet,
+    TemplateSet, Touch, TxView,
 };
 
 const SCHEMA: &str = "
@@ -164,8 +167,8 @@ fn request(rng: &mut SmallRng) -> (String, Value) {
                 (0..rng.gen_range(1..=3)).map(|_| json!({"id": id(rng, 6), "amount": amount(rng)})).collect();
             ("bulk_deposit", json!({ "items": items }))
         }
-        20..=21 => ("open_loan", json!({"id": id(rng, 4), "account": id(rng, 6)})),
-        22..=23 => ("repay_loan", json!({"id": id(rng, 4), "amount": rng.gen_range(1..=4) * 25})),
+        20..=21 => ("open_loan", json!({"id": id(rng, 2), "account": id(rng, 6)})),
+        22..=23 => ("repay_loan", json!({"id": id(rng, 2), "amount": rng.gen_range(1..=4) * 25})),
         24 => ("restock", json!({"item": id(rng, 3), "n": rng.gen_range(1..=20) * 5})),
         25 => ("sell", json!({"item": id(rng, 3), "n": rng.gen_range(1..=20) * 5})),
         26 => ("count_stock", json!({"item": id(rng, 3), "qty": rng.gen_range(0..=10) * 100})),
@@ -217,7 +220,89 @@ fn replay(set: &TemplateSet, log: &MemoryLog) -> Result<Vec<(&'static str, Vec<R
     Ok(dump(&mut db))
 }
 
+/// A row value as the database compares it: a text that reads as an integer is that integer.
+fn canon(v: &str) -> String {
+    match v.strip_prefix('t').map(str::trim).and_then(|t| t.parse::<i64>().ok()) {
+        Some(i) => format!("n{i}"),
+        None => v.to_owned(),
+    }
+}
+
+fn json_canon(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.trim().parse::<i64>().map_or_else(|_| s.clone(), |i| i.to_string()),
+        other => other.to_string(),
+    }
+}
+
+/// Whether two transactions' declared writes may meet (known keys compared canonically).
+fn overlap(a: &[Touch], b: &[Touch]) -> bool {
+    a.iter().any(|x| {
+        b.iter().any(|y| {
+            x.table == y.table
+                && (x.column.is_none() || y.column.is_none() || x.column == y.column)
+                && x.row.iter().all(|(c, vx)| match (vx, y.row.get(c)) {
+                    (Some(p), Some(Some(q))) => canon(p) == canon(q),
+                    _ => true,
+                })
+        })
+    })
+}
+
+/// Non-suspicious transactions whose writes may meet ran in arrival order (docs/review.md
+/// invariant 4; suspicious ones run when a reviewer accepts them, by design).
+fn check_arrival_order(log: &MemoryLog, ctx: &str) {
+    let mut touches = std::collections::BTreeMap::new();
+    let mut ran: Vec<u64> = Vec::new();
+    for rec in tidegate_review::DecisionLog::read_all(log).unwrap() {
+        match rec {
+            Record::Request { id, suspicious: false, touches: t, .. } => {
+                touches.insert(id, t);
+            }
+            Record::Executed { id, .. } if touches.contains_key(&id) => ran.push(id),
+            _ => {}
+        }
+    }
+    for (pos, j) in ran.iter().enumerate() {
+        for i in &ran[pos + 1..] {
+            if i < j && overlap(&touches[i], &touches[j]) {
+                panic!("{ctx}: tx {j} ran before the older tx {i} whose writes it meets (arrival order)");
+            }
+        }
+    }
+}
+
+/// What a removal may take along: only transactions that presuppose the removed one's effect
+/// (a repayment of the loan it opened; a loan or transfer log row of the account it opened).
+fn presupposes(parent: &TxView, child: &TxView) -> bool {
+    let p = |v: &TxView, k: &str| json_canon(&v.params[k]);
+    match (parent.template.as_str(), child.template.as_str()) {
+        ("open_loan", "repay_loan") => p(parent, "id") == p(child, "id"),
+        ("open_account", "open_loan") => p(parent, "id") == p(child, "account"),
+        ("open_account", "transfer") => p(parent, "id") == p(child, "to"),
+        _ => false,
+    }
+}
+
+fn check_cascade(m: &Manager, removed: u64, ctx: &str) {
+    for c in m.cascaded(removed) {
+        let child = m.status(c).unwrap();
+        let parent = m.status(child.cascaded_from.unwrap()).unwrap();
+        assert!(
+            presupposes(&parent, &child),
+            "{ctx}: removing {} ({} {}) took {} ({} {}) along, which does not build on it",
+            parent.id,
+            parent.template,
+            parent.params,
+            child.id,
+            child.template,
+            child.params
+        );
+    }
+}
+
 fn check(m: &mut Manager, set: &TemplateSet, log: &MemoryLog, ctx: &str) {
+    check_arrival_order(log, ctx);
     let want = replay(set, log).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     let got = dump(m.database());
     for ((t, g), (_, w)) in got.iter().zip(&want) {
@@ -231,6 +316,7 @@ fn review(m: &mut Manager, id: u64, d: Decision, ctx: &str) {
     let st = m.review(id, d, "rita").unwrap_or_else(|e| panic!("{ctx}: review refused: {e}"));
     if d == Decision::Remove {
         assert_eq!(st, Status::Removed, "{ctx}: removal of {id} answered {st:?}");
+        check_cascade(m, id, ctx);
     }
 }
 
@@ -256,7 +342,9 @@ fn sequence(strategy: Strategy, granularity: Granularity, seed: u64, steps: u64)
             format!("{d:?} {id}")
         } else {
             let (template, params) = request(&mut rng);
-            let suspicious = rng.gen_bool(0.3);
+            // Openings are suspicious more often, so that what builds on them is buffered
+            // behind them and removals cascade.
+            let suspicious = rng.gen_bool(if template.starts_with("open") { 0.7 } else { 0.3 });
             let what = format!("{template} {params} suspicious={suspicious}");
             let id = m
                 .request(Request { template, params, sender: "llm".into(), suspicious })
@@ -314,4 +402,31 @@ fn world_buffer_suspicious_matches_a_replay_of_history() {
 #[test]
 fn world_buffer_compensating_matches_a_replay_of_history() {
     run(Strategy::BufferCompensating);
+}
+
+/// Issue 27 item 4 on the library: at column granularity removing `open_loan(1)` takes only
+/// loan 1's repayment along, not loan 2's.
+#[test]
+fn world_a_cascade_keeps_to_what_presupposes_the_removed_transaction() {
+    for strategy in [Strategy::BufferSuspicious, Strategy::BufferCompensating] {
+        let log = MemoryLog::new();
+        let mut m =
+            Manager::open(world(), Box::new(fresh()), Box::new(log), Options { strategy, granularity: Granularity::Column })
+                .unwrap();
+        let req = |t: &str, params: Value, suspicious: bool| Request {
+            template: t.into(),
+            params,
+            sender: "llm".into(),
+            suspicious,
+        };
+        m.request(req("open_loan", json!({"id": 2, "account": 1}), false)).unwrap();
+        let one = m.request(req("open_loan", json!({"id": 1, "account": 1}), true)).unwrap();
+        let other = m.request(req("repay_loan", json!({"id": 2, "amount": 50}), false)).unwrap();
+        let mine = m.request(req("repay_loan", json!({"id": "1", "amount": 25}), false)).unwrap();
+        assert_eq!(m.status(other).unwrap().status, Status::Held, "{strategy:?}");
+        assert_eq!(m.cascade_preview(one), vec![mine], "{strategy:?}");
+        assert_eq!(m.review(one, Decision::Remove, "rita").unwrap(), Status::Removed);
+        assert_eq!(m.cascaded(one), vec![mine], "{strategy:?}");
+        assert_eq!(m.status(other).unwrap().status, Status::Committed, "{strategy:?}");
+    }
 }
