@@ -56,7 +56,9 @@ pub enum EdgeKind {
     BuildsOn,
 }
 
-/// The touches of a request of `t` with `params`, as known before execution.
+/// The touches of a request of `t` with `params`, as known before execution. Row values are
+/// canonical ([`SqlValue::key`]): `1`, `1.0` and `"1"` name the same row, as the database
+/// coerces them (issue 27 item 6).
 pub fn request_touches(t: &Template, params: &serde_json::Value) -> Vec<Touch> {
     let mut out = Vec::new();
     for w in &t.writes {
@@ -105,6 +107,17 @@ pub struct Side<'a> {
     pub touches: &'a [Touch],
 }
 
+/// How a buffered side's touches relate to its transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Item {
+    /// Its own writes, not yet applied: a new transaction may presuppose their effect
+    /// (`builds_on`).
+    Writes,
+    /// Its compensation, held until review: it undoes an effect, so nothing can presuppose it
+    /// and a new transaction at most waits for it (issue 27 item 3).
+    Compensation,
+}
+
 /// The dependency checker: the invariants of a template set at a granularity.
 #[derive(Debug, Clone)]
 pub struct Checker {
@@ -128,9 +141,20 @@ impl Checker {
         self.granularity
     }
 
-    /// Whether `n` (new) depends on `b` (buffered), and how.
+    /// Whether `n` (new) depends on `b` (buffered, its own writes), and how.
     pub fn depends(&self, b: Side<'_>, n: Side<'_>) -> Option<EdgeKind> {
+        self.depends_on(b, Item::Writes, n)
+    }
+
+    /// Whether `n` (new) depends on `b`, whose touches are `item`, and how. Besides the rules
+    /// of the invariant catalogue, two rules keep a removal traceless whatever the invariants:
+    /// a whole-row delete waits for any buffered write of that row (the write, or its
+    /// compensation, needs the row: issue 27 item 1), and an assignment (`set`, `update`)
+    /// waits for a buffered increment or decrement of the same field and vice versa (an
+    /// inverse delta does not commute with an assignment: item 2).
+    pub fn depends_on(&self, b: Side<'_>, item: Item, n: Side<'_>) -> Option<EdgeKind> {
         let mut found: Option<EdgeKind> = None;
+        let cap = |k: EdgeKind| if item == Item::Compensation { EdgeKind::Waits } else { k };
         let mut note = |k: EdgeKind| found = Some(found.map_or(k, |f| f.max(k)));
         for tb in b.touches {
             for tn in n.touches {
@@ -146,9 +170,12 @@ impl Checker {
                 if tb.restore && tb.table == tn.table && self.cols_meet(tb, tn) && self.rows_match(tb, tn) {
                     note(EdgeKind::Waits);
                 }
+                if self.row_gone(tb, tn) || self.delta_meets_assign(tb, tn) {
+                    note(EdgeKind::Waits);
+                }
                 for inv in &self.invariants {
                     if let Some(k) = self.rule(inv, tb, tn) {
-                        note(k);
+                        note(cap(k));
                     }
                 }
             }
@@ -161,7 +188,10 @@ impl Checker {
                 {
                     let related = self.granularity >= Granularity::Column
                         || on.iter().all(|[pa, pn]| match (b.params.get(pa), n.params.get(pn)) {
-                            (Some(x), Some(y)) => x == y,
+                            (Some(x), Some(y)) => match (SqlValue::from_json(x), SqlValue::from_json(y)) {
+                                (Some(x), Some(y)) => x.key() == y.key(),
+                                _ => x == y,
+                            },
                             _ => true,
                         });
                     if related {
@@ -171,6 +201,38 @@ impl Checker {
             }
         }
         found
+    }
+
+    /// Whether two pending writes may touch the same location (the same field, or a whole row
+    /// and any field of it) at this granularity, whatever their kinds: the order of such
+    /// writes can change either's outcome, so a new one is held behind a held one that will
+    /// run (docs/review.md invariants 4 and 5).
+    pub fn overlaps(&self, b: &[Touch], n: &[Touch]) -> bool {
+        b.iter().any(|tb| {
+            n.iter().any(|tn| {
+                tb.table == tn.table
+                    && (self.granularity == Granularity::Table
+                        || self.unknown_tables.contains(&tb.table)
+                        || (self.cols_meet(tb, tn) && self.rows_match(tb, tn)))
+            })
+        })
+    }
+
+    /// `n` deletes a whole row that `b` writes (any kind, any column).
+    fn row_gone(&self, tb: &Touch, tn: &Touch) -> bool {
+        tn.kind == WriteKind::Delete && tn.column.is_none() && tb.table == tn.table && self.rows_match(tb, tn)
+    }
+
+    /// One of `b`, `n` adds to or subtracts from a field the other assigns.
+    fn delta_meets_assign(&self, tb: &Touch, tn: &Touch) -> bool {
+        let delta = |k: WriteKind| matches!(k, WriteKind::Increment | WriteKind::Decrement);
+        let assigns = |k: WriteKind| matches!(k, WriteKind::Update | WriteKind::Set);
+        ((delta(tb.kind) && assigns(tn.kind)) || (assigns(tb.kind) && delta(tn.kind)))
+            && tb.table == tn.table
+            && tb.column.is_some()
+            && tn.column.is_some()
+            && self.cols_meet(tb, tn)
+            && self.rows_match(tb, tn)
     }
 
     /// Whether the values of `cb` in `b` and `cn` in `n` may be equal, column by column.

@@ -28,8 +28,8 @@ pub mod value;
 pub use db::{Database, SqlBounds, SqliteDatabase};
 #[cfg(feature = "postgres")]
 pub use db::{PgDatabase, PgTenantOptions};
-pub use deps::{Checker, EdgeKind, Granularity, Touch};
+pub use deps::{Checker, EdgeKind, Granularity, Item, Touch};
 pub use error::{Error, Result};
 pub use log::{Decision, DecisionLog, FileLog, MemoryLog, Record};
 pub use manager::{Manager, Options, Request, Stats, Status, TxView};
-pub use template::{Invariant, Strategy, Template, TemplateSet, WriteKind};
+pub use template::{Invariant, ParamType, Strategy, Template, TemplateSet, WriteKind};

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::db::Database;
-use crate::deps::{Checker, EdgeKind, Granularity, Side, Touch, predicted_compensation, request_touches};
+use crate::deps::{Checker, EdgeKind, Granularity, Item, Side, Touch, predicted_compensation, request_touches};
 use crate::error::{Error, Result};
 use crate::exec::{self, Compensation, ExecFailure};
 use crate::log::{Decision, DecisionLog, Record};
@@ -164,30 +164,46 @@ pub struct State {
 }
 
 impl State {
-    fn item<'a>(tx: &'a Tx, scratch: &'a mut Vec<Touch>) -> &'a [Touch] {
+    /// The buffered item of `tx`: `(touches, what they are)`, one or two parts.
+    fn items(tx: &Tx) -> Vec<(std::borrow::Cow<'_, [Touch]>, Item)> {
+        use std::borrow::Cow;
         match (&tx.phase, &tx.compensation) {
-            (Phase::Executed | Phase::Compensating, Some(Compensation::Derived { touches, .. })) => touches,
+            (Phase::Executed | Phase::Compensating, Some(Compensation::Derived { touches, .. })) => {
+                vec![(Cow::Borrowed(touches.as_slice()), Item::Compensation)]
+            }
             (Phase::Executed | Phase::Compensating, _) => {
-                *scratch = predicted_compensation(&tx.touches);
-                scratch
+                vec![(Cow::Owned(predicted_compensation(&tx.touches)), Item::Compensation)]
             }
             _ if tx.suspicious && tx.strategy == Strategy::BufferCompensating && tx.review.is_none() => {
                 // Not executed yet, but it will be, and then its compensation is buffered: a
                 // transaction released after it must respect both (regression: a held Delivery
                 // released right after a held suspicious New-Order delivered that order, and
                 // the New-Order's removal then found its new_order row gone).
-                *scratch = tx.touches.clone();
-                scratch.extend(predicted_compensation(&tx.touches));
-                scratch
+                vec![
+                    (Cow::Borrowed(tx.touches.as_slice()), Item::Writes),
+                    (Cow::Owned(predicted_compensation(&tx.touches)), Item::Compensation),
+                ]
             }
-            _ => &tx.touches,
+            _ => vec![(Cow::Borrowed(tx.touches.as_slice()), Item::Writes)],
         }
     }
 
-    /// The edges a new transaction would get against the buffer.
+    /// Whether `tx` will execute once its edges are resolved, whatever a reviewer does (it
+    /// needs no review, or was accepted): the order of its writes against a newcomer's is
+    /// fixed by arrival.
+    fn will_run(tx: &Tx) -> bool {
+        tx.phase == Phase::Pending
+            && (!(tx.suspicious && tx.strategy == Strategy::BufferSuspicious) || tx.review == Some(Decision::Accept))
+    }
+
+    /// The edges a new transaction would get against the buffer. `checker` works at the
+    /// configured granularity; a `builds_on` edge it finds is kept only when `fine` (field
+    /// granularity, the values known) finds it too, so a removal cascades only to what
+    /// presupposes its effect (issue 27 item 4); otherwise the edge is `waits`.
     fn edges(
         &self,
         checker: &Checker,
+        fine: &Checker,
         template: &str,
         params: &serde_json::Value,
         touches: &[Touch],
@@ -200,17 +216,27 @@ impl State {
         let predicted = if will_compensate { predicted_compensation(touches) } else { Vec::new() };
         let n = Side { template, params, touches };
         for b in self.active.values() {
-            let mut scratch = Vec::new();
-            let item = Self::item(b, &mut scratch);
-            let bs = Side { template: &b.template, params: &b.params, touches: item };
-            let mut k = checker.depends(bs, n);
+            let mut k: Option<EdgeKind> = None;
+            for (item, what) in Self::items(b) {
+                let bs = Side { template: &b.template, params: &b.params, touches: &item };
+                let mut found = checker.depends_on(bs, what, n);
+                if found == Some(EdgeKind::BuildsOn) && fine.depends_on(bs, what, n) != Some(EdgeKind::BuildsOn) {
+                    found = Some(EdgeKind::Waits);
+                }
+                k = k.max(found);
+            }
+            if Self::will_run(b) && checker.overlaps(&b.touches, touches) {
+                // Held behind a held transaction it conflicts with: arrival order decides
+                // both outcomes (issue 27 item 5).
+                k = k.max(Some(EdgeKind::Waits));
+            }
             if will_compensate && matches!(b.phase, Phase::Pending) {
                 // The new transaction executes now and may be compensated later, after `b`
                 // has executed: `b`'s writes must not break that compensation.
                 let mine = Side { template, params, touches: &predicted };
                 let theirs = Side { template: &b.template, params: &b.params, touches: &b.touches };
-                if checker.depends(mine, theirs).is_some() {
-                    k = Some(k.map_or(EdgeKind::Waits, |x| x.max(EdgeKind::Waits)));
+                if checker.depends_on(mine, Item::Compensation, theirs).is_some() {
+                    k = k.max(Some(EdgeKind::Waits));
                 }
             }
             if let Some(k) = k {
@@ -329,14 +355,21 @@ impl State {
 
     /// The document's `check_for_materialization`: releases, in id order, every pending
     /// transaction whose dependencies are resolved and that needs no (more) review.
+    ///
+    /// One transaction is released at a time, the oldest ready one, and the next only once its
+    /// outcome is applied: a transaction that becomes ready when an older one finishes still
+    /// runs before younger ones (held transactions keep their arrival order, invariant 4;
+    /// issue 27 item 5).
     fn materialise(&mut self, actions: &mut Vec<Action>) {
         let active: BTreeSet<u64> = self.active.keys().copied().collect();
-        for tx in self.active.values_mut() {
-            if tx.phase != Phase::Pending {
-                continue;
-            }
+        for tx in self.active.values_mut().filter(|t| t.phase == Phase::Pending) {
             tx.waits_on.retain(|d, _| active.contains(d));
-            if !tx.waits_on.is_empty() {
+        }
+        if self.active.values().any(|t| t.phase == Phase::Executing) {
+            return;
+        }
+        for tx in self.active.values_mut() {
+            if tx.phase != Phase::Pending || !tx.waits_on.is_empty() {
                 continue;
             }
             let ready =
@@ -344,6 +377,7 @@ impl State {
             if ready {
                 tx.phase = Phase::Executing;
                 actions.push(Action::Execute(tx.id));
+                return;
             }
         }
     }
@@ -428,6 +462,8 @@ pub struct Manager {
     set: TemplateSet,
     options: Options,
     checker: Checker,
+    /// The same invariants at field granularity: decides whether a `builds_on` edge is kept.
+    fine: Checker,
     db: Box<dyn Database>,
     log: Box<dyn DecisionLog>,
     state: State,
@@ -465,7 +501,8 @@ impl Manager {
         set.validate()?;
         exec::install_marker_table(db.as_mut())?;
         let checker = Checker::new(&set, options.granularity);
-        let mut m = Manager { set, options, checker, db, log, state };
+        let fine = Checker::new(&set, Granularity::Field);
+        let mut m = Manager { set, options, checker, fine, db, log, state };
         m.settle()?;
         Ok(m)
     }
@@ -493,6 +530,7 @@ impl Manager {
         if changed {
             self.set = merged;
             self.checker = Checker::new(&self.set, self.options.granularity);
+            self.fine = Checker::new(&self.set, Granularity::Field);
         }
         Ok(changed)
     }
@@ -577,7 +615,8 @@ impl Manager {
         let strategy = t.strategy.unwrap_or(self.options.strategy);
         let touches = request_touches(t, &req.params);
         let will_compensate = req.suspicious && strategy == Strategy::BufferCompensating;
-        let waits_on = self.state.edges(&self.checker, &req.template, &req.params, &touches, will_compensate);
+        let waits_on =
+            self.state.edges(&self.checker, &self.fine, &req.template, &req.params, &touches, will_compensate);
         let id = self.state.next_id.max(1);
         let rec = Record::Request {
             id,
@@ -690,13 +729,19 @@ fn check_params(t: &crate::template::Template, params: &serde_json::Value) -> Re
     let Some(obj) = params.as_object() else {
         return Err(err("params", params.to_string(), "a JSON object".into()));
     };
+    let typed = |name: &str, v: &serde_json::Value| -> Result<()> {
+        match t.types.get(name) {
+            Some(ty) if !ty.admits(v) => Err(err(name, v.to_string(), format!("{} (declared {ty:?})", ty.describe()))),
+            _ => Ok(()),
+        }
+    };
     for p in &t.params {
         match obj.get(p) {
             None => return Err(err(p, "missing".into(), "a value".into())),
             Some(v) if crate::value::SqlValue::from_json(v).is_none() => {
                 return Err(err(p, v.to_string(), "a number, string, bool or null".into()));
             }
-            _ => {}
+            Some(v) => typed(p, v)?,
         }
     }
     for (l, fields) in &t.lists {
@@ -706,7 +751,17 @@ fn check_params(t: &crate::template::Template, params: &serde_json::Value) -> Re
         for (i, e) in arr.iter().enumerate() {
             for f in fields {
                 match e.get(f) {
-                    Some(v) if crate::value::SqlValue::from_json(v).is_some() => {}
+                    Some(v) if crate::value::SqlValue::from_json(v).is_some() => {
+                        if let Some(ty) = t.types.get(&format!("{l}.{f}"))
+                            && !ty.admits(v)
+                        {
+                            return Err(err(
+                                &format!("{l}[{i}].{f}"),
+                                v.to_string(),
+                                format!("{} (declared {ty:?})", ty.describe()),
+                            ));
+                        }
+                    }
                     other => {
                         return Err(err(
                             &format!("{l}[{i}].{f}"),

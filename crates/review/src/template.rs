@@ -51,6 +51,43 @@ impl WriteKind {
     }
 }
 
+/// The declared type of a parameter (or of a list element's field). A request whose value
+/// has another JSON type is refused naming the parameter, the value and the type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamType {
+    /// A JSON number with no fraction that fits in 64 bits.
+    Integer,
+    /// Any JSON number.
+    Real,
+    /// A JSON string.
+    Text,
+    /// `true` or `false`.
+    Boolean,
+}
+
+impl ParamType {
+    /// Whether `v` is of this type.
+    pub fn admits(self, v: &serde_json::Value) -> bool {
+        match self {
+            ParamType::Integer => v.as_i64().is_some(),
+            ParamType::Real => v.is_number(),
+            ParamType::Text => v.is_string(),
+            ParamType::Boolean => v.is_boolean(),
+        }
+    }
+
+    /// What a value of this type is, for error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ParamType::Integer => "an integer (a JSON number with no fraction, not a string)",
+            ParamType::Real => "a number (a JSON number, not a string)",
+            ParamType::Text => "a string",
+            ParamType::Boolean => "true or false",
+        }
+    }
+}
+
 /// A comparison of a `check` invariant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CmpOp {
@@ -283,6 +320,11 @@ pub struct Template {
     /// List parameters: name → the fields of each element.
     #[serde(default)]
     pub lists: BTreeMap<String, Vec<String>>,
+    /// Declared types: a scalar parameter's name, or `list.field` for an element's field →
+    /// its type. A parameter without one takes any scalar (its dependency checks compare
+    /// canonical values, [`crate::value::SqlValue::key`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub types: BTreeMap<String, ParamType>,
     /// The statements.
     pub steps: Vec<Step>,
     /// Every write the statements perform.
@@ -489,6 +531,19 @@ impl TemplateSet {
                 }
                 if fields.is_empty() {
                     return Err(Error::template(name, format!("lists.{l}"), "[]", "at least one element field"));
+                }
+            }
+            for k in t.types.keys() {
+                let ok = t.params.contains(k)
+                    || k.split_once('.')
+                        .is_some_and(|(l, f)| t.lists.get(l).is_some_and(|fs| fs.iter().any(|x| x == f)));
+                if !ok {
+                    return Err(Error::template(
+                        name,
+                        format!("types.{k}"),
+                        k,
+                        "a scalar parameter of the template, or `list.field` of a list parameter",
+                    ));
                 }
             }
             if t.steps.is_empty() {

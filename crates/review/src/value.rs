@@ -40,14 +40,31 @@ impl SqlValue {
         }
     }
 
-    /// A key used to compare row keys in dependency checks (numbers compare by value).
-    pub(crate) fn key(&self) -> String {
+    /// The canonical key used to compare row keys in dependency checks: numbers compare by
+    /// value, and a text that reads as a number is that number (SQLite stores `"1"` as `1`
+    /// in an integer column and `1` as `"1"` in a text column, so a check that told them
+    /// apart would miss a dependency: issue 27 item 6).
+    pub fn key(&self) -> String {
+        fn num(f: f64) -> String {
+            if f.fract() == 0.0 && f.abs() < 9.0e15 { format!("n{}", f as i64) } else { format!("n{f}") }
+        }
         match self {
             SqlValue::Null => "null".into(),
             SqlValue::Int(i) => format!("n{i}"),
-            SqlValue::Real(f) if f.fract() == 0.0 => format!("n{}", *f as i64),
-            SqlValue::Real(f) => format!("n{f}"),
-            SqlValue::Text(s) => format!("t{s}"),
+            SqlValue::Real(f) => num(*f),
+            SqlValue::Text(s) => {
+                let t = s.trim();
+                if let Ok(i) = t.parse::<i64>() {
+                    format!("n{i}")
+                } else if let Ok(f) = t.parse::<f64>()
+                    && f.is_finite()
+                    && t.bytes().any(|b| b.is_ascii_digit())
+                {
+                    num(f)
+                } else {
+                    format!("t{s}")
+                }
+            }
         }
     }
 

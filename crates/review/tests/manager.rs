@@ -48,11 +48,14 @@ fn a_decrement_waits_for_a_buffered_decrement_of_the_same_field_only() {
     assert_eq!(m.status(s).unwrap().waited_by, vec![held]);
     let other_row = m.request(req("withdraw", json!({"id": 2, "amount": 20}), false)).unwrap();
     assert_eq!(m.status(other_row).unwrap().status, Status::Committed);
+    // An increment never breaks a lower bound, but running it before the held withdrawal
+    // could change that one's outcome: it keeps its arrival order (issue 27 item 5).
     let inc = m.request(req("deposit", json!({"id": 1, "amount": 5}), false)).unwrap();
-    assert_eq!(m.status(inc).unwrap().status, Status::Committed, "an increment never breaks a lower bound");
-    assert_eq!(balance(&mut m, 1), 55);
+    assert_eq!(m.status(inc).unwrap().waits_for, vec![held], "held behind the held withdrawal only");
+    assert_eq!(balance(&mut m, 1), 50);
     assert_eq!(m.review(s, Decision::Remove, "rita").unwrap(), Status::Removed);
     assert_eq!(m.status(held).unwrap().status, Status::Committed, "released when what it waited for was removed");
+    assert_eq!(m.status(inc).unwrap().status, Status::Committed);
     assert_eq!(balance(&mut m, 1), 35);
     m.check_integrity().unwrap();
 }
@@ -90,11 +93,13 @@ fn compensating_strategy_holds_a_decrement_that_would_break_the_removal() {
     assert_eq!(balance(&mut m, 1), 60);
     let w = m.request(req("withdraw", json!({"id": 1, "amount": 60}), false)).unwrap();
     assert_eq!(m.status(w).unwrap().status, Status::Held);
+    // Behind the held withdrawal, in arrival order (issue 27 item 5).
     let d2 = m.request(req("deposit", json!({"id": 1, "amount": 1}), false)).unwrap();
-    assert_eq!(m.status(d2).unwrap().status, Status::Committed);
+    assert_eq!(m.status(d2).unwrap().waits_for, vec![w]);
     assert_eq!(m.review(dep, Decision::Remove, "rita").unwrap(), Status::Removed);
     assert_eq!(balance(&mut m, 1), 51, "compensated by the inverse delta, keeping the later deposit");
-    assert_eq!(m.status(w).unwrap().status, Status::Failed, "the database refuses 51 - 60");
+    assert_eq!(m.status(w).unwrap().status, Status::Failed, "the database refuses 50 - 60 (arrival order)");
+    assert_eq!(m.status(d2).unwrap().status, Status::Committed);
     assert_eq!(m.stats().refused_removals, 0);
 }
 

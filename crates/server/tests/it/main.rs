@@ -15,4 +15,5 @@ mod openapi;
 mod plans_story;
 mod restart;
 mod review;
+mod review_removal;
 mod review_security;
