@@ -410,9 +410,13 @@ fn world_buffer_compensating_matches_a_replay_of_history() {
 fn world_a_cascade_keeps_to_what_presupposes_the_removed_transaction() {
     for strategy in [Strategy::BufferSuspicious, Strategy::BufferCompensating] {
         let log = MemoryLog::new();
-        let mut m =
-            Manager::open(world(), Box::new(fresh()), Box::new(log), Options { strategy, granularity: Granularity::Column })
-                .unwrap();
+        let mut m = Manager::open(
+            world(),
+            Box::new(fresh()),
+            Box::new(log),
+            Options { strategy, granularity: Granularity::Column },
+        )
+        .unwrap();
         let req = |t: &str, params: Value, suspicious: bool| Request {
             template: t.into(),
             params,
