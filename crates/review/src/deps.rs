@@ -164,9 +164,10 @@ impl Checker {
                     note(EdgeKind::Waits);
                     continue;
                 }
-                if self.granularity == Granularity::Table {
-                    continue;
-                }
+                // At table granularity two different tables still meet through the invariants
+                // that span tables (a foreign key, a conditional on another table, a grouped
+                // set): `open_account(5)` and `open_loan(account = 5)` are in different tables,
+                // and the loan's row keeps the account's compensation from running.
                 if tb.restore && tb.table == tn.table && self.cols_meet(tb, tn) && self.rows_match(tb, tn) {
                     note(EdgeKind::Waits);
                 }
@@ -180,23 +181,21 @@ impl Checker {
                 }
             }
         }
-        if self.granularity != Granularity::Table {
-            for inv in &self.invariants {
-                if let Invariant::ProcessOrder { first, then, on, cascade } = inv
-                    && b.template == first
-                    && n.template == then
-                {
-                    let related = self.granularity >= Granularity::Column
-                        || on.iter().all(|[pa, pn]| match (b.params.get(pa), n.params.get(pn)) {
-                            (Some(x), Some(y)) => match (SqlValue::from_json(x), SqlValue::from_json(y)) {
-                                (Some(x), Some(y)) => x.key() == y.key(),
-                                _ => x == y,
-                            },
-                            _ => true,
-                        });
-                    if related {
-                        note(if *cascade { EdgeKind::BuildsOn } else { EdgeKind::Waits });
-                    }
+        for inv in &self.invariants {
+            if let Invariant::ProcessOrder { first, then, on, cascade } = inv
+                && b.template == first
+                && n.template == then
+            {
+                let related = self.granularity >= Granularity::Column
+                    || on.iter().all(|[pa, pn]| match (b.params.get(pa), n.params.get(pn)) {
+                        (Some(x), Some(y)) => match (SqlValue::from_json(x), SqlValue::from_json(y)) {
+                            (Some(x), Some(y)) => x.key() == y.key(),
+                            _ => x == y,
+                        },
+                        _ => true,
+                    });
+                if related {
+                    note(if *cascade { EdgeKind::BuildsOn } else { EdgeKind::Waits });
                 }
             }
         }
