@@ -16,7 +16,7 @@
 //! Sizes: `TIDEGATE_REVIEW_WORLD_SEQUENCES` sequences per (strategy, granularity) (default 120)
 //! of `TIDEGATE_REVIEW_WORLD_STEPS` steps (default 40). A failure prints its seed; replay it
 //! with `TIDEGATE_REVIEW_SEED=<seed>` (and `TIDEGATE_REVIEW_GRANULARITY=field|row|column|table`
-//! for one granularity). Soak (README "More"):
+//! for one granularity; `TIDEGATE_REVIEW_DUMP=1` prints the decision log at the failing step). Soak (README "More"):
 //! `TIDEGATE_REVIEW_WORLD_SEQUENCES=2000 cargo test --release -p tidegate-review --test world`.
 
 #![allow(clippy::unwrap_used)] // tests unwrap by design
@@ -28,7 +28,7 @@ use tidegate_review::exec::{self, ExecFailure};
 use tidegate_review::value::Row;
 use tidegate_review::{
     Database, Decision, Granularity, Manager, MemoryLog, Options, Record, Request, SqliteDatabase, Status, Strategy,
-    TemplateSet, Touch, TxView,
+    TemplateSet, Touch, TxView, WriteKind,
 };
 
 const SCHEMA: &str = "
@@ -271,11 +271,22 @@ fn json_canon(v: &Value) -> String {
     }
 }
 
-/// Whether two transactions' declared writes may meet (known keys compared canonically).
+/// Whether two transactions' declared writes may meet in a way whose order matters (known
+/// keys compared canonically). Deltas of `account.points`, which no invariant bounds, commute.
 fn overlap(a: &[Touch], b: &[Touch]) -> bool {
+    let delta = |t: &Touch| matches!(t.kind, WriteKind::Increment | WriteKind::Decrement);
+    let commute = |x: &Touch, y: &Touch| {
+        x.table == "account"
+            && x.column.as_deref() == Some("points")
+            && y.column == x.column
+            && delta(x)
+            && delta(y)
+            && x.row.values().chain(y.row.values()).all(Option::is_some)
+    };
     a.iter().any(|x| {
         b.iter().any(|y| {
-            x.table == y.table
+            !commute(x, y)
+                && x.table == y.table
                 && (x.column.is_none() || y.column.is_none() || x.column == y.column)
                 && x.row.iter().all(|(c, vx)| match (vx, y.row.get(c)) {
                     (Some(p), Some(Some(q))) => canon(p) == canon(q),
@@ -338,6 +349,12 @@ fn check_cascade(m: &Manager, removed: u64, ctx: &str) {
 }
 
 fn check(m: &mut Manager, set: &TemplateSet, log: &MemoryLog, ctx: &str) {
+    // TIDEGATE_REVIEW_DUMP=1 prints the decision log when the database leaves the replay.
+    if std::env::var("TIDEGATE_REVIEW_DUMP").is_ok() && replay(set, log).map_or(true, |w| w != dump(m.database())) {
+        for rec in tidegate_review::DecisionLog::read_all(log).unwrap() {
+            eprintln!("{}", serde_json::to_string(&rec).unwrap());
+        }
+    }
     check_arrival_order(log, ctx);
     let want = replay(set, log).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     let got = dump(m.database());
@@ -517,5 +534,34 @@ fn world_a_cascade_keeps_to_what_presupposes_the_removed_transaction() {
         assert_eq!(m.review(one, Decision::Remove, "rita").unwrap(), Status::Removed);
         assert_eq!(m.cascaded(one), vec![mine], "{strategy:?}");
         assert_eq!(m.status(other).unwrap().status, Status::Committed, "{strategy:?}");
+    }
+}
+
+/// Rule 8: `tax_richest` picks its row by reading balances, so it waits for an executed
+/// `tax_richest` whose compensation could change the choice; removing that one then leaves
+/// the database as the replay of history (found by the soak, seed 7541).
+#[test]
+fn world_a_row_chosen_by_a_read_waits_for_writes_that_could_change_the_choice() {
+    for granularity in [Granularity::Field, Granularity::Row, Granularity::Column] {
+        let log = MemoryLog::new();
+        let mut m = Manager::open(
+            world(),
+            Box::new(fresh()),
+            Box::new(log.clone()),
+            Options { strategy: Strategy::BufferCompensating, granularity },
+        )
+        .unwrap();
+        let req = |params: Value, suspicious: bool| Request {
+            template: "tax_richest".into(),
+            params,
+            sender: "llm".into(),
+            suspicious,
+        };
+        let first = m.request(req(json!({"amount": 75}), true)).unwrap();
+        let second = m.request(req(json!({"amount": 50}), false)).unwrap();
+        assert_eq!(m.status(second).unwrap().status, Status::Held, "{granularity:?}");
+        assert_eq!(m.review(first, Decision::Remove, "rita").unwrap(), Status::Removed);
+        assert_eq!(m.status(second).unwrap().status, Status::Committed, "{granularity:?}");
+        check(&mut m, &world(), &log, &format!("{granularity:?}"));
     }
 }
