@@ -15,6 +15,7 @@
 //! | [`index`] | the ledger index every view reads (an append observer of the engine) |
 //! | [`transactions`] | transactions and their effects: ids, live handles, effect calls, tickets and reports |
 //! | [`groups`] | speculation groups: begin, commit the winner, abort, wait for every branch |
+//! | [`plans`] | plans: open, read, commit, fail, verdicts, triggers, resolve, steps; the executor's refusals as `ServiceError` |
 //! | [`tickets`] | client-executed effects' tickets and the answers they got |
 //! | [`console`] | attention resolutions and per-minute series |
 //! | [`review`] | each tenant's review manager over its ledger |
@@ -41,6 +42,7 @@ pub mod ids;
 pub mod index;
 pub mod metrics;
 pub mod node;
+pub mod plans;
 pub mod registry;
 pub mod review;
 pub mod settings;

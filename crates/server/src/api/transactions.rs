@@ -57,14 +57,7 @@ pub async fn begin(
     let opts = TxOptions { agent: body.agent, may_touch: body.may_touch, lease };
     let handle = match body.plan {
         // A step of a plan: bound to it (`step_begun`) before its first effect.
-        Some(p) => {
-            let n = super::plans::parse_plan(t, &p)?;
-            let plan = t.engine.plan_by_id(n).await.map_err(|_| ApiError::not_found("plan", &p))?;
-            plan.begin(opts).await.map_err(|e| match e {
-                tidegate_runtime::Error::Plan(pe) => super::plans::from_plan(pe, t),
-                e => from_runtime(e),
-            })?
-        }
+        Some(p) => t.begin_step(&p, opts).await?,
         None => t.engine.begin_with(opts).map_err(from_runtime)?,
     };
     let tx = handle.id();
