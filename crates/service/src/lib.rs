@@ -17,6 +17,7 @@
 //! | [`groups`] | speculation groups: begin, commit the winner, abort, wait for every branch |
 //! | [`plans`] | plans: open, read, commit, fail, verdicts, triggers, resolve, steps; the executor's refusals as `ServiceError` |
 //! | [`tickets`] | client-executed effects' tickets and the answers they got |
+//! | [`attention`] | the attention queue's operator actions: resolve, accept, retry |
 //! | [`console`] | attention resolutions and per-minute series |
 //! | [`review`] | each tenant's review manager over its ledger |
 //! | [`idempotency`] | the records that make a repeated request return its first answer |
@@ -31,6 +32,7 @@
 
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod auth;
 pub mod catalog;
 pub mod console;

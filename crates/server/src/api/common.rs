@@ -18,10 +18,6 @@ use crate::AppState;
 /// Longest lease a client may ask for (7 days).
 pub(super) const MAX_LEASE_MS: u64 = tidegate_service::settle::MAX_LEASE_MS;
 
-pub(super) fn parse_tx(t: &Tenant, id: &str) -> ApiResult<TxId> {
-    Ok(t.parse_tx(id)?)
-}
-
 pub(super) fn view_of(t: &Tenant, id: &str) -> ApiResult<(TxId, TxView)> {
     Ok(t.view_of(id)?)
 }
