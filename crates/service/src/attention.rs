@@ -110,13 +110,7 @@ impl Tenant {
     /// held effect, the call of an eager one), for an aborted one the compensation
     /// (`no_compensation` when the tool has none). The retry is recorded in the ledger with its
     /// outcome and `by`; one confirmed done resolves the entry.
-    pub async fn retry_attention(
-        &self,
-        id: &str,
-        effect: &str,
-        note: Option<&str>,
-        by: String,
-    ) -> Result<RetryReport> {
+    pub async fn retry_attention(&self, id: &str, effect: &str, note: Option<&str>, by: String) -> Result<RetryReport> {
         let (tx, n) = self.attention_target(id, effect)?;
         let note = note.map(str::trim).unwrap_or_default().to_owned();
         if note.len() > MAX_NOTE_BYTES {
