@@ -1,5 +1,7 @@
-//! Waiting for a transaction to settle: long-polls hold a waiter slot (not a request slot),
-//! end at their timeout, at the settlement, or at shutdown.
+//! The HTTP side of waiting for a settlement: the wait itself is the service's
+//! (`Tenant::wait_settled`, `Tenant::wait_group`); this module checks a requested wait against
+//! `limits.max_wait_ms` and gives the service its `WaitSlots`: a long-poll that blocks holds a
+//! waiter slot (not a request slot; 429 `too_many_waiters` when none is left).
 
 use std::sync::Arc;
 use std::time::Duration;
