@@ -96,8 +96,22 @@ fn every_crate_depends_only_on_the_crates_below_it() {
 }
 
 /// Crates of an HTTP server or router: only a front door (crates/server) may depend on them.
-const HTTP_SERVER_CRATES: [&str; 9] =
-    ["axum", "axum-core", "axum-extra", "tower", "tower-http", "hyper", "http", "http-body", "utoipa-axum"];
+const HTTP_SERVER_CRATES: [&str; 14] = [
+    "axum",
+    "axum-core",
+    "axum-extra",
+    "tower",
+    "tower-http",
+    "tower-service",
+    "tower-layer",
+    "hyper",
+    "hyper-util",
+    "http",
+    "http-body",
+    "http-body-util",
+    "utoipa-axum",
+    "tidegate-server",
+];
 
 /// The service layer knows no HTTP (docs/service.md, invariant 1): it depends on no HTTP server
 /// crate, and on utoipa (OpenAPI schemas of its plain types) only as an optional dependency
@@ -125,7 +139,7 @@ fn the_service_layer_depends_on_no_http_server_crate() {
         if kind == "dev" {
             continue;
         }
-        if HTTP_SERVER_CRATES.contains(&name) || name == "tidegate-server" {
+        if HTTP_SERVER_CRATES.contains(&name) {
             wrong.push(format!("tidegate-service depends on {name}"));
         }
         if name == "utoipa" && !dep["optional"].as_bool().unwrap_or(false) {
@@ -133,17 +147,82 @@ fn the_service_layer_depends_on_no_http_server_crate() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
-    // And no source file of the service names one of them.
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../service/src");
-    for (path, text) in rust_files(&src) {
-        for krate in HTTP_SERVER_CRATES {
-            let needle = format!("{}::", krate.replace('-', "_"));
-            assert!(
-                !text.lines().any(|l| l.contains(&needle) && !l.trim_start().starts_with("//")),
-                "{} names `{needle}`",
-                path.display()
-            );
+    // And no source file of the service (library, tests, benches, examples) names one of them.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../service");
+    for dir in ["src", "tests", "benches", "examples"] {
+        let dir = root.join(dir);
+        if !dir.is_dir() {
+            continue;
         }
+        for (path, text) in rust_files(&dir) {
+            for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim_start().starts_with("//")) {
+                if let Some(krate) = HTTP_SERVER_CRATES.iter().find(|k| names_crate(line, k)) {
+                    wrong.push(format!(
+                        "{}:{}: names the HTTP crate `{krate}`: {}",
+                        path.display(),
+                        n + 1,
+                        line.trim()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "the service layer must know no HTTP server:\n{}", wrong.join("\n"));
+}
+
+/// Whether a line of Rust names the crate `krate` as a path root (`axum::..`, `use axum;`,
+/// `use ::axum`, `extern crate axum`, `axum as ..`), not as a segment inside another path
+/// (`reqwest::http::..` is the webhook client's own re-export).
+fn names_crate(line: &str, krate: &str) -> bool {
+    let ident = krate.replace('-', "_");
+    let is_word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let bytes = line.as_bytes();
+    let trimmed = line.trim_start();
+    let import = ["use ", "pub use ", "pub(crate) use ", "extern crate "].iter().any(|p| trimmed.starts_with(p));
+    let mut from = 0;
+    while let Some(at) = line[from..].find(&ident) {
+        let (start, end) = (from + at, from + at + ident.len());
+        from = end;
+        if (start > 0 && is_word(bytes[start - 1])) || bytes.get(end).is_some_and(|b| is_word(*b)) {
+            continue;
+        }
+        // A segment inside another path (`reqwest::http::..`) is not the crate.
+        if line[..start].ends_with("::") && line[..start - 2].bytes().last().is_some_and(is_word) {
+            continue;
+        }
+        let after = line[end..].trim_start();
+        if after.starts_with("::") || (import && [";", ",", "}", "as "].iter().any(|p| after.starts_with(p))) {
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+fn the_http_name_check_sees_every_form_of_import() {
+    for line in [
+        "use axum::Router;",
+        "use axum;",
+        "use ::axum::Json;",
+        "extern crate hyper;",
+        "    let r: http::StatusCode = x;",
+        "use tower_http::cors::CorsLayer;",
+        "use utoipa_axum::router::OpenApiRouter;",
+        "use { axum::Json, serde::Serialize };",
+        "use axum as web;",
+        "pub use tidegate_server::api;",
+    ] {
+        assert!(HTTP_SERVER_CRATES.iter().any(|k| names_crate(line, k)), "missed: {line}");
+    }
+    for line in [
+        "let s = reqwest::http::StatusCode::OK;",
+        "let url = \"http://127.0.0.1/\";",
+        "/// over http: a webhook",
+        "let towers = 3;",
+        "fn httpd() {}",
+        "use tidegate_service::settle;",
+    ] {
+        assert!(!HTTP_SERVER_CRATES.iter().any(|k| names_crate(line, k)), "false alarm: {line}");
     }
 }
 

@@ -149,6 +149,37 @@ pub enum ServiceError {
     /// The HTTP client for webhooks could not be built.
     #[error("building the webhook client: {0}")]
     HttpClient(#[source] Arc<reqwest::Error>),
+    /// Too much is in progress to take this operation on now (e.g. every waiter slot of the
+    /// front door is taken); `retry_after` says when asking again may help.
+    #[error("{detail}")]
+    Busy {
+        /// The machine-readable kind (`too_many_waiters`, ...).
+        code: &'static str,
+        /// What is exhausted.
+        detail: String,
+        /// Seconds after which the same request may succeed.
+        retry_after: Option<u64>,
+    },
+    /// `field` names another tenant (`found`) where only the caller's own may be named. Not
+    /// retryable.
+    #[error("{detail}")]
+    CrossTenant {
+        /// The field at fault.
+        field: String,
+        /// The tenant it named.
+        found: String,
+        /// The refusal in words.
+        detail: String,
+    },
+    /// A well-formed request that the system behind the operation refused (a review
+    /// database's constraint, ...), with its code and words. Not retryable.
+    #[error("{detail}")]
+    Refused {
+        /// The machine-readable kind (`database_refused`, ...).
+        code: &'static str,
+        /// What refused it and why.
+        detail: String,
+    },
 }
 
 impl ServiceError {
@@ -195,6 +226,7 @@ impl ServiceError {
     pub fn field(&self) -> Option<&str> {
         match self {
             ServiceError::Invalid { field, .. } => Some(field),
+            ServiceError::CrossTenant { field, .. } => Some(field),
             ServiceError::Engine(e) => match &**e {
                 tidegate_runtime::Error::InvalidArgument { field, .. } => Some(field),
                 _ => None,
@@ -213,6 +245,7 @@ impl ServiceError {
             ),
             ServiceError::Tenant { source, .. } | ServiceError::Engine(source) => source.retryable(),
             ServiceError::Conflict { retry_after, .. } => retry_after.is_some(),
+            ServiceError::Busy { .. } => true,
             ServiceError::Unavailable { .. }
             | ServiceError::TenantUnavailable { .. }
             | ServiceError::Io { .. }

@@ -14,13 +14,17 @@
 //! | [`dispatch`] | calls, releases, compensations and probes sent to webhooks or pull workers |
 //! | [`index`] | the ledger index every view reads (an append observer of the engine) |
 //! | [`transactions`] | transactions and their effects: ids, live handles, effect calls, tickets and reports |
+//! | [`groups`] | speculation groups: begin, commit the winner, abort, wait for every branch |
+//! | [`plans`] | plans: open, read, commit, fail, verdicts, triggers, resolve, steps; the executor's refusals as `ServiceError` |
 //! | [`tickets`] | client-executed effects' tickets and the answers they got |
+//! | [`attention`] | the attention queue's operator actions: resolve, accept, retry |
 //! | [`console`] | attention resolutions and per-minute series |
 //! | [`review`] | each tenant's review manager over its ledger |
 //! | [`idempotency`] | the records that make a repeated request return its first answer |
 //! | [`metrics`] | the Prometheus registry the node reports |
 //! | [`ids`] | the public ids (`tx_<tag>_<n>`, ...) |
 //! | [`settings`] | what a front door's configuration gives every tenant |
+//! | [`settle`] | seal, commit and abort on node tasks, and the wait for a settlement |
 //! | [`error`] | [`ServiceError`]: every refusal, named and classified |
 //!
 //! It must not depend on an HTTP server crate or on a front door (the layering test in
@@ -28,19 +32,23 @@
 
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod auth;
 pub mod catalog;
 pub mod console;
 pub mod dispatch;
 pub mod error;
+pub mod groups;
 pub mod idempotency;
 pub mod ids;
 pub mod index;
 pub mod metrics;
 pub mod node;
+pub mod plans;
 pub mod registry;
 pub mod review;
 pub mod settings;
+pub mod settle;
 pub mod tap;
 pub mod tenant;
 pub mod tickets;

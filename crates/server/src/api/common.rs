@@ -16,11 +16,7 @@ use super::wire::*;
 use crate::AppState;
 
 /// Longest lease a client may ask for (7 days).
-pub(super) const MAX_LEASE_MS: u64 = 7 * 86_400_000;
-
-pub(super) fn parse_tx(t: &Tenant, id: &str) -> ApiResult<TxId> {
-    Ok(t.parse_tx(id)?)
-}
+pub(super) const MAX_LEASE_MS: u64 = tidegate_service::settle::MAX_LEASE_MS;
 
 pub(super) fn view_of(t: &Tenant, id: &str) -> ApiResult<(TxId, TxView)> {
     Ok(t.view_of(id)?)
@@ -29,10 +25,7 @@ pub(super) fn view_of(t: &Tenant, id: &str) -> ApiResult<(TxId, TxView)> {
 /// The live handle of an unsettled transaction (resumed if it was kept open across a
 /// restart).
 pub(super) fn live_of(t: &Tenant, id: &str) -> ApiResult<(Arc<LiveTx>, TxView)> {
-    t.live_of(id).map_err(|e| match t.parse_tx(id) {
-        Ok(tx) => with_tx(t, tx, e.into()),
-        Err(_) => e.into(),
-    })
+    t.live_of(id).map_err(|e| in_tx(t, id, e))
 }
 
 pub(super) fn check_agent(agent: &Option<String>) -> ApiResult<()> {
@@ -53,6 +46,15 @@ pub(super) fn check_lease(lease_ms: Option<u64>) -> ApiResult<Option<Duration>> 
         None => Ok(None),
         Some(ms) if (1..=MAX_LEASE_MS).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
         Some(ms) => Err(ApiError::invalid("lease_ms", ms.to_string(), format!("1 to {MAX_LEASE_MS} milliseconds"))),
+    }
+}
+
+/// A refusal of an operation on the transaction `id`, with the transaction attached when it
+/// aborted.
+pub(super) fn in_tx(t: &Tenant, id: &str, e: tidegate_service::ServiceError) -> ApiError {
+    match t.parse_tx(id) {
+        Ok(tx) => with_tx(t, tx, e.into()),
+        Err(_) => e.into(),
     }
 }
 

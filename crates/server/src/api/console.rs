@@ -24,18 +24,16 @@ use axum::response::IntoResponse;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::routing::get;
 use futures::Stream;
-use tidegate_core::{EffectId, TxId};
+use tidegate_core::TxId;
 use tokio::sync::broadcast;
 
-use super::common::parse_tx;
 use super::extract::{ApiJson, ApiPath, ApiQuery, Caller};
 use super::ledger::{attention_out, filtered_events};
-use super::problem::{ApiError, ApiResult, Problem, from_runtime};
+use super::problem::{ApiError, ApiResult, Problem};
 use super::wait::{self, begin_wait};
 use super::wire::*;
 use crate::AppState;
 use tidegate_service::auth::{AttentionResolve, LedgerRead, TxRead};
-use tidegate_service::console::{OPERATOR_STREAM, Resolution, now_ms};
 use tidegate_service::index::{ListFilter, Phase};
 use tidegate_service::tenant::Tenant;
 
@@ -163,17 +161,6 @@ pub async fn stream(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
-/// The transaction (of this tenant, known to its index) and effect position a path names.
-fn attention_target(t: &Tenant, id: &str, effect: &str) -> ApiResult<(TxId, u32)> {
-    let tx = parse_tx(t, id)?;
-    if t.index.phase(tx).is_none() {
-        return Err(ApiError::not_found("transaction", id));
-    }
-    let n =
-        effect.parse().map_err(|_| ApiError::invalid("effect", effect, "an effect's issuance position (0, 1, ...)"))?;
-    Ok((tx, n))
-}
-
 /// Who did an operator action, as the ledger's `operator` stream records it.
 pub(crate) fn operator_label<P: tidegate_service::auth::Needs>(caller: &Caller<P>) -> String {
     format!("key_{} ({})", caller.key_id, caller.role)
@@ -201,39 +188,8 @@ pub async fn resolve(
     ApiJson(body): ApiJson<AttentionResolveIn>,
 ) -> ApiResult<Json<AttentionOut>> {
     let t = &caller.tenant;
-    let (tx, n) = attention_target(t, &id, &effect)?;
-    if body.action == tidegate_service::console::OperatorAction::Retried {
-        return Err(ApiError::invalid(
-            "action",
-            "retried",
-            "resolved or accepted (a retry is POST /v1/ledger/attention/{tx}/{effect}/retry)",
-        ));
-    }
-    let note = body.note.trim();
-    if note.is_empty() || note.len() > 2000 {
-        return Err(ApiError::invalid("note", &body.note, "1 to 2000 bytes saying what was done"));
-    }
-    if t.index.attention_entry(tx, EffectId(n)).is_none() {
-        return Err(ApiError::conflict(
-            "not_in_attention",
-            format!("effect {n} of {id} did not settle unresolved, leaked or partial-commit"),
-        ));
-    }
-    let r = Resolution {
-        kind: "resolve_effect".into(),
-        tx: tx.0,
-        effect: n,
-        action: body.action,
-        note: note.to_owned(),
-        by: operator_label(&caller),
-        at_ms: now_ms(),
-        operation: None,
-        outcome: None,
-        lsn: 0,
-    };
-    t.engine.append_extension(OPERATOR_STREAM, r.body()).await.map_err(from_runtime)?;
-    let entry =
-        t.index.attention_entry(tx, EffectId(n)).ok_or_else(|| ApiError::internal("the attention entry vanished"))?;
+    let by = operator_label(&caller);
+    let entry = t.resolve_attention(&id, &effect, body.action, &body.note, by).await?;
     Ok(Json(attention_out(t, &entry)))
 }
 
@@ -261,95 +217,15 @@ pub async fn retry(
     ApiPath((id, effect)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<RetryIn>,
 ) -> ApiResult<Json<RetryOut>> {
-    use tidegate_service::dispatch::{CallOutcome, DispatchKey, DispatchRequest, Operation};
     let t = &caller.tenant;
-    let (tx, n) = attention_target(t, &id, &effect)?;
-    let note = body.note.as_deref().map(str::trim).unwrap_or_default().to_owned();
-    if note.len() > 2000 {
-        return Err(ApiError::invalid("note", &note, "at most 2000 bytes"));
-    }
-    let Some(entry) = t.index.attention_entry(tx, EffectId(n)) else {
-        return Err(ApiError::conflict(
-            "not_in_attention",
-            format!("effect {n} of {id} did not settle unresolved, leaked or partial-commit"),
-        ));
-    };
-    let e = &entry.effect;
-    let Some(tool) = t.tool(&e.tool) else {
-        return Err(ApiError::conflict(
-            "no_tool",
-            format!("tool `{}` is no longer registered; nothing to retry with", e.tool),
-        ));
-    };
-    // The index holds the client's arguments and the effect's public key.
-    let (args, key) = ((*e.args).clone(), e.key.to_string());
-    let (operation, capability, send_key, output) = if entry.committed {
-        let op = if e.class.executes_eagerly() { Operation::Call } else { Operation::Release };
-        (op, tool.def.call.clone(), DispatchKey::effect(key), None)
-    } else {
-        let Some(cap) = tool.def.compensate.clone() else {
-            return Err(ApiError::conflict(
-                "no_compensation",
-                format!("{id} aborted and tool `{}` has no compensate capability: resolve or accept it", e.tool),
-            ));
-        };
-        (Operation::Compensate, cap, DispatchKey::compensation(key), Some(e.output.clone().unwrap_or_default()))
-    };
-    let req = DispatchRequest {
-        capability,
-        operation,
-        tool: e.tool.to_string(),
-        key: send_key,
-        args: Arc::new(args),
-        output,
-    };
-    // The retry writes the effect's scopes after its transaction settled: their versions
-    // advance before it is sent and again with its outcome, and reads and eager writes there
-    // are refused meanwhile, so no read made before it (or while it runs) commits after it
-    // (docs/engine.md, "A compensation advances the version"). The dispatch and the closing
-    // touch run in a task of their own: a client that drops the request cannot leave the
-    // scopes marked.
-    let scopes: Vec<String> = e.scopes.iter().map(|s| s.to_string()).collect();
-    let refs: Vec<&str> = scopes.iter().map(String::as_str).collect();
-    if !scopes.is_empty() {
-        t.engine.touched(tx, EffectId(n), &refs, false).await.map_err(from_runtime)?;
-    }
-    let (engine, dispatcher) = (t.engine.clone(), t.dispatcher.clone());
-    let effect = EffectId(n);
-    let run = tokio::spawn(async move {
-        let outcome = dispatcher.dispatch(req).await;
-        let refs: Vec<&str> = scopes.iter().map(String::as_str).collect();
-        let closed = if refs.is_empty() { Ok(0) } else { engine.touched(tx, effect, &refs, true).await };
-        (outcome, closed)
-    });
-    let (outcome, closed) = run.await.map_err(|_| ApiError::internal("the retry's task failed"))?;
-    closed.map_err(from_runtime)?;
-    let (outcome, detail) = match outcome {
-        CallOutcome::Done { .. } => ("done", None),
-        CallOutcome::NotApplied { message, .. } => ("failed", Some(message)),
-        CallOutcome::Unknown { message } => ("unknown", Some(message)),
-    };
-    let text = match (&detail, note.is_empty()) {
-        (None, true) => format!("retried {}: done", operation.as_str()),
-        (None, false) => format!("retried {}: done; {note}", operation.as_str()),
-        (Some(d), true) => format!("retried {}: {outcome}: {d}", operation.as_str()),
-        (Some(d), false) => format!("retried {}: {outcome}: {d}; {note}", operation.as_str()),
-    };
-    let r = Resolution {
-        kind: "retry_effect".into(),
-        tx: tx.0,
-        effect: n,
-        action: tidegate_service::console::OperatorAction::Retried,
-        note: text,
-        by: operator_label(&caller),
-        at_ms: now_ms(),
-        operation: Some(operation.as_str().to_owned()),
-        outcome: Some(outcome.to_owned()),
-        lsn: 0,
-    };
-    t.engine.append_extension(OPERATOR_STREAM, r.body()).await.map_err(from_runtime)?;
-    let entry = attention_out(t, &entry);
-    Ok(Json(RetryOut { operation: operation.as_str().to_owned(), outcome: outcome.to_owned(), detail, entry }))
+    let by = operator_label(&caller);
+    let r = t.retry_attention(&id, &effect, body.note.as_deref(), by).await?;
+    Ok(Json(RetryOut {
+        operation: r.operation.as_str().to_owned(),
+        outcome: r.outcome.to_owned(),
+        detail: r.detail,
+        entry: attention_out(t, &r.entry),
+    }))
 }
 
 /// The tenant's commits, aborts by reason and commit waits per minute over the last hour

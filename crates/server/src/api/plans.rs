@@ -3,24 +3,18 @@
 //! plan, and the owner-intervention queue. A step is a transaction begun with `plan` set
 //! (`POST /v1/transactions`); its effects carry `compensate: {capability, args}`.
 
-use std::time::Duration;
-
 use axum::Json;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-use tidegate_runtime::plans::{Cause, Forward, PlanDetail, Status, StuckReason, Tri};
-use tidegate_runtime::{Choice, PlanError, PlanOptions, Predicate, TxId};
+use serde_json::Value;
+use tidegate_runtime::Choice;
+use tidegate_runtime::plans::Verdict;
 use utoipa::ToSchema;
 
 use super::extract::{ApiJson, ApiPath, Caller};
-use super::problem::{ApiError, ApiResult, Problem, from_runtime};
+use super::problem::{ApiResult, Problem};
 use tidegate_service::auth::{PlanResolve, TxRead, TxWrite};
-use tidegate_service::ids;
-use tidegate_service::tenant::Tenant;
-
-/// Longest deadline a plan may set (365 days).
-const MAX_DEADLINE_MS: u64 = 365 * 86_400_000;
+use tidegate_service::plans::{FailedBy, PlanRequest, PlanView};
 
 /// Open a plan.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -217,132 +211,39 @@ pub struct StuckListOut {
     pub stuck: Vec<StuckOut>,
 }
 
-/// A plan refusal as a problem document.
-pub fn from_plan(e: PlanError, t: &Tenant) -> ApiError {
-    let detail = e.to_string();
-    match e {
-        PlanError::Invalid { field, value, expected } => ApiError::invalid(field, value, expected),
-        PlanError::CrossTenant { field, found, .. } => {
-            let mut e = ApiError::new(StatusCode::BAD_REQUEST, "cross_tenant", detail);
-            e.field = Some(field);
-            e.value = Some(found);
-            e.expected = Some("this tenant (or no `tenant`)".into());
-            e
-        }
-        PlanError::UnknownPlan { plan } => ApiError::not_found("plan", &plan_id(t, plan)),
-        PlanError::WrongState { .. } | PlanError::StepUnsettled { .. } => ApiError::conflict("wrong_state", detail),
-        PlanError::Log { .. } | PlanError::Stopped { .. } => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", detail)
-        }
-        PlanError::NewerFormat { .. } | PlanError::Snapshot { .. } => ApiError::internal(detail),
-        // PlanError is non-exhaustive: a refusal a later version adds.
-        _ => ApiError::internal(detail),
-    }
-}
-
-fn runtime(e: tidegate_runtime::Error, t: &Tenant) -> ApiError {
-    match e {
-        tidegate_runtime::Error::Plan(p) => from_plan(p, t),
-        e => from_runtime(e),
-    }
-}
-
-/// A plan's public id.
-pub fn plan_id(t: &Tenant, plan: u64) -> String {
-    ids::format(ids::Kind::Plan, &t.tag, plan)
-}
-
-/// Parses a plan id of this tenant (another tenant's is one never issued: 404).
-pub fn parse_plan(t: &Tenant, id: &str) -> ApiResult<u64> {
-    ids::parse(ids::Kind::Plan, &t.tag, id).ok_or_else(|| ApiError::not_found("plan", id))
-}
-
-async fn plan_of(t: &Tenant, id: &str) -> ApiResult<tidegate_runtime::Plan> {
-    let n = parse_plan(t, id)?;
-    t.engine.plan_by_id(n).await.map_err(|_| ApiError::not_found("plan", id))
-}
-
-fn tri(v: Tri) -> String {
-    match v {
-        Tri::True => "true",
-        Tri::Unknown => "unknown",
-        Tri::False => "false",
-    }
-    .into()
-}
-
-fn state_name(s: &Status) -> String {
-    match s {
-        Status::Open => "open".into(),
-        Status::Failing { .. } => "failing".into(),
-        Status::Stuck { .. } => "stuck".into(),
-        Status::Ended(o) => {
-            serde_json::to_value(o).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
-        }
-    }
-}
-
-fn plan_out(t: &Tenant, d: PlanDetail) -> PlanOut {
-    let stuck = match &d.view.status {
-        Status::Stuck { reason, .. } => serde_json::to_value(reason).ok(),
-        _ => None,
-    };
-    let failure = d.failure.as_ref().map(|(cause, depth): &(Cause, u32)| {
-        serde_json::json!({"cause": serde_json::to_value(cause).unwrap_or(Value::Null), "depth": depth})
-    });
+fn plan_out(v: PlanView) -> PlanOut {
     PlanOut {
-        id: plan_id(t, d.view.plan),
-        owner: d.view.owner.clone(),
-        state: state_name(&d.view.status),
-        stuck,
-        failure,
-        steps: d.view.steps.iter().map(|tx| ids::tx(&t.tag, TxId(*tx))).collect(),
-        held: d.view.held,
-        deadline_ms: d.deadline_ms,
-        cascade_limit: d.cascade_limit,
-        registrations: d
+        id: v.id,
+        owner: v.owner,
+        state: v.state,
+        stuck: v.stuck,
+        failure: v.failure,
+        steps: v.steps,
+        held: v.held,
+        deadline_ms: v.deadline_ms,
+        cascade_limit: v.cascade_limit,
+        registrations: v
             .registrations
             .into_iter()
             .map(|r| RegistrationOut {
                 seq: r.seq,
-                transaction: ids::tx(&t.tag, TxId(r.tx)),
+                transaction: r.transaction,
                 effect: r.effect,
                 tool: r.tool,
                 key: r.key,
-                compensation: r.descriptor,
-                forward: match r.forward {
-                    Forward::Pending => "pending",
-                    Forward::Externalised => "externalised",
-                    Forward::NotApplied => "not_applied",
-                    Forward::InDoubt => "in_doubt",
-                }
-                .into(),
-                state: r.state.into(),
-                verdict: r
-                    .verdict
-                    .and_then(|v| serde_json::to_value(v).ok())
-                    .and_then(|v| v.as_str().map(str::to_owned)),
+                compensation: r.compensation,
+                forward: r.forward.into(),
+                state: r.state,
+                verdict: r.verdict,
                 attempts: r.attempts,
             })
             .collect(),
-        triggers: d
+        triggers: v
             .triggers
             .into_iter()
-            .map(|tr| TriggerOut { kind: tr.kind.into(), value: tri(tr.value), detail: tr.detail })
+            .map(|t| TriggerOut { kind: t.kind, value: t.value.into(), detail: t.detail })
             .collect(),
     }
-}
-
-async fn detail_out(t: &Tenant, plan: u64, id: &str) -> ApiResult<PlanOut> {
-    let d = t.engine.plan_detail(plan).await.map_err(|e| runtime(e, t))?;
-    d.map(|d| plan_out(t, d)).ok_or_else(|| ApiError::not_found("plan", id))
-}
-
-fn predicate(field: &str, v: Value) -> ApiResult<Predicate> {
-    let text = v.to_string();
-    serde_json::from_value(v).map_err(|e| {
-        ApiError::invalid(field, text, format!("a predicate (tagged, compensated, no_commit, all, any, not): {e}"))
-    })
 }
 
 /// Open a plan.
@@ -357,22 +258,13 @@ fn predicate(field: &str, v: Value) -> ApiResult<Predicate> {
     security(("bearer" = []))
 )]
 pub async fn open(caller: Caller<TxWrite>, ApiJson(body): ApiJson<PlanIn>) -> ApiResult<(StatusCode, Json<PlanOut>)> {
-    let t = &caller.tenant;
-    let deadline = match body.deadline_in_ms {
-        None => None,
-        Some(ms) if (1..=MAX_DEADLINE_MS).contains(&ms) => Some(Duration::from_millis(ms)),
-        Some(ms) => {
-            return Err(ApiError::invalid("deadline_in_ms", ms.to_string(), format!("1 to {MAX_DEADLINE_MS}")));
-        }
+    let req = PlanRequest {
+        owner: body.owner,
+        deadline_in_ms: body.deadline_in_ms,
+        cascade_limit: body.cascade_limit,
+        triggers: body.triggers.unwrap_or_default(),
     };
-    let mut triggers = Vec::new();
-    for (i, p) in body.triggers.unwrap_or_default().into_iter().enumerate() {
-        triggers.push(predicate(&format!("triggers[{i}]"), p)?);
-    }
-    let opts = PlanOptions { owner: body.owner, deadline, cascade_limit: body.cascade_limit, triggers };
-    let plan = t.engine.plan(opts).await.map_err(|e| runtime(e, t))?;
-    let id = plan_id(t, plan.id());
-    Ok((StatusCode::CREATED, Json(detail_out(t, plan.id(), &id).await?)))
+    Ok((StatusCode::CREATED, Json(plan_out(caller.tenant.open_plan(req).await?))))
 }
 
 /// List the tenant's plans.
@@ -385,13 +277,7 @@ pub async fn open(caller: Caller<TxWrite>, ApiJson(body): ApiJson<PlanIn>) -> Ap
     security(("bearer" = []))
 )]
 pub async fn list(caller: Caller<TxRead>) -> ApiResult<Json<PlanListOut>> {
-    let t = &caller.tenant;
-    let views = t.engine.plan_list().await.map_err(|e| runtime(e, t))?;
-    let mut plans = Vec::with_capacity(views.len());
-    for v in views {
-        let id = plan_id(t, v.plan);
-        plans.push(detail_out(t, v.plan, &id).await?);
-    }
+    let plans = caller.tenant.plans().await?.into_iter().map(plan_out).collect();
     Ok(Json(PlanListOut { plans }))
 }
 
@@ -405,23 +291,14 @@ pub async fn list(caller: Caller<TxRead>) -> ApiResult<Json<PlanListOut>> {
     security(("bearer" = []))
 )]
 pub async fn stuck(caller: Caller<TxRead>) -> ApiResult<Json<StuckListOut>> {
-    let t = &caller.tenant;
-    let list = t.engine.stuck_plans().await.map_err(|e| runtime(e, t))?;
-    let mut stuck = Vec::with_capacity(list.len());
-    for (plan, reason) in list {
-        let owner = t.engine.plan_detail(plan).await.ok().flatten().map(|d| d.view.owner).unwrap_or_default();
-        stuck.push(StuckOut {
-            id: plan_id(t, plan),
-            owner,
-            reason: serde_json::to_value(&reason).unwrap_or(Value::Null),
-            choices: choices(&reason),
-        });
-    }
+    let stuck = caller
+        .tenant
+        .stuck_plans()
+        .await?
+        .into_iter()
+        .map(|s| StuckOut { id: s.id, owner: s.owner, reason: s.reason, choices: s.choices })
+        .collect();
     Ok(Json(StuckListOut { stuck }))
-}
-
-fn choices(_reason: &StuckReason) -> Vec<String> {
-    ["retry", "accept", "unwind"].into_iter().map(String::from).collect()
 }
 
 /// A plan with its steps, held compensations in unwind order and triggers.
@@ -436,9 +313,7 @@ fn choices(_reason: &StuckReason) -> Vec<String> {
     security(("bearer" = []))
 )]
 pub async fn get(caller: Caller<TxRead>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<PlanOut>> {
-    let t = &caller.tenant;
-    let n = parse_plan(t, &id)?;
-    Ok(Json(detail_out(t, n, &id).await?))
+    Ok(Json(plan_out(caller.tenant.plan(&id).await?)))
 }
 
 /// Commit a plan: every held compensation is retired.
@@ -454,20 +329,7 @@ pub async fn get(caller: Caller<TxRead>, ApiPath(id): ApiPath<String>) -> ApiRes
     security(("bearer" = []))
 )]
 pub async fn commit(caller: Caller<TxWrite>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<PlanOut>> {
-    let t = &caller.tenant;
-    let plan = plan_of(t, &id).await?;
-    plan.commit().await.map_err(|e| runtime(e, t))?;
-    Ok(Json(detail_out(t, plan.id(), &id).await?))
-}
-
-async fn signal_plan(t: &Tenant, id: &str, reason: Option<String>, default: &str) -> ApiResult<PlanOut> {
-    let reason = reason.unwrap_or_else(|| default.to_owned());
-    if reason.len() > 1024 {
-        return Err(ApiError::invalid("reason", &reason, "at most 1024 bytes"));
-    }
-    let plan = plan_of(t, id).await?;
-    plan.fail(&reason).await.map_err(|e| runtime(e, t))?;
-    detail_out(t, plan.id(), id).await
+    Ok(Json(plan_out(caller.tenant.commit_plan(&id).await?)))
 }
 
 /// Fail a plan: the executor unwinds its compensations last-in-first-out.
@@ -487,7 +349,7 @@ pub async fn fail(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<SignalIn>,
 ) -> ApiResult<Json<PlanOut>> {
-    Ok(Json(signal_plan(&caller.tenant, &id, body.reason, "failed by its owner").await?))
+    Ok(Json(plan_out(caller.tenant.fail_plan(&id, body.reason, FailedBy::Owner).await?)))
 }
 
 /// Post an explicit failure signal (a policy system's or another agent's): same as `fail`.
@@ -507,7 +369,7 @@ pub async fn signal(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<SignalIn>,
 ) -> ApiResult<Json<PlanOut>> {
-    Ok(Json(signal_plan(&caller.tenant, &id, body.reason, "failure signal").await?))
+    Ok(Json(plan_out(caller.tenant.fail_plan(&id, body.reason, FailedBy::Signal).await?)))
 }
 
 /// Post a compliance verdict about one effect of the plan.
@@ -527,32 +389,11 @@ pub async fn verdict(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<VerdictIn>,
 ) -> ApiResult<Json<PlanOut>> {
-    let t = &caller.tenant;
-    let plan = plan_of(t, &id).await?;
-    let tx = match ids::resolve(ids::Kind::Tx, &t.tag, &body.transaction) {
-        ids::Named::Own(n) => TxId(n),
-        // Another tenant's transaction is no step of this plan, exactly as one of this tenant
-        // never issued (issue 26): `TxId(0)` is never allocated, so the executor refuses it
-        // at the same point and in the same words.
-        ids::Named::Elsewhere => TxId(0),
-        ids::Named::Malformed => {
-            return Err(ApiError::invalid("transaction", &body.transaction, "a transaction id (tx_<tag>_<n>)"));
-        }
-    };
     let v = match body.verdict {
-        VerdictKind::Block => tidegate_runtime::plans::Verdict::Block,
-        VerdictKind::Allow => tidegate_runtime::plans::Verdict::Allow,
+        VerdictKind::Block => Verdict::Block,
+        VerdictKind::Allow => Verdict::Allow,
     };
-    plan.verdict(tx, tidegate_runtime::EffectId(body.effect), v).await.map_err(|e| match e {
-        // The executor names the effect by its internal numbers; the caller named it by ids.
-        tidegate_runtime::Error::Plan(PlanError::Invalid { field, .. }) if field == "effect" => ApiError::invalid(
-            "effect",
-            format!("{}/{}", body.transaction, body.effect),
-            format!("an effect registered in plan {id} (a step transaction of it and its effect's number)"),
-        ),
-        e => runtime(e, t),
-    })?;
-    Ok(Json(detail_out(t, plan.id(), &id).await?))
+    Ok(Json(plan_out(caller.tenant.plan_verdict(&id, &body.transaction, body.effect, v).await?)))
 }
 
 /// Arm a predicate trigger on an open plan.
@@ -572,10 +413,7 @@ pub async fn arm(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<TriggerIn>,
 ) -> ApiResult<Json<PlanOut>> {
-    let t = &caller.tenant;
-    let plan = plan_of(t, &id).await?;
-    plan.arm(predicate("predicate", body.predicate)?).await.map_err(|e| runtime(e, t))?;
-    Ok(Json(detail_out(t, plan.id(), &id).await?))
+    Ok(Json(plan_out(caller.tenant.arm_plan(&id, body.predicate).await?)))
 }
 
 /// Resolve a stuck plan: `retry`, `accept` or `unwind`.
@@ -596,23 +434,11 @@ pub async fn resolve(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<PlanResolveIn>,
 ) -> ApiResult<Json<PlanOut>> {
-    let t = &caller.tenant;
-    let plan = plan_of(t, &id).await?;
     let choice = match body.choice {
         ChoiceKind::Retry => Choice::Retry,
         ChoiceKind::Accept => Choice::Accept,
         ChoiceKind::Unwind => Choice::Unwind,
     };
-    plan.resolve(choice).await.map_err(|e| runtime(e, t))?;
-    // Who resolved it, on the operator stream beside the effect resolutions (the plan's own
-    // record says what was chosen; this one says who chose it).
-    let by = json!({
-        "kind": "resolve_plan",
-        "plan": id,
-        "choice": body.choice,
-        "by": super::console::operator_label(&caller),
-        "at_ms": tidegate_service::console::now_ms(),
-    });
-    t.engine.append_extension(tidegate_service::console::OPERATOR_STREAM, by).await.map_err(|e| runtime(e, t))?;
-    Ok(Json(detail_out(t, plan.id(), &id).await?))
+    let by = super::console::operator_label(&caller);
+    Ok(Json(plan_out(caller.tenant.resolve_plan(&id, choice, by).await?)))
 }

@@ -343,6 +343,21 @@ impl From<ServiceError> for ApiError {
                 }
             }
             ServiceError::ShuttingDown => ApiError::shutting_down(),
+            ServiceError::Busy { code, detail, retry_after } => {
+                let e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, detail);
+                match retry_after {
+                    Some(s) => e.retry_after(s),
+                    None => e,
+                }
+            }
+            ServiceError::CrossTenant { field, found, detail } => {
+                let mut e = ApiError::new(StatusCode::BAD_REQUEST, "cross_tenant", detail);
+                e.field = Some(field);
+                e.value = Some(found);
+                e.expected = Some("this tenant (or no `tenant`)".into());
+                e
+            }
+            ServiceError::Refused { code, detail } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, detail),
             ServiceError::Internal(d) => ApiError::internal(d),
             ServiceError::Tenant { source, .. } => from_runtime_ref(&source),
             e @ (ServiceError::Catalog { .. } | ServiceError::CatalogVersion { .. }) => {

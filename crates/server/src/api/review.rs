@@ -2,8 +2,6 @@
 //! (operator), request a transaction (agent), accept or remove it (reviewer), read one and the
 //! queue; and the reviewer's web page (`/review`), whose assets are compiled in.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::Router;
 use axum::http::{StatusCode, header};
@@ -11,16 +9,14 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tidegate_review::{Decision, Manager, Request, Status, TemplateSet, TxView};
+use tidegate_review::{Decision, Status};
 use utoipa::ToSchema;
 
 use super::extract::{ApiJson, ApiPath, Caller};
-use super::problem::{ApiError, ApiResult, Problem};
+use super::problem::{ApiResult, Problem};
 use crate::AppState;
 use tidegate_service::auth::{RegistryWrite, Review, TxRead, TxWrite};
-use tidegate_service::ids::{self, Kind};
-use tidegate_service::review::ReviewFailure;
-use tidegate_service::tenant::Tenant;
+use tidegate_service::review::{ReviewRequest, ReviewTxView, TemplatesView};
 
 /// Templates to register, with an optional schema to run first.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -172,117 +168,25 @@ pub struct ReviewQueueOut {
     pub reviewable: usize,
 }
 
-fn failure(e: ReviewFailure) -> ApiError {
-    use tidegate_review::Error as E;
-    match e {
-        ReviewFailure::Config(detail) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "review_unavailable",
-            format!("the tenant's review database is not usable: {detail}"),
-        ),
-        ReviewFailure::Review(e) => match e {
-            E::Template { template, field, value, expected } => {
-                // Whole-set paths as they are; a template's own fields under its name.
-                let field = if ["templates[", "tables", "invariants"].iter().any(|p| field.starts_with(p)) {
-                    format!("set.{field}")
-                } else {
-                    format!("set.templates[{template:?}].{field}")
-                };
-                ApiError::invalid(field, value, expected)
-            }
-            E::UnknownTemplate(name) => {
-                ApiError::invalid("template", name, "the name of a template registered with this tenant")
-            }
-            E::Param { template, field, value, expected } => {
-                let field = if field == "params" { field } else { format!("params.{field}") };
-                ApiError::invalid(field, value, format!("{expected} (template {template:?})"))
-            }
-            E::Review { id, reason } => {
-                ApiError::conflict("not_reviewable", format!("transaction {id} cannot be reviewed: {reason}"))
-            }
-            E::UnknownTx(id) => ApiError::not_found("review transaction", &id.to_string()),
-            e @ (E::Database { .. } | E::Log { .. }) if e.retryable() => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "review_unavailable", e.to_string()).retry_after(1)
-            }
-            E::Privilege { .. } => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "review_unavailable",
-                "the tenant's review database is not usable: least privilege could not be set up for it; the server's log has the details",
-            ),
-            E::Database { op, message, .. } => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "database_refused", format!("{op}: {message}"))
-            }
-            other => ApiError::internal(other.to_string()),
-        },
-    }
+fn templates_out(v: TemplatesView) -> TemplatesOut {
+    TemplatesOut { added: v.added, templates: v.templates, strategy: v.strategy, granularity: v.granularity }
 }
 
-/// Runs `f` on the tenant's manager on a blocking thread.
-async fn with_manager<R: Send + 'static>(
-    tenant: &Arc<Tenant>,
-    f: impl FnOnce(&mut Manager) -> tidegate_review::Result<R> + Send + 'static,
-) -> ApiResult<R> {
-    with_manager_for(tenant, None, f).await
-}
-
-/// As [`with_manager`], for a request naming the transaction `id` (an unknown one is answered
-/// exactly as an id of another tenant: 404 naming the id as given; a refused review names the
-/// id as given, not the manager's internal number).
-async fn with_manager_for<R: Send + 'static>(
-    tenant: &Arc<Tenant>,
-    id: Option<&str>,
-    f: impl FnOnce(&mut Manager) -> tidegate_review::Result<R> + Send + 'static,
-) -> ApiResult<R> {
-    let t = tenant.clone();
-    let r = tokio::task::spawn_blocking(move || t.review.with(&t.engine, &t.review_place, f))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    r.map_err(|e| match (e, id) {
-        (ReviewFailure::Review(tidegate_review::Error::UnknownTx(_)), Some(id)) => {
-            ApiError::not_found("review transaction", id)
-        }
-        (ReviewFailure::Review(tidegate_review::Error::Review { reason, .. }), Some(id)) => {
-            ApiError::conflict("not_reviewable", format!("transaction {id} cannot be reviewed: {reason}"))
-        }
-        (e, _) => failure(e),
-    })
-}
-
-fn rv(tag: &str, n: u64) -> String {
-    ids::format(Kind::Review, tag, n)
-}
-
-fn parse_id(t: &Tenant, id: &str) -> ApiResult<u64> {
-    ids::parse(Kind::Review, &t.tag, id).ok_or_else(|| ApiError::not_found("review transaction", id))
-}
-
-fn snake<T: Serialize>(v: &T) -> String {
-    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
-}
-
-fn tx_out(m: &Manager, tag: &str, v: TxView) -> ReviewTxOut {
-    let sql = m
-        .templates()
-        .get(&v.template)
-        .map(|t| t.steps.iter().flat_map(|s| s.statements.iter().map(|st| st.sql.clone())).collect())
-        .unwrap_or_default();
-    let reviewable = v.suspicious && v.review.is_none() && !v.status.is_final();
-    let removal_cascade =
-        if reviewable { m.cascade_preview(v.id).into_iter().map(|n| rv(tag, n)).collect() } else { Vec::new() };
+fn tx_out(v: ReviewTxView) -> ReviewTxOut {
     ReviewTxOut {
-        id: rv(tag, v.id),
+        id: v.id,
         template: v.template,
-        sql,
+        sql: v.sql,
         params: v.params,
         sender: v.sender,
         suspicious: v.suspicious,
         status: ReviewStatusOut::of(v.status),
-        reviewable,
-        review: v.review.map(|d| snake(&d)),
-        waits_for: v.waits_for.into_iter().map(|n| rv(tag, n)).collect(),
-        waited_by: v.waited_by.into_iter().map(|n| rv(tag, n)).collect(),
-        removal_cascade,
-        cascaded_from: v.cascaded_from.map(|n| rv(tag, n)),
+        reviewable: v.reviewable,
+        review: v.review,
+        waits_for: v.waits_for,
+        waited_by: v.waited_by,
+        removal_cascade: v.removal_cascade,
+        cascaded_from: v.cascaded_from,
         error: v.error,
     }
 }
@@ -302,27 +206,7 @@ pub async fn register_templates(
     caller: Caller<RegistryWrite>,
     ApiJson(body): ApiJson<TemplatesIn>,
 ) -> ApiResult<(StatusCode, Json<TemplatesOut>)> {
-    let set: TemplateSet = serde_path_to_error::deserialize(body.set).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." { "set".to_owned() } else { format!("set.{path}") };
-        ApiError::invalid(
-            field,
-            e.inner().to_string(),
-            "a template set (tables, invariants, templates; docs/review.md)",
-        )
-    })?;
-    let schema = body.schema.filter(|s| !s.trim().is_empty());
-    let out = with_manager(&caller.tenant, move |m| {
-        let added = m.register(set, schema)?;
-        let o = m.options();
-        Ok(TemplatesOut {
-            added,
-            templates: m.templates().templates.iter().map(|t| t.name.clone()).collect(),
-            strategy: snake(&o.strategy),
-            granularity: snake(&o.granularity),
-        })
-    })
-    .await?;
+    let out = templates_out(caller.tenant.register_templates(body.set, body.schema).await?);
     Ok((if out.added { StatusCode::CREATED } else { StatusCode::OK }, Json(out)))
 }
 
@@ -336,17 +220,7 @@ pub async fn register_templates(
     security(("bearer" = []))
 )]
 pub async fn list_templates(caller: Caller<TxRead>) -> ApiResult<Json<TemplatesOut>> {
-    let out = with_manager(&caller.tenant, |m| {
-        let o = m.options();
-        Ok(TemplatesOut {
-            added: false,
-            templates: m.templates().templates.iter().map(|t| t.name.clone()).collect(),
-            strategy: snake(&o.strategy),
-            granularity: snake(&o.granularity),
-        })
-    })
-    .await?;
-    Ok(Json(out))
+    Ok(Json(templates_out(caller.tenant.review_templates().await?)))
 }
 
 /// Request a transaction: it runs at once, or is buffered (suspicious, or depending on a
@@ -365,21 +239,14 @@ pub async fn request(
     caller: Caller<TxWrite>,
     ApiJson(body): ApiJson<ReviewRequestIn>,
 ) -> ApiResult<(StatusCode, Json<ReviewTxOut>)> {
-    if let Some(s) = &body.sender
-        && (s.is_empty() || s.len() > 200)
-    {
-        return Err(ApiError::invalid("sender", s, "1 to 200 bytes"));
-    }
-    let sender = body.sender.unwrap_or_else(|| format!("key_{}", caller.key_id));
-    let req = Request { template: body.template, params: body.params, sender, suspicious: body.suspicious };
-    let tag = caller.tenant.tag.clone();
-    let out = with_manager(&caller.tenant, move |m| {
-        let id = m.request(req)?;
-        let v = m.status(id)?;
-        Ok(tx_out(m, &tag, v))
-    })
-    .await?;
-    Ok((StatusCode::CREATED, Json(out)))
+    let req = ReviewRequest {
+        template: body.template,
+        params: body.params,
+        sender: body.sender,
+        suspicious: body.suspicious,
+    };
+    let out = caller.tenant.request_review(req, format!("key_{}", caller.key_id)).await?;
+    Ok((StatusCode::CREATED, Json(tx_out(out))))
 }
 
 /// One transaction's status, SQL, parameters and dependencies.
@@ -393,27 +260,12 @@ pub async fn request(
     security(("bearer" = []))
 )]
 pub async fn get_one(caller: Caller<TxRead>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<ReviewTxOut>> {
-    let n = parse_id(&caller.tenant, &id)?;
-    let tag = caller.tenant.tag.clone();
-    let out = with_manager_for(&caller.tenant, Some(&id), move |m| {
-        let v = m.status(n)?;
-        Ok(tx_out(m, &tag, v))
-    })
-    .await?;
-    Ok(Json(out))
+    Ok(Json(tx_out(caller.tenant.review_tx(&id).await?)))
 }
 
-async fn decide(caller_tenant: &Arc<Tenant>, key_id: &str, id: &str, decision: Decision) -> ApiResult<ReviewOut> {
-    let n = parse_id(caller_tenant, id)?;
-    let tag = caller_tenant.tag.clone();
-    let reviewer = format!("key_{key_id}");
-    with_manager_for(caller_tenant, Some(id), move |m| {
-        m.review(n, decision, &reviewer)?;
-        let v = m.status(n)?;
-        let cascaded = m.cascaded(n).into_iter().map(|c| rv(&tag, c)).collect();
-        Ok(ReviewOut { transaction: tx_out(m, &tag, v), cascaded })
-    })
-    .await
+async fn decide(caller: &Caller<Review>, id: &str, decision: Decision) -> ApiResult<ReviewOut> {
+    let d = caller.tenant.decide_review(id, decision, format!("key_{}", caller.key_id)).await?;
+    Ok(ReviewOut { transaction: tx_out(d.transaction), cascaded: d.cascaded })
 }
 
 /// Accept a suspicious transaction: it stays (or is executed once what it waits for is
@@ -428,7 +280,7 @@ async fn decide(caller_tenant: &Arc<Tenant>, key_id: &str, id: &str, decision: D
     security(("bearer" = []))
 )]
 pub async fn accept(caller: Caller<Review>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<ReviewOut>> {
-    Ok(Json(decide(&caller.tenant, &caller.key_id, &id, Decision::Accept).await?))
+    Ok(Json(decide(&caller, &id, Decision::Accept).await?))
 }
 
 /// Remove a suspicious transaction from history (never executed, or compensated), with every
@@ -443,7 +295,7 @@ pub async fn accept(caller: Caller<Review>, ApiPath(id): ApiPath<String>) -> Api
     security(("bearer" = []))
 )]
 pub async fn remove(caller: Caller<Review>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<ReviewOut>> {
-    Ok(Json(decide(&caller.tenant, &caller.key_id, &id, Decision::Remove).await?))
+    Ok(Json(decide(&caller, &id, Decision::Remove).await?))
 }
 
 /// The buffer: every transaction not yet final (awaiting review, executed awaiting review,
@@ -460,17 +312,12 @@ pub async fn queue(
     axum::extract::State(state): axum::extract::State<AppState>,
     caller: Caller<TxRead>,
 ) -> ApiResult<Json<ReviewQueueOut>> {
-    let tag = caller.tenant.tag.clone();
-    let limit = state.config().limits.max_page_size;
-    let out = with_manager(&caller.tenant, move |m| {
-        let all = m.queue();
-        let total = all.len();
-        let data: Vec<ReviewTxOut> = all.into_iter().take(limit).map(|v| tx_out(m, &tag, v)).collect();
-        let reviewable = m.reviewable().len();
-        Ok(ReviewQueueOut { data, total, reviewable })
-    })
-    .await?;
-    Ok(Json(out))
+    let q = caller.tenant.review_queue(state.config().limits.max_page_size).await?;
+    Ok(Json(ReviewQueueOut {
+        data: q.data.into_iter().map(tx_out).collect(),
+        total: q.total,
+        reviewable: q.reviewable,
+    }))
 }
 
 const PAGE_HTML: &str = include_str!("review_page/index.html");

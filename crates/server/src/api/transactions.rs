@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
@@ -11,10 +11,10 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
 use serde_json::Value;
-use tidegate_runtime::{CommitOptions, TxId, TxOptions};
+use tidegate_runtime::{TxId, TxOptions};
 use tokio::sync::watch;
 
-use super::common::{MAX_LEASE_MS, check_agent, check_lease, check_scopes, live_of, page_limit, view_of, with_tx};
+use super::common::{check_agent, check_lease, check_scopes, in_tx, live_of, page_limit, view_of, with_tx};
 use super::extract::{ApiJson, ApiPath, ApiQuery, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
 use super::wait::{self, begin_wait, wait_duration};
@@ -23,8 +23,8 @@ use crate::AppState;
 use tidegate_service::auth::{TxAbort, TxRead, TxWrite};
 use tidegate_service::ids;
 use tidegate_service::index::{ListFilter, Phase};
-use tidegate_service::metrics::ResultLabel;
-use tidegate_service::tenant::{LiveTx, SettleOp, Tenant};
+use tidegate_service::settle::CommitRequest;
+use tidegate_service::tenant::Tenant;
 use tidegate_service::tools::legacy_envelope;
 use tidegate_service::transactions::EffectCall;
 
@@ -57,14 +57,7 @@ pub async fn begin(
     let opts = TxOptions { agent: body.agent, may_touch: body.may_touch, lease };
     let handle = match body.plan {
         // A step of a plan: bound to it (`step_begun`) before its first effect.
-        Some(p) => {
-            let n = super::plans::parse_plan(t, &p)?;
-            let plan = t.engine.plan_by_id(n).await.map_err(|_| ApiError::not_found("plan", &p))?;
-            plan.begin(opts).await.map_err(|e| match e {
-                tidegate_runtime::Error::Plan(pe) => super::plans::from_plan(pe, t),
-                e => from_runtime(e),
-            })?
-        }
+        Some(p) => t.begin_step(&p, opts).await?,
         None => t.engine.begin_with(opts).map_err(from_runtime)?,
     };
     let tx = handle.id();
@@ -239,53 +232,8 @@ pub async fn effect(
 )]
 pub async fn seal(caller: Caller<TxWrite>, ApiPath(id): ApiPath<String>) -> ApiResult<Json<TransactionOut>> {
     let t = &caller.tenant;
-    let (lt, _) = live_of(t, &id)?;
-    lt.handle.seal().map_err(|e| with_tx(t, lt.handle.id(), from_runtime(e)))?;
-    let v = t.view(lt.handle.id())?.ok_or_else(|| ApiError::internal("transaction vanished"))?;
+    let v = t.seal(&id).map_err(|e| in_tx(t, &id, e))?;
     Ok(Json(tx_out(t, &v)))
-}
-
-/// Starts (or joins) the commit of a live transaction on a server task.
-pub(super) fn start_commit(state: &AppState, t: &Arc<Tenant>, lt: &Arc<LiveTx>, timeout: Option<Duration>) -> SettleOp {
-    let tx = lt.handle.id();
-    let (handle, tenant, metrics) = (lt.handle.clone(), t.clone(), state.metrics().clone());
-    let work = async move {
-        let started = Instant::now();
-        let observe = |result: &str| {
-            metrics
-                .commit_latency
-                .get_or_create(&ResultLabel { result: result.into() })
-                .observe(started.elapsed().as_secs_f64());
-        };
-        match handle.commit_with(CommitOptions { wait_timeout: timeout }).await {
-            Ok(_) => {
-                observe("committed");
-                Ok(())
-            }
-            Err(tidegate_runtime::Error::Aborted(_)) => {
-                observe("aborted");
-                Ok(())
-            }
-            Err(e) => {
-                tenant.index.mark_waiting(tx, false);
-                Err(tidegate_service::ServiceError::engine(e))
-            }
-        }
-    };
-    let on_start = || t.index.mark_waiting(tx, true);
-    super::wait::start_settle(state, lt, |lt: &LiveTx| &lt.settle, ("commit", true), on_start, work)
-}
-
-/// Starts (or joins) the abort of a live transaction on a server task.
-pub(super) fn start_abort(state: &AppState, lt: &Arc<LiveTx>, reason: String) -> SettleOp {
-    let handle = lt.handle.clone();
-    let work = async move {
-        match handle.abort(reason).await {
-            Ok(_) | Err(tidegate_runtime::Error::Aborted(_)) => Ok(()),
-            Err(e) => Err(tidegate_service::ServiceError::engine(e)),
-        }
-    };
-    super::wait::start_settle(state, lt, |lt: &LiveTx| &lt.settle, ("abort", false), || {}, work)
 }
 
 /// Commit: runs on a server task (a disconnect does not cancel it); answers when it settled
@@ -314,28 +262,8 @@ pub async fn commit(
         return respond(t, tx, true);
     }
     let wait_for = wait_duration(&state, "wait_ms", body.wait_ms)?;
-    let timeout = match body.commit_timeout_ms {
-        None => None,
-        Some(ms) if ms <= MAX_LEASE_MS => Some(Duration::from_millis(ms)),
-        Some(ms) => {
-            return Err(ApiError::invalid(
-                "commit_timeout_ms",
-                ms.to_string(),
-                format!("at most {MAX_LEASE_MS} milliseconds"),
-            ));
-        }
-    };
-    let (lt, v) = live_of(t, &id)?;
-    if let Some(g) = lt.group {
-        return Err(ApiError::conflict(
-            "branch_of_group",
-            format!("{id} is a branch of {}: commit the group", ids::format(ids::Kind::Group, &t.tag, g)),
-        ));
-    }
-    if body.seal == Some(true) && v.phase == Phase::Open {
-        lt.handle.seal().map_err(|e| with_tx(t, tx, from_runtime(e)))?;
-    }
-    let op = start_commit(&state, t, &lt, timeout);
+    let req = CommitRequest { seal: body.seal == Some(true), timeout_ms: body.commit_timeout_ms };
+    let op = t.commit(state.service(), &id, req).map_err(|e| in_tx(t, &id, e))?;
     let settled = wait::settle(&state, t, tx, Some(op.done), wait_for, &caller.slot).await?;
     respond(t, tx, settled)
 }
@@ -367,11 +295,7 @@ pub async fn abort(
     }
     let wait_for = wait_duration(&state, "wait_ms", body.wait_ms)?;
     let reason = body.reason.unwrap_or_else(|| format!("aborted over the API by key {}", caller.key_id));
-    if reason.len() > 1024 {
-        return Err(ApiError::invalid("reason", &reason, "at most 1024 bytes"));
-    }
-    let (lt, _) = live_of(t, &id)?;
-    let op = start_abort(&state, &lt, reason);
+    let op = t.abort(state.service(), &id, reason).map_err(|e| in_tx(t, &id, e))?;
     let settled = wait::settle(&state, t, tx, Some(op.done), wait_for, &caller.slot).await?;
     respond(t, tx, settled)
 }
@@ -566,7 +490,11 @@ pub async fn call(
             let e = with_tx(t, tx, e.into());
             if e.code != "transaction_aborted" {
                 // The call was refused before it ran: give the transaction back.
-                let _ = start_abort(&state, &lt, format!("the one-call transaction's call was refused: {}", e.detail));
+                let _ = t.start_abort(
+                    state.service(),
+                    &lt,
+                    format!("the one-call transaction's call was refused: {}", e.detail),
+                );
             }
             return Err(e);
         }
@@ -574,7 +502,7 @@ pub async fn call(
     let kind = super::common::ack_kind(answer.ack);
     let output = answer.output;
     lt.handle.seal().map_err(|e| with_tx(t, tx, from_runtime(e)))?;
-    let op = start_commit(&state, t, &lt, None);
+    let op = t.start_commit(state.service(), &lt, None);
     let settled = wait::settle(&state, t, tx, Some(op.done), wait_for, &caller.slot).await?;
     let (code, Json(transaction)) = respond(t, tx, settled)?;
     Ok((code, Json(CallOut { transaction, ack: kind, output })))

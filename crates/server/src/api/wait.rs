@@ -1,58 +1,21 @@
-//! Waiting for a transaction to settle: long-polls hold a waiter slot (not a request slot),
-//! end at their timeout, at the settlement, or at shutdown.
+//! The HTTP side of waiting for a settlement: the wait itself is the service's
+//! (`Tenant::wait_settled`, `Tenant::wait_group`); this module checks a requested wait against
+//! `limits.max_wait_ms` and gives the service its `WaitSlots`: a long-poll that blocks holds a
+//! waiter slot (not a request slot; 429 `too_many_waiters` when none is left).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use tidegate_runtime::TxId;
 use tokio::sync::{OwnedSemaphorePermit, watch};
-use tokio::time::Instant;
 
 use super::extract::RequestSlot;
 use super::problem::ApiError;
 use crate::AppState;
-use tidegate_service::tenant::{OpResult, SettleOp, Tenant};
-
-/// Starts a settlement (`kind`: `commit` or `abort`) of a transaction or group on a server
-/// task and records it in its owner's `slot`, or joins the operation already there: any that
-/// has not failed when `join_any` (a commit asked while an abort runs gets the abort's
-/// answer), else one of the same kind. `on_start` runs (synchronously) only when this call
-/// starts the operation. A failed operation is cleared from the slot so that a retry starts
-/// again. The one helper behind transaction and group commits and aborts.
-pub(super) fn start_settle<O: Send + Sync + 'static>(
-    state: &AppState,
-    owner: &Arc<O>,
-    slot: fn(&O) -> &parking_lot::Mutex<Option<SettleOp>>,
-    (kind, join_any): (&'static str, bool),
-    on_start: impl FnOnce(),
-    work: impl std::future::Future<Output = Result<(), tidegate_service::ServiceError>> + Send + 'static,
-) -> SettleOp {
-    let mut cur = slot(owner).lock();
-    if let Some(op) = cur.as_ref()
-        && (join_any || op.kind == kind)
-        && !matches!(&*op.done.borrow(), Some(Err(_)))
-    {
-        return op.clone();
-    }
-    let (done_tx, done_rx) = watch::channel(None);
-    let op = SettleOp { kind, done: done_rx };
-    *cur = Some(op.clone());
-    drop(cur);
-    on_start();
-    let owner = owner.clone();
-    state.spawn(async move {
-        let result = work.await;
-        if result.is_err() {
-            let mut cur = slot(&owner).lock();
-            if cur.as_ref().is_some_and(|o| o.kind == kind) {
-                *cur = None;
-            }
-        }
-        let _ = done_tx.send(Some(result));
-    });
-    op
-}
+use tidegate_service::ServiceError;
+use tidegate_service::groups::GroupSettle;
+use tidegate_service::settle::WaitSlots;
+use tidegate_service::tenant::{OpResult, Tenant};
 
 /// Default wait when a request does not say.
 pub const DEFAULT_WAIT_MS: u64 = 30_000;
@@ -72,21 +35,38 @@ impl Drop for WaitGuard {
 
 /// Takes a waiter slot (429 if none) and gives back the request slot.
 pub fn begin_wait(state: &AppState, slot: &RequestSlot) -> Result<WaitGuard, ApiError> {
+    Ok(take_waiter(state, slot)?)
+}
+
+fn take_waiter(state: &AppState, slot: &RequestSlot) -> Result<WaitGuard, ServiceError> {
     let permit = state.0.waiters.clone().try_acquire_owned().map_err(|_| {
         state.metrics().refused("waiters");
-        ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too_many_waiters",
-            format!(
+        ServiceError::Busy {
+            code: "too_many_waiters",
+            detail: format!(
                 "the server has {} long-polls and streams open (limits.max_waiters)",
                 state.config().limits.max_waiters
             ),
-        )
-        .retry_after(1)
+            retry_after: Some(1),
+        }
     })?;
     slot.release();
     state.metrics().waits_active.inc();
     Ok(WaitGuard { _permit: permit, state: state.clone() })
+}
+
+/// The HTTP layer's accounting of a service wait: a waiter slot taken when the wait first
+/// blocks, the request slot given back.
+struct Waiters<'a> {
+    state: &'a AppState,
+    slot: &'a RequestSlot,
+}
+
+impl WaitSlots for Waiters<'_> {
+    type Guard = WaitGuard;
+    fn begin(&self) -> Result<WaitGuard, ServiceError> {
+        take_waiter(self.state, self.slot)
+    }
 }
 
 /// Checks a requested wait against `limits.max_wait_ms`.
@@ -104,78 +84,29 @@ pub fn wait_duration(state: &AppState, field: &str, ms: Option<u64>) -> Result<D
 }
 
 /// Waits until `tx` settles durably (`Ok(true)`), `timeout` passes or shutdown begins
-/// (`Ok(false)`), or `op` ends with a refusal (`Err`). With `op` (the request's own commit or
-/// abort), the settlement is the operation's end, never the index's first sight of it.
+/// (`Ok(false)`), or `op` ends with a refusal (`Err`): the service's
+/// [`Tenant::wait_settled`], holding a waiter slot while it blocks.
 pub async fn settle(
     state: &AppState,
     tenant: &Arc<Tenant>,
     tx: TxId,
-    mut op: Option<watch::Receiver<OpResult>>,
+    op: Option<watch::Receiver<OpResult>>,
     timeout: Duration,
     slot: &RequestSlot,
 ) -> Result<bool, ApiError> {
-    let deadline = Instant::now() + timeout;
-    let mut guard: Option<WaitGuard> = None;
-    let mut sub = tenant.index.subscribe(tx);
-    loop {
-        if let Some(o) = &op {
-            let done = o.borrow().clone();
-            match done {
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(())) => return Ok(true),
-                None => {}
-            }
-        }
-        // The index sees a settlement when it is appended, before it is durable: a request
-        // that runs the settlement answers from the operation (which returns once the decision
-        // is durable), and a plain wait waits for the ledger's durability before answering.
-        if op.is_none() && tenant.index.phase(tx).is_none_or(|p| p.settled()) {
-            tenant.engine.appended_durable().await.map_err(tidegate_service::ServiceError::engine)?;
-            return Ok(true);
-        }
-        if Instant::now() >= deadline || state.shutdown_token().is_cancelled() {
-            return Ok(false);
-        }
-        if guard.is_none() {
-            guard = Some(begin_wait(state, slot)?);
-        }
-        let index_changed = async {
-            match &mut sub {
-                // An error means the record left memory (settled and evicted): re-check.
-                Some(s) => {
-                    let _ = s.changed().await;
-                }
-                None => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        };
-        let op_changed = async {
-            match &mut op {
-                Some(o) => {
-                    if o.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = index_changed => {}
-            _ = op_changed => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = state.shutdown_token().cancelled() => {}
-        }
-        if sub.as_ref().is_some_and(|s| s.has_changed().is_err()) {
-            sub = tenant.index.subscribe(tx);
-        }
-        if let Some(o) = &op
-            && o.has_changed().is_err()
-            && o.borrow().is_none()
-        {
-            return Err(if state.shutdown_token().is_cancelled() {
-                ApiError::shutting_down()
-            } else {
-                ApiError::internal("the settlement task ended without a result")
-            });
-        }
-    }
+    let waiters = Waiters { state, slot };
+    Ok(tenant.wait_settled(state.service(), tx, op, timeout, &waiters).await?)
+}
+
+/// Waits, within `total`, for a group's settlement (the service's [`Tenant::wait_group`]),
+/// holding a waiter slot while it blocks.
+pub async fn settle_group(
+    state: &AppState,
+    tenant: &Arc<Tenant>,
+    s: &GroupSettle,
+    total: Duration,
+    slot: &RequestSlot,
+) -> Result<bool, ApiError> {
+    let waiters = Waiters { state, slot };
+    Ok(tenant.wait_group(state.service(), s, total, &waiters).await?)
 }
