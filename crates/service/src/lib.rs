@@ -18,6 +18,7 @@
 //! | [`console`] | attention resolutions and per-minute series |
 //! | [`review`] | each tenant's review manager over its ledger |
 //! | [`idempotency`] | the records that make a repeated request return its first answer |
+//! | [`state`] | what must outlive the process: idempotency records, worker tasks, attempts (memory or SQLite) |
 //! | [`metrics`] | the Prometheus registry the node reports |
 //! | [`ids`] | the public ids (`tx_<tag>_<n>`, ...) |
 //! | [`settings`] | what a front door's configuration gives every tenant |
@@ -41,6 +42,7 @@ pub mod node;
 pub mod registry;
 pub mod review;
 pub mod settings;
+pub mod state;
 pub mod tap;
 pub mod tenant;
 pub mod tickets;
