@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use crate::catalog::{Catalog, TenantRecord};
 use crate::dispatch::Dispatcher;
 use crate::error::{Result, ServiceError};
+use crate::idempotency::Recorded;
 use crate::index::LedgerIndex;
 use crate::metrics::Metrics;
 use crate::registry::{CapabilitySpec, ToolDef};
@@ -312,8 +313,8 @@ impl Tenant {
             let _ = self.engine.remove_tool(&name);
         }
         // Recovery has dispatched again whatever it resumes: tasks carried over from the
-        // previous process that no dispatch adopted are not offered again (a started release
-        // or eager call is asked about by a probe, never sent twice).
+        // previous process that no dispatch adopted are dropped once their lease ends (a
+        // started release or eager call is asked about by a probe, never sent twice).
         match self.dispatcher.queue().end_carry_over().await {
             Ok(0) => {}
             Ok(n) => tracing::info!(tenant = %self.name, dropped = n, "carried-over worker tasks nobody waits for"),
@@ -487,6 +488,16 @@ impl Tenant {
         }
         self.catalog.delete_capability(&self.name, name)?;
         Ok(self.dispatcher.remove_capability(name))
+    }
+
+    /// Keeps `response` as the answer of the first use of `key` (docs/server.md, invariant
+    /// 7), once everything the request appended to the ledger is durable: a replay after a
+    /// crash never names a transaction or effect the ledger lost (a begin's record rides the
+    /// next group commit; its 201 does not wait for it).
+    pub async fn keep_idempotent_response(&self, key: &str, response: Recorded) -> Result<()> {
+        self.engine.appended_durable().await.map_err(ServiceError::engine)?;
+        self.idempotency.finish(key, Some(response)).await?;
+        Ok(())
     }
 
     /// The settings the tenant was opened with.

@@ -311,14 +311,14 @@ async fn idempotency(State(state): State<AppState>, req: Request, next: Next) ->
                         location: header(header::LOCATION),
                         body: bytes.to_vec(),
                     };
-                    // The response goes out only once its record is kept (durably with a
-                    // durable store): a retry after a crash replays it.
+                    // The response goes out only once its record is kept (durably, after the
+                    // ledger, with a durable store): a retry after a crash replays it.
                     if let Some(k) = guard.key.take()
-                        && let Err(e) = guard.tenant.idempotency.finish(&k, Some(rec)).await
+                        && let Err(e) = guard.tenant.keep_idempotent_response(&k, rec).await
                     {
-                        // Not kept: the request took effect but its replay is not guaranteed.
-                        // The client gets the response (the effect is real); the key is freed
-                        // by nobody, so a retry may find it running until restart.
+                        // Not kept: the client gets the response, but a retry is not
+                        // guaranteed to replay it. The key stays running (a retry is refused
+                        // `idempotency_key_in_progress`) until the process restarts.
                         tracing::warn!("recording the response of Idempotency-Key `{k}`: {e}");
                     }
                     Response::from_parts(parts, Body::from(bytes))

@@ -59,6 +59,15 @@ impl AttemptLog {
         detach("recording a dispatch attempt", self.store.record(effect_key, attempt));
     }
 
+    /// Records an attempt under `effect_key` and waits until the state has it (a worker's
+    /// lease, report or expiry: the worker is answered after its attempt is kept, so a crash
+    /// right after the answer does not lose it from the timeline). A failure is logged.
+    pub async fn record_and_wait(&self, effect_key: &str, attempt: Attempt) {
+        if let Err(e) = self.store.record(effect_key, attempt).await {
+            tracing::warn!("recording a dispatch attempt: {e}");
+        }
+    }
+
     /// The attempts filed under `effect_key`, oldest first.
     pub async fn get(&self, effect_key: &str) -> Result<Vec<Attempt>> {
         Ok(self.store.list(effect_key).await?)

@@ -5,8 +5,8 @@
 //!
 //! A task exists while a dispatch waits for it; after a crash, recovery dispatches the
 //! pending compensations and probes again, which adopt their carried-over tasks (same id,
-//! attempt and lease), and the carried-over tasks nobody adopted are dropped when recovery
-//! ends ([`TaskQueue::end_carry_over`]).
+//! attempt and lease), and the carried-over tasks nobody adopted are dropped once recovery
+//! has ended and their lease has ended ([`TaskQueue::end_carry_over`]).
 //!
 //! ```text
 //!   dispatch ─► queued ──poll──► leased(worker, until) ──report──► settled (dispatch resumes)
@@ -133,6 +133,9 @@ pub struct TaskQueue {
     closing: Arc<AtomicBool>,
     /// `(queued, leased)` as of the last sweep.
     depth: Mutex<Depth>,
+    /// Set once the tenant's recovery has ended: from then on each sweep drops the
+    /// carried-over tasks nobody adopted whose lease has ended.
+    recovered: AtomicBool,
 }
 
 impl std::fmt::Debug for TaskQueue {
@@ -177,6 +180,7 @@ impl TaskQueue {
             notify: Notify::new(),
             closing: Arc::default(),
             depth: Mutex::new((0, 0)),
+            recovered: AtomicBool::new(false),
         }
     }
 
@@ -347,17 +351,19 @@ impl TaskQueue {
             notified.as_mut().enable();
             let got = self.store.lease(worker, capabilities, *max, lease_ms, now_ms()).await?;
             for r in &got {
-                self.log.record(
-                    &r.spec.effect_key,
-                    attempt_record(
-                        &r.spec,
-                        r.attempt,
-                        "leased",
-                        format!("leased by `{worker}`"),
-                        r.lease_started_ms,
-                        None,
-                    ),
-                );
+                self.log
+                    .record_and_wait(
+                        &r.spec.effect_key,
+                        attempt_record(
+                            &r.spec,
+                            r.attempt,
+                            "leased",
+                            format!("leased by `{worker}`"),
+                            r.lease_started_ms,
+                            None,
+                        ),
+                    )
+                    .await;
             }
             if !got.is_empty() || Instant::now() >= deadline {
                 return Ok(got.iter().map(|r| self.view(r)).collect());
@@ -404,7 +410,7 @@ impl TaskQueue {
             let r = fut.await;
             if let Ok(Ok(rep)) = &r {
                 let rec = &rep.record;
-                log.record(
+                log.record_and_wait(
                     &rec.spec.effect_key,
                     attempt_record(
                         &rec.spec,
@@ -414,7 +420,8 @@ impl TaskQueue {
                         rec.lease_started_ms,
                         Some(now_ms()),
                     ),
-                );
+                )
+                .await;
                 if rep.waited {
                     wake(&waiters, n);
                 }
@@ -425,24 +432,30 @@ impl TaskQueue {
         Ok(r.map(|_| ()))
     }
 
-    /// Returns tasks whose lease expired to the queue (same key, attempt + 1), and refreshes
-    /// the counts [`TaskQueue::depth`] reports. Returns how many expired.
+    /// Returns tasks whose lease expired to the queue (same key, attempt + 1), drops the
+    /// carried-over tasks nobody adopted once recovery has ended, and refreshes the counts
+    /// [`TaskQueue::depth`] reports. Returns how many expired.
     pub async fn sweep(&self) -> Result<usize> {
         let now = now_ms();
+        if self.recovered.load(Ordering::Relaxed) {
+            self.store.drop_carried_over(now).await?;
+        }
         let expired = self.store.expire(now).await?;
         for r in &expired {
             let worker = r.lease.as_ref().map_or("", |l| l.worker.as_str());
-            self.log.record(
-                &r.spec.effect_key,
-                attempt_record(
-                    &r.spec,
-                    r.attempt,
-                    "expired",
-                    format!("lease of `{worker}` expired"),
-                    r.lease_started_ms,
-                    Some(now),
-                ),
-            );
+            self.log
+                .record_and_wait(
+                    &r.spec.effect_key,
+                    attempt_record(
+                        &r.spec,
+                        r.attempt,
+                        "expired",
+                        format!("lease of `{worker}` expired"),
+                        r.lease_started_ms,
+                        Some(now),
+                    ),
+                )
+                .await;
         }
         if !expired.is_empty() {
             self.notify.notify_waiters();
@@ -468,10 +481,14 @@ impl TaskQueue {
         *self.depth.lock()
     }
 
-    /// Settles the carried-over tasks no dispatch adopted (called when the tenant's recovery
-    /// has ended). Returns how many.
+    /// The tenant's recovery has ended (it dispatched again whatever it resumes): the
+    /// carried-over tasks no dispatch adopted are dropped, now and by every later sweep, once
+    /// their lease has ended (a worker holding one may still heartbeat and report until then;
+    /// a later dispatch of the same operation and key still adopts it, and its result).
+    /// Returns how many were dropped now.
     pub async fn end_carry_over(&self) -> Result<usize> {
-        Ok(self.store.drop_carried_over().await?)
+        self.recovered.store(true, Ordering::Relaxed);
+        Ok(self.store.drop_carried_over(now_ms()).await?)
     }
 
     /// The tenant is closing: dispatches dropped from now on leave their tasks in the store

@@ -139,7 +139,7 @@ pub(super) async fn tasks_lease_heartbeat_report(s: &TenantState) {
     assert_eq!(t.report(b1.n, "w", TaskResult::Unknown("lost".into())).await.unwrap().map(|r| r.waited), Ok(true));
     assert_eq!(t.outcome(b1.n).await.unwrap(), Some((TaskResult::Unknown("lost".into()), 1)));
     assert_eq!(t.depth().await.unwrap(), (1, 0));
-    assert_eq!(t.drop_carried_over().await.unwrap(), 0, "nothing of this opening is carried over");
+    assert_eq!(t.drop_carried_over(u64::MAX).await.unwrap(), 0, "nothing of this opening is carried over");
 }
 
 /// Tasks: an expired lease returns the task to the queue with the next attempt; a worker
@@ -251,6 +251,9 @@ async fn the_durable_state_outlives_its_process() {
     let caps: Vec<String> = ["undo", "mail", "mail-probe"].map(String::from).to_vec();
     assert_eq!(t.lease("w", &caps[..1], 1, None, 10_000).await.unwrap()[0].n, comp.n);
     assert_eq!(t.lease("w", &caps[1..], 2, None, 10_000).await.unwrap().len(), 2);
+    // A call leased with a lease ending at 15 000, reported after the restart and adopted late.
+    let late = record(t.enqueue(spec("late", Operation::Compensate, "l#compensate"), 1, 5_000).await.unwrap());
+    assert_eq!(t.lease("w", &["late".to_owned()], 1, None, 10_000).await.unwrap()[0].n, late.n);
     s.attempts.record("a", attempt(1)).await.unwrap();
     s.close();
     assert!(matches!(s.tasks.list().await, Err(StateError::Closed)), "a closed state refuses");
@@ -269,6 +272,7 @@ async fn the_durable_state_outlives_its_process() {
         "a record running at the stop is gone"
     );
     assert!(t.list().await.unwrap().is_empty(), "carried-over tasks wait for their dispatch");
+    assert!(t.report(late.n, "w", done(json!("late"))).await.unwrap().is_ok_and(|r| !r.waited));
     assert!(t.lease("w2", &caps, 10, None, 20_000).await.unwrap().is_empty(), "and are not offered");
     // The worker holding a lease from before the restart is still known.
     let hb = t.heartbeat(probe.n, "w", Some(30_000), 20_000).await.unwrap().unwrap();
@@ -288,6 +292,11 @@ async fn the_durable_state_outlives_its_process() {
         Enqueued::Adopted(r) => assert_eq!((r.n, r.lease.map(|l| l.worker)), (probe.n, Some("w".into()))),
         other => panic!("{other:?}"),
     }
+    assert_eq!(t.drop_carried_over(14_999).await.unwrap(), 0, "a reported result is kept until its lease end");
+    match t.enqueue(spec("late", Operation::Compensate, "l#compensate"), 1, 5_000).await.unwrap() {
+        Enqueued::Settled(r, result) => assert_eq!((r.n, result), (late.n, done(json!("late")))),
+        other => panic!("{other:?}"),
+    }
     // A second dispatch of the same operation and key while the first waits gets a new task.
     let fresh = record(t.enqueue(spec("undo", Operation::Compensate, "b#compensate"), 1, 60_000).await.unwrap());
     assert!(fresh.n > probe.n, "numbers go on after a restart");
@@ -296,8 +305,11 @@ async fn the_durable_state_outlives_its_process() {
     assert_eq!(offered[0].n, queued.n, "an adopted task is offered again");
     let rep = t.report(probe.n, "w", done(json!(true))).await.unwrap().unwrap();
     assert!(rep.waited);
-    // Recovery ends: the release nobody adopted is dropped, and its late report refused.
-    assert_eq!(t.drop_carried_over().await.unwrap(), 1);
+    // Recovery has ended. The release nobody adopted (recovery probes a started release) is
+    // still known while its lease runs: its worker may still report; it is never offered.
+    assert_eq!(t.drop_carried_over(69_999).await.unwrap(), 0);
+    assert_eq!(t.heartbeat(release.n, "w", Some(1), 69_999).await.unwrap().map(|r| r.n), Ok(release.n));
+    assert_eq!(t.drop_carried_over(70_000).await.unwrap(), 1, "dropped once its lease ended");
     assert_eq!(t.report(release.n, "w", done(Value::Null)).await.unwrap(), Err(TaskRefusal::Settled));
     assert_eq!(s.attempts.list("a").await.unwrap(), vec![attempt(1)], "attempts survive");
     s.close();

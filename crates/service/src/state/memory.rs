@@ -312,7 +312,7 @@ impl TaskStore for MemoryState {
         ready(self.tasks.lock().open.values().filter_map(|t| t.rec.lease.as_ref().map(|l| l.until_ms)).min())
     }
 
-    fn drop_carried_over(&self) -> StateFuture<usize> {
+    fn drop_carried_over(&self, _now_ms: u64) -> StateFuture<usize> {
         // Nothing outlives the process here, so nothing is carried over.
         ready(0)
     }

@@ -47,12 +47,13 @@
 //!   lease: its worker's heartbeat and report are accepted as before (a report settles it
 //!   and its result is kept). It is not offered to workers until a dispatch **adopts** it:
 //!   [`TaskStore::enqueue`] of the same capability, operation and key (the engine's recovery
-//!   dispatching a pending compensation or probe again) takes the carried-over task instead
-//!   of creating one, and gets its result at once if a worker already reported it. When the
-//!   tenant's recovery has ended, [`TaskStore::drop_carried_over`] settles the carried-over
-//!   tasks no dispatch adopted (a started release or eager call is asked about by a probe,
-//!   never sent again, so its old task must not be offered again); a late report of one is
-//!   refused as settled.
+//!   dispatching a pending compensation or probe again, or the abort of a transaction whose
+//!   abort the crash cut off) takes the carried-over task instead of creating one, and gets
+//!   its result at once if a worker reported it. Once the tenant's recovery has ended,
+//!   [`TaskStore::drop_carried_over`] settles (for good) the carried-over tasks no dispatch
+//!   adopted whose lease has ended, or that were never leased: a started release or eager
+//!   call is asked about by a probe, never sent again, so its old task must not be offered
+//!   again. A worker's late report of a dropped task is refused as settled.
 //! * Attempts are kept as recorded.
 
 mod memory;
@@ -306,6 +307,10 @@ pub type Depth = (u64, u64);
 ///   reported at.
 /// * `list` is every unsettled, not carried-over task, by number; `depth` counts them;
 ///   `next_expiry` is the earliest lease end of an unsettled task.
+/// * `drop_carried_over(now_ms)` ends the carry-over of every carried-over task whose lease
+///   ended (`until_ms ≤ now_ms`) or that has none: an unsettled one is settled without a
+///   result; a reported one is no longer adopted. A reported task's lease end is the one it
+///   had when it was reported.
 pub trait TaskStore: Send + Sync + fmt::Debug {
     /// Queues a task (or adopts a carried-over one) numbered `attempt` if new.
     fn enqueue(&self, spec: TaskSpec, attempt: u32, lease_ms: u64) -> StateFuture<Enqueued>;
@@ -340,8 +345,8 @@ pub trait TaskStore: Send + Sync + fmt::Debug {
     fn depth(&self) -> StateFuture<Depth>;
     /// The earliest lease end, Unix ms.
     fn next_expiry(&self) -> StateFuture<Option<u64>>;
-    /// Settles the carried-over tasks no dispatch adopted; returns how many.
-    fn drop_carried_over(&self) -> StateFuture<usize>;
+    /// Ends the carry-over of tasks no dispatch adopted whose lease ended; returns how many.
+    fn drop_carried_over(&self, now_ms: u64) -> StateFuture<usize>;
 }
 
 /// The attempt log of one tenant: every webhook request and worker lease of a dispatch,

@@ -335,8 +335,9 @@ impl Db {
             }
             let text = serde_json::to_string(&ResultRow::new(&result, row.rec.attempt))
                 .map_err(|e| corrupt(c.path, format!("task {n}: result: {e}")))?;
+            // The lease end stays: a carried-over task's result is adoptable until then.
             tx.execute(
-                "UPDATE tasks SET settled = 1, worker = NULL, lease_until_ms = NULL, result = ?2 WHERE n = ?1",
+                "UPDATE tasks SET settled = 1, worker = NULL, result = ?2 WHERE n = ?1",
                 params![i64_of(n), text],
             )
             .map_err(sql_err(c.path, "settle a task"))?;
@@ -377,11 +378,12 @@ impl Db {
         })
     }
 
-    fn drop_carried_over(&mut self) -> Result<usize, StateError> {
+    fn drop_carried_over(&mut self, now_ms: u64) -> Result<usize, StateError> {
         self.write(Sync::Full, "drop carried-over tasks", |tx, c| {
             tx.execute(
-                "UPDATE tasks SET carried = 0, settled = 1, worker = NULL, lease_until_ms = NULL WHERE carried = 1",
-                [],
+                "UPDATE tasks SET carried = 0, settled = 1, worker = NULL \
+                 WHERE carried = 1 AND (lease_until_ms IS NULL OR lease_until_ms <= ?1)",
+                [i64_of(now_ms)],
             )
             .map_err(sql_err(c.path, "drop carried-over tasks"))
         })
@@ -502,7 +504,7 @@ impl TaskStore for SqliteState {
         })
     }
 
-    fn drop_carried_over(&self) -> StateFuture<usize> {
-        self.submit(|db| db.drop_carried_over())
+    fn drop_carried_over(&self, now_ms: u64) -> StateFuture<usize> {
+        self.submit(move |db| db.drop_carried_over(now_ms))
     }
 }
