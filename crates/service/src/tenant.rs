@@ -164,6 +164,18 @@ impl Tenant {
         let tenant_dir = place.dir().map(Path::to_path_buf);
         let opened = place.open().map_err(|e| tenant_err("open the ledger", e))?;
         let (store, sqlite): (Arc<dyn LedgerStore>, Option<Arc<SqliteStore>>) = (opened.store, opened.sqlite);
+        // The state that must outlive the process lives beside the ledger when that is durable
+        // (`state.db` in the tenant's directory), else in memory. Opened after the ledger, whose
+        // directory lock makes this process the only writer.
+        let limits = Limits {
+            idempotency_ttl_ms: u64::try_from(settings.idempotency_ttl.as_millis()).unwrap_or(u64::MAX),
+            idempotency_max: settings.idempotency_max,
+            attempts_retained: settings.dispatch.attempts_retained,
+        };
+        let state = match &tenant_dir {
+            Some(dir) => TenantState::open_sqlite(dir, limits, &record.name)?,
+            None => TenantState::memory(limits),
+        };
         let index = Arc::new(LedgerIndex::new(settings.retain.max(1), metrics.clone()));
         let timed = Arc::new(TimedStore::new(store.clone(), metrics.clone()));
         let checkpoints = if !settings.store.is_durable() {
@@ -195,18 +207,6 @@ impl Tenant {
             .map_err(|e| tenant_err("build the engine", e))?;
         index.rebuild(&*store).map_err(|e| tenant_err("index the ledger", e.into()))?;
 
-        // The state that must outlive the process lives beside the ledger when that is durable
-        // (`state.db` in the tenant's directory), else in memory. Opened after the ledger, whose
-        // directory lock makes this process the only writer.
-        let limits = Limits {
-            idempotency_ttl_ms: u64::try_from(settings.idempotency_ttl.as_millis()).unwrap_or(u64::MAX),
-            idempotency_max: settings.idempotency_max,
-            attempts_retained: settings.dispatch.attempts_retained,
-        };
-        let state = match &tenant_dir {
-            Some(dir) => TenantState::open_sqlite(dir, limits, &record.name)?,
-            None => TenantState::memory(limits),
-        };
         let dispatcher = Arc::new(Dispatcher::new(http, &state, &record.tag, settings.dispatch.clone(), metrics));
         // Plan compensations and probes go through the same dispatcher as the tools' calls.
         engine.set_plan_dispatch(Arc::new(PlanDispatcher(dispatcher.clone())));

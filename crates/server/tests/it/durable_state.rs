@@ -156,3 +156,40 @@ async fn a_task_leased_before_a_sigkill_takes_its_workers_report_after_it() {
     assert_eq!(results, vec!["leased", "done"], "the lease from before the crash and the report after it");
     assert_eq!(sink.on("book").len(), 1, "the forward call never ran again");
 }
+
+/// A damaged state file stops its tenant from opening with a problem document that names the
+/// file and what to do; nothing is reset, the other tenants serve, and moving the file aside
+/// opens the tenant with empty state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_state_file_keeps_its_tenant_closed_with_a_clear_error() {
+    let quick = |c: &mut tidegate_server::config::Config| c.server.shutdown_drain_ms = 300;
+    let h = crate::common::Harness::durable(tempfile::tempdir().unwrap(), quick).await;
+    let (_, acme) = h.tenant("acme");
+    let (_, other) = h.tenant("other");
+    let r = h.req("POST", "/v1/transactions", Some(&acme.agent), Some(json!({}))).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let dir = h.stop().await.unwrap();
+    let file = dir.path().join("tenants/acme/state.db");
+    std::fs::write(&file, vec![0x5a; 8192]).unwrap();
+
+    let h = crate::common::Harness::durable(dir, quick).await;
+    let r = h.req("GET", "/v1/transactions", Some(&acme.agent), None).await;
+    // Requests for a tenant that cannot be opened are `tenant_unavailable`; the detail says why.
+    assert_eq!((r.status, r.body["code"].as_str()), (503, Some("tenant_unavailable")), "{r:?}");
+    let detail = r.body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("state.db") && detail.contains("move it aside"), "{detail}");
+    let ready = h.req("GET", "/readyz", None, None).await;
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert!(ready.text.contains(r#"\"failed\":1"#), "the tenant counts as failed: {ready:?}");
+    let r = h.req("GET", "/v1/transactions", Some(&other.agent), None).await;
+    assert_eq!(r.status, 200, "the other tenant serves: {r:?}");
+    assert_eq!(std::fs::read(&file).unwrap(), vec![0x5a; 8192], "the file is left as it was");
+    let dir = h.stop().await.unwrap();
+
+    std::fs::rename(&file, dir.path().join("tenants/acme/state.db.damaged")).unwrap();
+    let h = crate::common::Harness::durable(dir, quick).await;
+    let r = h.req("GET", "/v1/transactions", Some(&acme.agent), None).await;
+    assert_eq!(r.status, 200, "moved aside: the tenant opens with empty state: {r:?}");
+    assert_eq!(r.body["data"].as_array().map(Vec::len), Some(1), "its ledger is untouched: {r:?}");
+    h.stop().await;
+}
