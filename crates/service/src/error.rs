@@ -70,6 +70,10 @@ pub enum ServiceError {
         #[source]
         source: Arc<tidegate_runtime::Error>,
     },
+    /// A tenant's state (idempotency records, worker tasks, attempts: `crate::state`) failed,
+    /// or could not be opened (a damaged state file names itself and what to do).
+    #[error("tenant state: {0}")]
+    State(Arc<crate::state::StateError>),
     /// Bad input: `field` had `value`, `expected` was wanted. Not retryable.
     #[error("invalid `{field}` = {value}: expected {expected}")]
     Invalid {
@@ -244,6 +248,7 @@ impl ServiceError {
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
             ServiceError::Tenant { source, .. } | ServiceError::Engine(source) => source.retryable(),
+            ServiceError::State(source) => source.retryable(),
             ServiceError::Conflict { retry_after, .. } => retry_after.is_some(),
             ServiceError::Busy { .. } => true,
             ServiceError::Unavailable { .. }
@@ -258,5 +263,11 @@ impl ServiceError {
 impl From<tidegate_runtime::Error> for ServiceError {
     fn from(e: tidegate_runtime::Error) -> ServiceError {
         ServiceError::engine(e)
+    }
+}
+
+impl From<crate::state::StateError> for ServiceError {
+    fn from(e: crate::state::StateError) -> ServiceError {
+        ServiceError::State(Arc::new(e))
     }
 }

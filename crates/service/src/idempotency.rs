@@ -1,10 +1,7 @@
-//! `Idempotency-Key` records of one tenant (docs/server.md, invariant 7): in memory, bounded
-//! by count and age.
+//! What an `Idempotency-Key` record holds (docs/server.md, invariant 7): the first use's
+//! fingerprint and its response, and how two requests differ. Where records are kept is
+//! [`crate::state::IdempotencyStore`] (in memory, or durable in the tenant's state file).
 
-use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant};
-
-use parking_lot::Mutex;
 use serde_json::Value;
 
 /// What identifies a request for reuse checks.
@@ -19,7 +16,7 @@ pub struct Fingerprint {
 }
 
 /// A recorded response.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recorded {
     /// Status.
     pub status: u16,
@@ -31,15 +28,10 @@ pub struct Recorded {
     pub body: Vec<u8>,
 }
 
-enum Entry {
-    Running(Fingerprint),
-    Done(Fingerprint, Recorded),
-}
-
 /// What to do with a request carrying a key.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Begin {
-    /// First use: run it (and call [`IdempotencyStore::finish`]).
+    /// First use: run it (and call [`crate::state::IdempotencyStore::finish`]).
     Proceed,
     /// Completed before: answer with this.
     Replay(Recorded),
@@ -47,83 +39,6 @@ pub enum Begin {
     InProgress,
     /// Used before with other parameters: what differs.
     Mismatch(String),
-}
-
-#[derive(Default)]
-struct Inner {
-    map: HashMap<String, Entry>,
-    order: VecDeque<(String, Instant)>,
-}
-
-/// The records.
-pub struct IdempotencyStore {
-    inner: Mutex<Inner>,
-    ttl: Duration,
-    max: usize,
-}
-
-impl std::fmt::Debug for IdempotencyStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IdempotencyStore").field("records", &self.inner.lock().map.len()).finish()
-    }
-}
-
-impl IdempotencyStore {
-    /// Records kept for `ttl`, at most `max`.
-    pub fn new(ttl: Duration, max: usize) -> IdempotencyStore {
-        IdempotencyStore { inner: Mutex::new(Inner::default()), ttl, max: max.max(1) }
-    }
-
-    /// Checks `key` for a request with `fp`, marking it running if it is new.
-    pub fn begin(&self, key: &str, fp: Fingerprint) -> Begin {
-        let mut g = self.inner.lock();
-        let now = Instant::now();
-        while let Some((k, at)) = g.order.front() {
-            let expired = now.duration_since(*at) > self.ttl;
-            if !(expired || g.order.len() > self.max) {
-                break;
-            }
-            let k = k.clone();
-            g.order.pop_front();
-            // Only completed records expire; a running one stays until it finishes.
-            if matches!(g.map.get(&k), Some(Entry::Done(..))) {
-                g.map.remove(&k);
-            }
-        }
-        match g.map.get(key) {
-            None => {
-                g.map.insert(key.to_owned(), Entry::Running(fp));
-                g.order.push_back((key.to_owned(), now));
-                Begin::Proceed
-            }
-            Some(Entry::Running(first)) => match difference(first, &fp) {
-                Some(d) => Begin::Mismatch(d),
-                None => Begin::InProgress,
-            },
-            Some(Entry::Done(first, rec)) => match difference(first, &fp) {
-                Some(d) => Begin::Mismatch(d),
-                None => Begin::Replay(rec.clone()),
-            },
-        }
-    }
-
-    /// Ends the first use of `key`: keeps `response`, or forgets the key (`None`: the request
-    /// did not take effect, so it may be sent again with the same key).
-    pub fn finish(&self, key: &str, response: Option<Recorded>) {
-        let mut g = self.inner.lock();
-        match response {
-            Some(rec) => {
-                if let Some(Entry::Running(fp)) = g.map.remove(key) {
-                    g.map.insert(key.to_owned(), Entry::Done(fp, rec));
-                }
-            }
-            None => {
-                if matches!(g.map.get(key), Some(Entry::Running(_))) {
-                    g.map.remove(key);
-                }
-            }
-        }
-    }
 }
 
 /// The first difference between two requests, for the 409 message; `None` if equal.
@@ -193,29 +108,12 @@ mod tests {
     }
 
     #[test]
-    fn reuse_with_another_body_names_the_first_difference() {
-        let s = IdempotencyStore::new(Duration::from_secs(60), 10);
-        assert!(matches!(s.begin("k", fp(json!({"agent": "a"}))), Begin::Proceed));
-        assert!(matches!(s.begin("k", fp(json!({"agent": "a"}))), Begin::InProgress));
-        s.finish("k", Some(Recorded { status: 201, content_type: None, location: None, body: b"{}".to_vec() }));
-        assert!(matches!(s.begin("k", fp(json!({"agent": "a"}))), Begin::Replay(r) if r.status == 201));
-        match s.begin("k", fp(json!({"agent": "b"}))) {
-            Begin::Mismatch(d) => assert!(d.contains("`body.agent` was \"a\" and is now \"b\""), "{d}"),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_request_that_took_no_effect_frees_its_key_and_old_records_expire() {
-        let s = IdempotencyStore::new(Duration::from_secs(60), 2);
-        assert!(matches!(s.begin("k", fp(json!(1))), Begin::Proceed));
-        s.finish("k", None);
-        assert!(matches!(s.begin("k", fp(json!(2))), Begin::Proceed));
-        for k in ["a", "b", "c"] {
-            assert!(matches!(s.begin(k, fp(json!(1))), Begin::Proceed));
-            s.finish(k, Some(Recorded { status: 200, content_type: None, location: None, body: vec![] }));
-        }
-        // At most two kept: "a" (and the finished "k") were dropped.
-        assert!(matches!(s.begin("a", fp(json!(1))), Begin::Proceed));
+    fn the_first_difference_is_named_by_its_path() {
+        assert_eq!(difference(&fp(json!({"a": [1, 2]})), &fp(json!({"a": [1, 2]}))), None);
+        let d = difference(&fp(json!({"a": [1, 2]})), &fp(json!({"a": [1, 3]}))).unwrap_or_default();
+        assert!(d.contains("`body.a[1]` was 2 and is now 3"), "{d}");
+        let other = Fingerprint { method: "POST".into(), path: "/v1/calls".into(), body: json!({}) };
+        let d = difference(&fp(json!({})), &other).unwrap_or_default();
+        assert!(d.contains("POST /v1/transactions, this request is POST /v1/calls"), "{d}");
     }
 }

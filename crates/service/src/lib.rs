@@ -21,6 +21,7 @@
 //! | [`console`] | attention resolutions and per-minute series |
 //! | [`review`] | each tenant's review manager over its ledger |
 //! | [`idempotency`] | the records that make a repeated request return its first answer |
+//! | [`state`] | what must outlive the process: idempotency records, worker tasks, attempts (memory or SQLite) |
 //! | [`metrics`] | the Prometheus registry the node reports |
 //! | [`ids`] | the public ids (`tx_<tag>_<n>`, ...) |
 //! | [`settings`] | what a front door's configuration gives every tenant |
@@ -49,6 +50,7 @@ pub mod registry;
 pub mod review;
 pub mod settings;
 pub mod settle;
+pub mod state;
 pub mod tap;
 pub mod tenant;
 pub mod tickets;

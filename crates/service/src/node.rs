@@ -370,7 +370,9 @@ impl Service {
     pub async fn close(&self, drain: Duration) -> Vec<String> {
         self.0.shutdown.cancel();
         for t in self.tenants() {
-            t.dispatcher.queue().wake_all();
+            // Wakes the pollers; a dispatch the drain cuts off leaves its task in the tenant's
+            // state for the next start.
+            t.dispatcher.queue().close();
         }
         self.0.tracker.close();
         if tokio::time::timeout(drain, self.0.tracker.wait()).await.is_err() {

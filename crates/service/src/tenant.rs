@@ -17,13 +17,14 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::catalog::{Catalog, TenantRecord};
-use crate::dispatch::{Dispatcher, TaskQueue};
+use crate::dispatch::Dispatcher;
 use crate::error::{Result, ServiceError};
-use crate::idempotency::IdempotencyStore;
+use crate::idempotency::Recorded;
 use crate::index::LedgerIndex;
 use crate::metrics::Metrics;
 use crate::registry::{CapabilitySpec, ToolDef};
 use crate::settings::{DispatchSection, ReviewSection};
+use crate::state::{IdempotencyStore, Limits, TenantState};
 use crate::tap::TimedStore;
 use crate::tools::ServerTool;
 
@@ -122,8 +123,11 @@ pub struct Tenant {
     removed: RwLock<HashMap<String, ToolDef>>,
     live: Mutex<HashMap<TxId, Arc<LiveTx>>>,
     groups: Mutex<HashMap<u64, Arc<LiveGroup>>>,
-    /// Idempotency records.
-    pub idempotency: IdempotencyStore,
+    /// Idempotency records (in its state).
+    pub idempotency: Arc<dyn IdempotencyStore>,
+    /// What must outlive the process: idempotency records, worker tasks, attempts (durable
+    /// beside the ledger when the store is durable, else in memory).
+    state: TenantState,
     /// Requests in progress for this tenant.
     pub permits: Arc<Semaphore>,
     status: Mutex<TenantStatus>,
@@ -160,6 +164,18 @@ impl Tenant {
         let tenant_dir = place.dir().map(Path::to_path_buf);
         let opened = place.open().map_err(|e| tenant_err("open the ledger", e))?;
         let (store, sqlite): (Arc<dyn LedgerStore>, Option<Arc<SqliteStore>>) = (opened.store, opened.sqlite);
+        // The state that must outlive the process lives beside the ledger when that is durable
+        // (`state.db` in the tenant's directory), else in memory. Opened after the ledger, whose
+        // directory lock makes this process the only writer.
+        let limits = Limits {
+            idempotency_ttl_ms: u64::try_from(settings.idempotency_ttl.as_millis()).unwrap_or(u64::MAX),
+            idempotency_max: settings.idempotency_max,
+            attempts_retained: settings.dispatch.attempts_retained,
+        };
+        let state = match &tenant_dir {
+            Some(dir) => TenantState::open_sqlite(dir, limits, &record.name)?,
+            None => TenantState::memory(limits),
+        };
         let index = Arc::new(LedgerIndex::new(settings.retain.max(1), metrics.clone()));
         let timed = Arc::new(TimedStore::new(store.clone(), metrics.clone()));
         let checkpoints = if !settings.store.is_durable() {
@@ -191,8 +207,7 @@ impl Tenant {
             .map_err(|e| tenant_err("build the engine", e))?;
         index.rebuild(&*store).map_err(|e| tenant_err("index the ledger", e.into()))?;
 
-        let queue = Arc::new(TaskQueue::new(record.tag.clone()));
-        let dispatcher = Arc::new(Dispatcher::new(http, queue, settings.dispatch.clone(), metrics));
+        let dispatcher = Arc::new(Dispatcher::new(http, &state, &record.tag, settings.dispatch.clone(), metrics));
         // Plan compensations and probes go through the same dispatcher as the tools' calls.
         engine.set_plan_dispatch(Arc::new(PlanDispatcher(dispatcher.clone())));
         for (cap, spec) in catalog.capabilities(&record.name)? {
@@ -221,7 +236,8 @@ impl Tenant {
             removed: RwLock::new(removed),
             live: Mutex::new(HashMap::new()),
             groups: Mutex::new(HashMap::new()),
-            idempotency: IdempotencyStore::new(settings.idempotency_ttl, settings.idempotency_max),
+            idempotency: state.idempotency.clone(),
+            state,
             permits: Arc::new(Semaphore::new(settings.max_concurrent)),
             status: Mutex::new(TenantStatus::Recovering),
             catalog,
@@ -246,12 +262,14 @@ impl Tenant {
         bg.push(tokio::spawn(async move {
             loop {
                 let Some(t) = weak.upgrade() else { return };
-                let attempts = t.dispatcher.attempts().clone();
-                t.dispatcher.queue().sweep(&attempts);
+                let queue = t.dispatcher.queue().clone();
+                if let Err(e) = queue.sweep().await {
+                    tracing::warn!(tenant = %t.name, "sweeping the worker queue: {e}");
+                }
                 t.prune();
                 // The console's per-minute wait figures (crate::console::Series).
                 t.index.sample_waits(t.engine.wait_stats().0, t.engine.stats().waiting as u64);
-                let next = t.dispatcher.queue().next_expiry();
+                let next = queue.next_expiry().await.ok().flatten();
                 drop(t);
                 let cap = tokio::time::Instant::now() + Duration::from_millis(250);
                 tokio::time::sleep_until(next.map_or(cap, |n| n.min(cap))).await;
@@ -294,6 +312,14 @@ impl Tenant {
         for name in brought_back {
             let _ = self.engine.remove_tool(&name);
         }
+        // Recovery has dispatched again whatever it resumes: tasks carried over from the
+        // previous process that no dispatch adopted are dropped once their lease ends (a
+        // started release or eager call is asked about by a probe, never sent twice).
+        match self.dispatcher.queue().end_carry_over().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(tenant = %self.name, dropped = n, "carried-over worker tasks nobody waits for"),
+            Err(e) => tracing::warn!(tenant = %self.name, "dropping carried-over worker tasks: {e}"),
+        }
         if let TenantStatus::Failed(why) = &status {
             tracing::error!(tenant = %self.name, "recovery failed: {why}");
         }
@@ -315,8 +341,10 @@ impl Tenant {
             h.abort();
         }
         self.review.close();
+        // Tasks stay in the state for the node that serves the tenant now.
+        self.dispatcher.queue().close();
         self.engine.stop();
-        self.dispatcher.queue().wake_all();
+        self.state.close();
         // Handles of live transactions would only answer the fence; let them go.
         self.live.lock().clear();
         self.groups.lock().clear();
@@ -462,6 +490,16 @@ impl Tenant {
         Ok(self.dispatcher.remove_capability(name))
     }
 
+    /// Keeps `response` as the answer of the first use of `key` (docs/server.md, invariant
+    /// 7), once everything the request appended to the ledger is durable: a replay after a
+    /// crash never names a transaction or effect the ledger lost (a begin's record rides the
+    /// next group commit; its 201 does not wait for it).
+    pub async fn keep_idempotent_response(&self, key: &str, response: Recorded) -> Result<()> {
+        self.engine.appended_durable().await.map_err(ServiceError::engine)?;
+        self.idempotency.finish(key, Some(response)).await?;
+        Ok(())
+    }
+
     /// The settings the tenant was opened with.
     pub fn settings(&self) -> &TenantSettings {
         &self.settings
@@ -477,9 +515,12 @@ impl Tenant {
         // "Cannot start a runtime from within a runtime"), and is not opened again.
         self.review.close();
         // The engine's own settlement tasks outlive the requests that started them: stop them
-        // (recovery at the next open finishes what they left), so the ledger is let go.
+        // (recovery at the next open finishes what they left), so the ledger is let go. Their
+        // worker tasks stay in the state, carried over to the next opening.
+        self.dispatcher.queue().close();
         self.engine.stop();
-        self.dispatcher.queue().wake_all();
+        // Every state operation submitted so far is done; the state file is let go.
+        self.state.close();
         let mut problems = Vec::new();
         if self.settings.store.is_durable()
             && self.store.last_lsn() > 0

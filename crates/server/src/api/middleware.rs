@@ -19,6 +19,8 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use super::extract::{AuthState, RequestSlot, read_body};
 use super::problem::ApiError;
 use crate::AppState;
+use tidegate_service::ServiceError;
+use tidegate_service::dispatch::now_ms;
 use tidegate_service::idempotency::{Begin, Fingerprint, Recorded};
 use tidegate_service::metrics::{HttpLabels, RouteLabel};
 
@@ -204,7 +206,8 @@ fn valid_idempotency_key(v: &HeaderValue) -> Option<String> {
     (!s.is_empty() && s.len() <= 255 && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_owned())
 }
 
-/// Frees a running idempotency record if its request task dies without a response.
+/// Frees a running idempotency record if its request task dies without a response (the
+/// state submits the operation at once; nobody waits for it here).
 struct Unfinished {
     state: AppState,
     tenant: Arc<tidegate_service::tenant::Tenant>,
@@ -214,7 +217,14 @@ struct Unfinished {
 impl Drop for Unfinished {
     fn drop(&mut self) {
         if let Some(k) = self.key.take() {
-            self.tenant.idempotency.finish(&k, None);
+            let fut = self.tenant.idempotency.finish(&k, None);
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                h.spawn(async move {
+                    if let Err(e) = fut.await {
+                        tracing::warn!("freeing an idempotency key: {e}");
+                    }
+                });
+            }
             let _ = &self.state;
         }
     }
@@ -254,7 +264,11 @@ async fn idempotency(State(state): State<AppState>, req: Request, next: Next) ->
     let path = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
     let fp = Fingerprint { method: parts.method.to_string(), path, body: body_value };
     let tenant = ctx.tenant.clone();
-    match tenant.idempotency.begin(&key, fp) {
+    let begun = match tenant.idempotency.begin(&key, fp, now_ms()).await {
+        Ok(b) => b,
+        Err(e) => return ApiError::from(ServiceError::from(e)).into_response(),
+    };
+    match begun {
         Begin::Replay(rec) => {
             state.metrics().idempotent_replays.inc();
             let mut resp = Response::new(Body::from(rec.body));
@@ -297,8 +311,15 @@ async fn idempotency(State(state): State<AppState>, req: Request, next: Next) ->
                         location: header(header::LOCATION),
                         body: bytes.to_vec(),
                     };
-                    if let Some(k) = guard.key.take() {
-                        guard.tenant.idempotency.finish(&k, Some(rec));
+                    // The response goes out only once its record is kept (durably, after the
+                    // ledger, with a durable store): a retry after a crash replays it.
+                    if let Some(k) = guard.key.take()
+                        && let Err(e) = guard.tenant.keep_idempotent_response(&k, rec).await
+                    {
+                        // Not kept: the client gets the response, but a retry is not
+                        // guaranteed to replay it. The key stays running (a retry is refused
+                        // `idempotency_key_in_progress`) until the process restarts.
+                        tracing::warn!("recording the response of Idempotency-Key `{k}`: {e}");
                     }
                     Response::from_parts(parts, Body::from(bytes))
                 } else {

@@ -363,6 +363,14 @@ impl From<ServiceError> for ApiError {
             e @ (ServiceError::Catalog { .. } | ServiceError::CatalogVersion { .. }) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "catalog_unavailable", e.to_string()).retry_after(1)
             }
+            // The tenant's state (idempotency records, worker tasks, attempts): a busy or
+            // failing disk may pass; a damaged file needs an operator (its message says what to do).
+            ServiceError::State(s) if s.retryable() => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "state_unavailable", s.to_string()).retry_after(1)
+            }
+            ServiceError::State(s) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "state_unavailable", s.to_string())
+            }
             other => ApiError::internal(other.to_string()),
         }
     }

@@ -83,7 +83,7 @@ pub async fn poll(
         wait,
         lease,
     };
-    let tasks = d.queue().poll(&p, d.attempts(), async move { stop.cancelled().await }).await;
+    let tasks = d.queue().poll(&p, async move { stop.cancelled().await }).await?;
     Ok(Json(PollOut { tasks }))
 }
 
@@ -105,7 +105,7 @@ pub async fn heartbeat(
 ) -> ApiResult<Json<tidegate_service::dispatch::queue::TaskView>> {
     check_worker(&body.worker)?;
     let lease = lease(body.lease_ms)?;
-    let v = caller.tenant.dispatcher.queue().heartbeat(&id, &body.worker, lease).map_err(|r| refusal(&id, r))?;
+    let v = caller.tenant.dispatcher.queue().heartbeat(&id, &body.worker, lease).await?.map_err(|r| refusal(&id, r))?;
     Ok(Json(v))
 }
 
@@ -136,7 +136,7 @@ pub async fn report(
         TaskResultIn::Unknown { error } => TaskResult::Unknown(error),
     };
     let d = &caller.tenant.dispatcher;
-    d.queue().report(&id, &body.worker, result, d.attempts()).map_err(|r| refusal(&id, r))?;
+    d.queue().report(&id, &body.worker, result).await?.map_err(|r| refusal(&id, r))?;
     Ok((StatusCode::OK, Json(ReportOut { task: id, state: "settled".into() })))
 }
 
@@ -150,5 +150,5 @@ pub async fn report(
     security(("bearer" = []))
 )]
 pub async fn list(caller: Caller<TasksRead>) -> ApiResult<Json<TaskList>> {
-    Ok(Json(TaskList { data: caller.tenant.dispatcher.queue().list(), has_more: false, next_cursor: None }))
+    Ok(Json(TaskList { data: caller.tenant.dispatcher.queue().list().await?, has_more: false, next_cursor: None }))
 }

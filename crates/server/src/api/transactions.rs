@@ -437,7 +437,7 @@ pub async fn timeline(
         .map_err(|e| from_runtime(e.into()))?;
     let mut attempts = Vec::new();
     for e in &v.effects {
-        attempts.extend(t.dispatcher.attempts().get(&e.key));
+        attempts.extend(t.dispatcher.attempts().get(&e.key).await?);
     }
     attempts.sort_by_key(|a| a.started_at_ms);
     let next_cursor = if has_more { events.last().map(|e| e.lsn.to_string()) } else { None };

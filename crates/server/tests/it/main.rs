@@ -9,6 +9,7 @@ mod common;
 mod console;
 mod crash;
 mod dispatch;
+mod durable_state;
 mod fencing;
 mod isolation;
 mod openapi;

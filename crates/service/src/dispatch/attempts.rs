@@ -1,14 +1,15 @@
 //! The attempt log: every webhook request and worker lease of a dispatch, filed under the
-//! forward effect's key, newest `retained` keys kept (in memory; see docs/server.md,
-//! Assumptions).
+//! forward effect's key, newest `dispatch.attempts_retained` keys kept, in the tenant's
+//! [`AttemptStore`] (durable with a durable store; see docs/server.md, Assumptions).
 
-use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
 use serde::Serialize;
 
 use super::Operation;
+use crate::error::Result;
+use crate::state::{AttemptStore, detach};
 
 /// One attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -40,48 +41,35 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    by_key: HashMap<String, Vec<Attempt>>,
-    order: VecDeque<String>,
-}
-
-/// Attempts by effect key.
-#[derive(Debug)]
+/// Attempts by effect key, over the tenant's [`AttemptStore`].
+#[derive(Debug, Clone)]
 pub struct AttemptLog {
-    inner: Mutex<Inner>,
-    retained: usize,
+    store: Arc<dyn AttemptStore>,
 }
-
-/// Attempts kept per key (the oldest dropped beyond).
-const PER_KEY: usize = 64;
 
 impl AttemptLog {
-    /// A log keeping the newest `retained` keys.
-    pub fn new(retained: usize) -> AttemptLog {
-        AttemptLog { inner: Mutex::new(Inner::default()), retained: retained.max(1) }
+    /// The log kept in `store`.
+    pub fn new(store: Arc<dyn AttemptStore>) -> AttemptLog {
+        AttemptLog { store }
     }
 
-    /// Records an attempt under `effect_key`.
+    /// Records an attempt under `effect_key`. The dispatch does not wait for it: the record
+    /// is submitted now (so a later [`AttemptLog::get`] sees it) and a failure is logged.
     pub fn record(&self, effect_key: &str, attempt: Attempt) {
-        let mut g = self.inner.lock();
-        if !g.by_key.contains_key(effect_key) {
-            g.order.push_back(effect_key.to_owned());
-            while g.order.len() > self.retained {
-                if let Some(old) = g.order.pop_front() {
-                    g.by_key.remove(&old);
-                }
-            }
-        }
-        let v = g.by_key.entry(effect_key.to_owned()).or_default();
-        if v.len() == PER_KEY {
-            v.remove(0);
-        }
-        v.push(attempt);
+        detach("recording a dispatch attempt", self.store.record(effect_key, attempt));
     }
 
-    /// The attempts filed under `effect_key`.
-    pub fn get(&self, effect_key: &str) -> Vec<Attempt> {
-        self.inner.lock().by_key.get(effect_key).cloned().unwrap_or_default()
+    /// Records an attempt under `effect_key` and waits until the state has it (a worker's
+    /// lease, report or expiry: the worker is answered after its attempt is kept, so a crash
+    /// right after the answer does not lose it from the timeline). A failure is logged.
+    pub async fn record_and_wait(&self, effect_key: &str, attempt: Attempt) {
+        if let Err(e) = self.store.record(effect_key, attempt).await {
+            tracing::warn!("recording a dispatch attempt: {e}");
+        }
+    }
+
+    /// The attempts filed under `effect_key`, oldest first.
+    pub async fn get(&self, effect_key: &str) -> Result<Vec<Attempt>> {
+        Ok(self.store.list(effect_key).await?)
     }
 }

@@ -8,6 +8,7 @@
 //!  plans executor ───────┼─► Dispatcher::dispatch(DispatchRequest)
 //!  (issue 15)            │                      └─► queue::TaskQueue (a task; a worker leases and reports)
 //!                        └── CallOutcome::{Done | NotApplied | Unknown}; each attempt in the AttemptLog
+//!                            (worker tasks and attempts kept in the tenant's `state::TenantState`)
 //! ```
 //!
 //! Contract:
@@ -32,12 +33,13 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 pub use tidegate_core::{CallOutcome, DispatchKey, DispatchRequest, Operation};
 
-pub use attempts::{Attempt, AttemptLog};
+pub use attempts::{Attempt, AttemptLog, now_ms};
 pub use queue::{TaskQueue, TaskResult};
 
 use crate::metrics::{DispatchLabels, Metrics};
 use crate::registry::CapabilitySpec;
 use crate::settings::DispatchSection;
+use crate::state::TenantState;
 
 /// The label of an outcome in metrics and attempt logs.
 fn label(outcome: &CallOutcome) -> &'static str {
@@ -66,14 +68,17 @@ impl std::fmt::Debug for Dispatcher {
 }
 
 impl Dispatcher {
-    /// A dispatcher with no capabilities.
+    /// A dispatcher with no capabilities, whose worker tasks and attempts are kept in
+    /// `state` (the tenant tagged `tag`).
     pub fn new(
         http: reqwest::Client,
-        queue: Arc<TaskQueue>,
+        state: &TenantState,
+        tag: &str,
         defaults: DispatchSection,
         metrics: Arc<Metrics>,
     ) -> Dispatcher {
-        let attempts = Arc::new(AttemptLog::new(defaults.attempts_retained));
+        let attempts = Arc::new(AttemptLog::new(state.attempts.clone()));
+        let queue = Arc::new(TaskQueue::new(tag, state.tasks.clone(), (*attempts).clone()));
         Dispatcher { capabilities: RwLock::new(HashMap::new()), http, queue, attempts, defaults, metrics }
     }
 
@@ -148,7 +153,7 @@ impl Dispatcher {
             CapabilitySpec::Webhook(w) => {
                 ("webhook", webhook::send(&self.http, &w, &self.defaults, &req, &self.attempts, &self.metrics).await)
             }
-            CapabilitySpec::Worker(w) => ("worker", self.queue.run(&req, &w, &self.defaults, &self.attempts).await),
+            CapabilitySpec::Worker(w) => ("worker", self.queue.run(&req, &w, &self.defaults).await),
         };
         self.count(kind, req.operation, &outcome);
         outcome

@@ -1,6 +1,12 @@
-//! The pull-worker queue of one tenant: in memory, derived from the engine's pending work
-//! (a task exists exactly while a dispatch waits for it; after a crash, recovery dispatches
-//! the pending releases and compensations again and so re-creates their tasks).
+//! The pull-worker queue of one tenant: the process's side of it (the dispatches waiting for
+//! their tasks, the long polls waiting for work) over the tenant's [`TaskStore`], which holds
+//! the tasks themselves (in memory, or durable in the tenant's state file: a task leased
+//! before a restart is still known after it; `state` module docs, "carried over").
+//!
+//! A task exists while a dispatch waits for it; after a crash, recovery dispatches the
+//! pending compensations and probes again, which adopt their carried-over tasks (same id,
+//! attempt and lease), and the carried-over tasks nobody adopted are dropped once recovery
+//! has ended and their lease has ended ([`TaskQueue::end_carry_over`]).
 //!
 //! ```text
 //!   dispatch ─► queued ──poll──► leased(worker, until) ──report──► settled (dispatch resumes)
@@ -8,7 +14,9 @@
 //!                 └──── attempt + 1 ◄───┘      deadline passed ──► settled failed/unknown
 //! ```
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -19,9 +27,11 @@ use tokio::time::Instant;
 
 use super::attempts::{Attempt, AttemptLog, now_ms};
 use super::{CallOutcome, DispatchRequest, Operation};
+use crate::error::{Result, ServiceError};
 use crate::ids;
 use crate::registry::WorkerSpec;
 use crate::settings::DispatchSection;
+use crate::state::{Depth, Enqueued, StateError, TaskRecord, TaskSpec, TaskStore, Withdrawn, detach};
 
 /// What a worker reported.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,30 +86,6 @@ pub struct TaskView {
     pub lease_expires_at_ms: Option<u64>,
 }
 
-struct Entry {
-    n: u64,
-    req: DispatchRequest,
-    attempt: u32,
-    lease: Duration,
-    leased: Option<(String, Instant)>,
-    holders: Vec<String>,
-    ever_leased: bool,
-    done: Option<oneshot::Sender<(TaskResult, u32)>>,
-    lease_started_ms: u64,
-}
-
-#[derive(Default)]
-struct State {
-    next: u64,
-    tasks: HashMap<u64, Entry>,
-    ready: HashMap<String, VecDeque<u64>>,
-    /// Recently settled tasks (newest [`RECENT`]), so a late report is told `Settled`.
-    recent: VecDeque<u64>,
-}
-
-/// Settled task ids remembered for late reports.
-const RECENT: usize = 10_000;
-
 /// A worker's poll.
 #[derive(Debug, Clone)]
 pub struct Poll {
@@ -116,7 +102,7 @@ pub struct Poll {
 }
 
 /// Why a worker's call was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskRefusal {
     /// No such task (or another tenant's).
     NotFound,
@@ -126,11 +112,30 @@ pub enum TaskRefusal {
     NotLeased,
 }
 
+/// How often a waiting dispatch reads its task's outcome even if no report woke it (a report
+/// settled by another process, a wake-up lost).
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// Dispatches waiting for their tasks: a wake-up per task number, stored as a permit when the
+/// report comes first.
+type Waiters = Arc<Mutex<HashMap<u64, Arc<Notify>>>>;
+
 /// The queue.
 pub struct TaskQueue {
     tag: String,
-    state: Mutex<State>,
+    store: Arc<dyn TaskStore>,
+    log: AttemptLog,
+    waiters: Waiters,
+    /// Wakes long polls when a task is queued or returned to the queue.
     notify: Notify,
+    /// Set when the tenant closes: a dispatch dropped then leaves its task in the store
+    /// (carried over to the next opening) instead of withdrawing it.
+    closing: Arc<AtomicBool>,
+    /// `(queued, leased)` as of the last sweep.
+    depth: Mutex<Depth>,
+    /// Set once the tenant's recovery has ended: from then on each sweep drops the
+    /// carried-over tasks nobody adopted whose lease has ended.
+    recovered: AtomicBool,
 }
 
 impl std::fmt::Debug for TaskQueue {
@@ -139,31 +144,44 @@ impl std::fmt::Debug for TaskQueue {
     }
 }
 
-/// Removes a task whose dispatch was dropped.
-struct Withdraw<'a> {
+/// A dispatch waiting for task `n`: forgets its wake-up and, if the dispatch was dropped,
+/// withdraws the task (unless the tenant is closing).
+struct Waiting<'a> {
     queue: &'a TaskQueue,
     n: u64,
+    settled: bool,
 }
 
-impl Drop for Withdraw<'_> {
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let mut s = self.queue.state.lock();
-        if let Some(e) = s.tasks.remove(&self.n) {
-            if let Some(q) = s.ready.get_mut(&e.req.capability) {
-                q.retain(|x| *x != self.n);
-            }
-            if s.recent.len() == RECENT {
-                s.recent.pop_front();
-            }
-            s.recent.push_back(self.n);
+        self.queue.waiters.lock().remove(&self.n);
+        if !self.settled && !self.queue.closing.load(Ordering::Relaxed) {
+            detach("withdrawing a task", self.queue.store.withdraw(self.n));
         }
     }
 }
 
+fn wake(waiters: &Waiters, n: u64) {
+    waiters.lock().entry(n).or_default().notify_one();
+}
+
+fn state_unknown(what: &str, e: &StateError) -> CallOutcome {
+    CallOutcome::unknown(format!("{what}: {e}"))
+}
+
 impl TaskQueue {
-    /// An empty queue for the tenant tagged `tag`.
-    pub fn new(tag: impl Into<String>) -> TaskQueue {
-        TaskQueue { tag: tag.into(), state: Mutex::new(State::default()), notify: Notify::new() }
+    /// The queue of the tenant tagged `tag`, over `store`, recording attempts in `log`.
+    pub fn new(tag: impl Into<String>, store: Arc<dyn TaskStore>, log: AttemptLog) -> TaskQueue {
+        TaskQueue {
+            tag: tag.into(),
+            store,
+            log,
+            waiters: Arc::default(),
+            notify: Notify::new(),
+            closing: Arc::default(),
+            depth: Mutex::new((0, 0)),
+            recovered: AtomicBool::new(false),
+        }
     }
 
     /// Queues `req` and waits for a worker's report (or the deadline). A report that the
@@ -175,13 +193,12 @@ impl TaskQueue {
         req: &DispatchRequest,
         spec: &WorkerSpec,
         defaults: &DispatchSection,
-        log: &AttemptLog,
     ) -> CallOutcome {
         let attempts = spec.attempts.unwrap_or(defaults.webhook_attempts).max(1);
         let backoff = Duration::from_millis(spec.backoff_ms.unwrap_or(defaults.webhook_backoff_ms));
         let (mut round, mut attempt) = (1u32, 1u32);
         loop {
-            let (result, last) = match self.run_once(req, spec, defaults, log, attempt).await {
+            let (result, last) = match self.run_once(req, spec, defaults, attempt).await {
                 Ok(r) => r,
                 Err(outcome) => return outcome,
             };
@@ -206,268 +223,279 @@ impl TaskQueue {
         }
     }
 
-    /// One task for `req`, numbered `attempt`: the worker's result and the task's attempt
-    /// number when it was reported, or the outcome the deadline decided.
+    /// One task for `req`, numbered `attempt` (or the carried-over task it adopts): the
+    /// worker's result and the task's attempt number when it was reported, or the outcome
+    /// the deadline decided.
     async fn run_once(
         &self,
         req: &DispatchRequest,
         spec: &WorkerSpec,
         defaults: &DispatchSection,
-        log: &AttemptLog,
         attempt: u32,
-    ) -> Result<(TaskResult, u32), CallOutcome> {
-        let (tx, rx) = oneshot::channel();
-        let lease = Duration::from_millis(spec.task_lease_ms.unwrap_or(defaults.task_lease_ms).max(1));
-        let n = {
-            let mut s = self.state.lock();
-            s.next += 1;
-            let n = s.next;
-            s.tasks.insert(
-                n,
-                Entry {
-                    n,
-                    req: req.clone(),
-                    attempt,
-                    lease,
-                    leased: None,
-                    holders: Vec::new(),
-                    ever_leased: false,
-                    done: Some(tx),
-                    lease_started_ms: 0,
-                },
-            );
-            s.ready.entry(req.capability.clone()).or_default().push_back(n);
-            n
+    ) -> std::result::Result<(TaskResult, u32), CallOutcome> {
+        let lease_ms = spec.task_lease_ms.unwrap_or(defaults.task_lease_ms).max(1);
+        let task = TaskSpec {
+            capability: req.capability.clone(),
+            operation: req.operation,
+            tool: req.tool.clone(),
+            key: req.key.to_string(),
+            effect_key: req.key.forward().to_owned(),
+            args: (*req.args).clone(),
+            output: req.output.as_ref().map(|o| (**o).clone()),
         };
-        let guard = Withdraw { queue: self, n };
+        // Whether a failed write took effect is not known here: the outcome is unknown (the
+        // engine's probe decides), never "not applied".
+        let rec = match self.enqueue(task, attempt, lease_ms).await {
+            Ok(Enqueued::Settled(rec, result)) => return Ok((result, rec.attempt)),
+            Ok(Enqueued::New(rec) | Enqueued::Adopted(rec)) => rec,
+            Err(e) => return Err(state_unknown("the task could not be queued", &e)),
+        };
+        let n = rec.n;
+        let wakeup = self.waiters.lock().entry(n).or_default().clone();
+        let mut guard = Waiting { queue: self, n, settled: false };
         self.notify.notify_waiters();
-        let result = match spec.deadline_ms {
-            Some(ms) => match tokio::time::timeout(Duration::from_millis(ms), rx).await {
-                Ok(r) => r.ok(),
-                Err(_) => {
-                    let ever = self.state.lock().tasks.get(&n).is_some_and(|e| e.ever_leased);
-                    let outcome = if ever {
-                        CallOutcome::unknown(format!("no worker reported within the deadline of {ms} ms"))
-                    } else {
-                        CallOutcome::not_applied(
-                            format!("no worker took the task within the deadline of {ms} ms"),
-                            false,
-                        )
-                    };
-                    log.record(
-                        req.key.forward(),
-                        attempt_record(req, 0, "expired", "deadline passed".into(), now_ms(), Some(now_ms())),
-                    );
-                    drop(guard);
-                    return Err(outcome);
-                }
-            },
-            None => rx.await.ok(),
+        let Some(ms) = spec.deadline_ms else {
+            let r = self.wait_for(n, &wakeup).await;
+            // A result settled the task; a failure to read it withdraws it (the guard).
+            guard.settled = r.is_ok();
+            return r;
         };
-        drop(guard);
-        // The sender was dropped without a report: cannot happen while the task exists.
-        result.ok_or_else(|| CallOutcome::unknown("the task was withdrawn without a report"))
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(ms), self.wait_for(n, &wakeup)).await {
+            guard.settled = r.is_ok();
+            return r;
+        }
+        guard.settled = true;
+        match self.store.withdraw(n).await {
+            Ok(Withdrawn::Open(rec)) => {
+                let outcome = if rec.ever_leased {
+                    CallOutcome::unknown(format!("no worker reported within the deadline of {ms} ms"))
+                } else {
+                    CallOutcome::not_applied(format!("no worker took the task within the deadline of {ms} ms"), false)
+                };
+                let now = now_ms();
+                self.log.record(
+                    &rec.spec.effect_key,
+                    attempt_record(&rec.spec, 0, "expired", "deadline passed".into(), now, Some(now)),
+                );
+                Err(outcome)
+            }
+            // A report won the race with the deadline: it counts.
+            Ok(Withdrawn::Settled) => match self.store.outcome(n).await {
+                Ok(Some(r)) => Ok(r),
+                Ok(None) => Err(CallOutcome::unknown("the task was withdrawn without a report")),
+                Err(e) => Err(state_unknown("reading the task's result", &e)),
+            },
+            Ok(Withdrawn::Unknown) => Err(CallOutcome::unknown("the task was forgotten without a report")),
+            Err(e) => Err(state_unknown("withdrawing the task at its deadline", &e)),
+        }
     }
 
-    fn view(&self, e: &Entry) -> TaskView {
-        let now = Instant::now();
+    /// Submits the task now; if the dispatch is dropped before the store answers, the task
+    /// is withdrawn once it is there (unless the tenant is closing).
+    async fn enqueue(&self, task: TaskSpec, attempt: u32, lease_ms: u64) -> std::result::Result<Enqueued, StateError> {
+        let fut = self.store.enqueue(task, attempt, lease_ms);
+        let (tx, rx) = oneshot::channel();
+        let (store, closing) = (self.store.clone(), self.closing.clone());
+        tokio::spawn(async move {
+            if let Err(Ok(Enqueued::New(rec) | Enqueued::Adopted(rec))) = tx.send(fut.await)
+                && !closing.load(Ordering::Relaxed)
+            {
+                detach("withdrawing a task nobody waits for", store.withdraw(rec.n));
+            }
+        });
+        rx.await.unwrap_or(Err(StateError::Closed))
+    }
+
+    /// Waits until task `n` has a reported result.
+    async fn wait_for(&self, n: u64, wakeup: &Notify) -> std::result::Result<(TaskResult, u32), CallOutcome> {
+        loop {
+            tokio::select! {
+                _ = wakeup.notified() => {}
+                _ = tokio::time::sleep(RECHECK) => {}
+            }
+            match self.store.outcome(n).await {
+                Ok(Some(r)) => return Ok(r),
+                Ok(None) => {}
+                Err(e) if e.retryable() => tracing::warn!("reading task {n}'s result: {e}"),
+                Err(e) => return Err(state_unknown("reading the task's result", &e)),
+            }
+        }
+    }
+
+    fn view(&self, r: &TaskRecord) -> TaskView {
         TaskView {
-            id: ids::format(ids::Kind::Task, &self.tag, e.n),
-            capability: e.req.capability.clone(),
-            operation: e.req.operation,
-            tool: e.req.tool.clone(),
-            key: e.req.key.to_string(),
-            args: (*e.req.args).clone(),
-            output: e.req.output.as_ref().map(|o| (**o).clone()),
-            attempt: e.attempt,
-            state: if e.leased.is_some() { "leased".into() } else { "queued".into() },
-            worker: e.leased.as_ref().map(|(w, _)| w.clone()),
-            lease_expires_at_ms: e
-                .leased
-                .as_ref()
-                .map(|(_, until)| now_ms().saturating_add(until.saturating_duration_since(now).as_millis() as u64)),
+            id: ids::format(ids::Kind::Task, &self.tag, r.n),
+            capability: r.spec.capability.clone(),
+            operation: r.spec.operation,
+            tool: r.spec.tool.clone(),
+            key: r.spec.key.clone(),
+            args: r.spec.args.clone(),
+            output: r.spec.output.clone(),
+            attempt: r.attempt,
+            state: if r.lease.is_some() { "leased".into() } else { "queued".into() },
+            worker: r.lease.as_ref().map(|l| l.worker.clone()),
+            lease_expires_at_ms: r.lease.as_ref().map(|l| l.until_ms),
         }
     }
 
     /// Leases up to `p.max` queued tasks of `p.capabilities` to `p.worker`, waiting up to
     /// `p.wait` for one to appear (or `stop` to resolve).
-    pub async fn poll(&self, p: &Poll, log: &AttemptLog, stop: impl std::future::Future<Output = ()>) -> Vec<TaskView> {
+    pub async fn poll(&self, p: &Poll, stop: impl std::future::Future<Output = ()>) -> Result<Vec<TaskView>> {
         let Poll { worker, capabilities, max, wait, lease } = p;
-        let (max, lease) = (*max, *lease);
+        let lease_ms = lease.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX).max(1));
         let deadline = Instant::now() + *wait;
         tokio::pin!(stop);
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let got = self.take(worker, capabilities, max, lease, log);
+            let got = self.store.lease(worker, capabilities, *max, lease_ms, now_ms()).await?;
+            for r in &got {
+                self.log
+                    .record_and_wait(
+                        &r.spec.effect_key,
+                        attempt_record(
+                            &r.spec,
+                            r.attempt,
+                            "leased",
+                            format!("leased by `{worker}`"),
+                            r.lease_started_ms,
+                            None,
+                        ),
+                    )
+                    .await;
+            }
             if !got.is_empty() || Instant::now() >= deadline {
-                return got;
+                return Ok(got.iter().map(|r| self.view(r)).collect());
             }
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline) => {}
-                _ = &mut stop => return Vec::new(),
+                _ = &mut stop => return Ok(Vec::new()),
             }
         }
-    }
-
-    fn take(
-        &self,
-        worker: &str,
-        capabilities: &[String],
-        max: usize,
-        lease: Option<Duration>,
-        log: &AttemptLog,
-    ) -> Vec<TaskView> {
-        let mut s = self.state.lock();
-        let now = Instant::now();
-        let mut out = Vec::new();
-        for cap in capabilities {
-            while out.len() < max {
-                let Some(n) = s.ready.get_mut(cap).and_then(VecDeque::pop_front) else { break };
-                let Some(e) = s.tasks.get_mut(&n) else { continue };
-                if e.leased.is_some() || e.done.is_none() {
-                    continue;
-                }
-                let l = lease.unwrap_or(e.lease);
-                e.leased = Some((worker.to_owned(), now + l));
-                e.ever_leased = true;
-                e.lease_started_ms = now_ms();
-                if !e.holders.iter().any(|h| h == worker) {
-                    e.holders.push(worker.to_owned());
-                }
-                log.record(
-                    e.req.key.forward(),
-                    attempt_record(
-                        &e.req,
-                        e.attempt,
-                        "leased",
-                        format!("leased by `{worker}`"),
-                        e.lease_started_ms,
-                        None,
-                    ),
-                );
-                let v = self.view(e);
-                out.push(v);
-            }
-        }
-        out
     }
 
     /// Extends `worker`'s lease of task `id`.
-    pub fn heartbeat(&self, id: &str, worker: &str, lease: Option<Duration>) -> Result<TaskView, TaskRefusal> {
-        let n = ids::parse(ids::Kind::Task, &self.tag, id).ok_or(TaskRefusal::NotFound)?;
-        let mut s = self.state.lock();
-        if s.recent.contains(&n) {
-            return Err(TaskRefusal::Settled);
-        }
-        let e = s.tasks.get_mut(&n).ok_or(TaskRefusal::NotFound)?;
-        if e.done.is_none() {
-            return Err(TaskRefusal::Settled);
-        }
-        match &mut e.leased {
-            Some((w, until)) if w == worker => {
-                *until = Instant::now() + lease.unwrap_or(e.lease);
-            }
-            _ => return Err(TaskRefusal::NotLeased),
-        }
-        Ok(self.view(e))
+    pub async fn heartbeat(
+        &self,
+        id: &str,
+        worker: &str,
+        lease: Option<Duration>,
+    ) -> Result<std::result::Result<TaskView, TaskRefusal>> {
+        let Some(n) = ids::parse(ids::Kind::Task, &self.tag, id) else { return Ok(Err(TaskRefusal::NotFound)) };
+        let lease_ms = lease.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX).max(1));
+        Ok(self.store.heartbeat(n, worker, lease_ms, now_ms()).await?.map(|r| self.view(&r)))
     }
 
     /// Settles task `id` with `worker`'s result. The first report wins; the worker must hold
-    /// or have held the task's lease.
-    pub fn report(&self, id: &str, worker: &str, result: TaskResult, log: &AttemptLog) -> Result<(), TaskRefusal> {
-        let n = ids::parse(ids::Kind::Task, &self.tag, id).ok_or(TaskRefusal::NotFound)?;
-        let mut s = self.state.lock();
-        if s.recent.contains(&n) {
-            return Err(TaskRefusal::Settled);
-        }
-        let e = s.tasks.get_mut(&n).ok_or(TaskRefusal::NotFound)?;
-        if !e.holders.iter().any(|h| h == worker) {
-            return Err(if e.done.is_none() { TaskRefusal::Settled } else { TaskRefusal::NotLeased });
-        }
-        let Some(done) = e.done.take() else { return Err(TaskRefusal::Settled) };
+    /// or have held the task's lease. The settlement and the wake-up of the dispatch waiting
+    /// for it happen on a task of their own: a caller that goes away does not split them.
+    pub async fn report(
+        &self,
+        id: &str,
+        worker: &str,
+        result: TaskResult,
+    ) -> Result<std::result::Result<(), TaskRefusal>> {
+        let Some(n) = ids::parse(ids::Kind::Task, &self.tag, id) else { return Ok(Err(TaskRefusal::NotFound)) };
         let label = match &result {
             TaskResult::Done { .. } => "done",
             TaskResult::Failed(_) => "failed",
             TaskResult::Transient(_) => "not_applied_retry",
             TaskResult::Unknown(_) => "unknown",
         };
-        log.record(
-            e.req.key.forward(),
-            attempt_record(
-                &e.req,
-                e.attempt,
-                label,
-                format!("reported by `{worker}`"),
-                e.lease_started_ms,
-                Some(now_ms()),
-            ),
-        );
-        e.leased = None;
-        let _ = done.send((result, e.attempt));
-        Ok(())
-    }
-
-    /// Returns tasks whose lease expired to the queue (same key, attempt + 1). Returns how
-    /// many.
-    pub fn sweep(&self, log: &AttemptLog) -> usize {
-        let mut s = self.state.lock();
-        let now = Instant::now();
-        let mut expired = Vec::new();
-        for e in s.tasks.values_mut() {
-            if e.done.is_some()
-                && let Some((w, until)) = &e.leased
-                && *until <= now
-            {
-                log.record(
-                    e.req.key.forward(),
+        let fut = self.store.report(n, worker, result);
+        let (log, waiters, worker) = (self.log.clone(), self.waiters.clone(), worker.to_owned());
+        let settle = tokio::spawn(async move {
+            let r = fut.await;
+            if let Ok(Ok(rep)) = &r {
+                let rec = &rep.record;
+                log.record_and_wait(
+                    &rec.spec.effect_key,
                     attempt_record(
-                        &e.req,
-                        e.attempt,
-                        "expired",
-                        format!("lease of `{w}` expired"),
-                        e.lease_started_ms,
+                        &rec.spec,
+                        rec.attempt,
+                        label,
+                        format!("reported by `{worker}`"),
+                        rec.lease_started_ms,
                         Some(now_ms()),
                     ),
-                );
-                e.leased = None;
-                e.attempt += 1;
-                expired.push((e.req.capability.clone(), e.n));
+                )
+                .await;
+                if rep.waited {
+                    wake(&waiters, n);
+                }
             }
+            r
+        });
+        let r = settle.await.map_err(|e| ServiceError::Internal(format!("settling task {id}: {e}")))??;
+        Ok(r.map(|_| ()))
+    }
+
+    /// Returns tasks whose lease expired to the queue (same key, attempt + 1), drops the
+    /// carried-over tasks nobody adopted once recovery has ended, and refreshes the counts
+    /// [`TaskQueue::depth`] reports. Returns how many expired.
+    pub async fn sweep(&self) -> Result<usize> {
+        let now = now_ms();
+        if self.recovered.load(Ordering::Relaxed) {
+            self.store.drop_carried_over(now).await?;
         }
-        let k = expired.len();
-        expired.sort_by_key(|(_, n)| *n);
-        for (cap, n) in expired.into_iter().rev() {
-            s.ready.entry(cap).or_default().push_front(n);
+        let expired = self.store.expire(now).await?;
+        for r in &expired {
+            let worker = r.lease.as_ref().map_or("", |l| l.worker.as_str());
+            self.log
+                .record_and_wait(
+                    &r.spec.effect_key,
+                    attempt_record(
+                        &r.spec,
+                        r.attempt,
+                        "expired",
+                        format!("lease of `{worker}` expired"),
+                        r.lease_started_ms,
+                        Some(now),
+                    ),
+                )
+                .await;
         }
-        drop(s);
-        if k > 0 {
+        if !expired.is_empty() {
             self.notify.notify_waiters();
         }
-        k
+        *self.depth.lock() = self.store.depth().await?;
+        Ok(expired.len())
     }
 
     /// The earliest lease deadline, for the sweeper's sleep.
-    pub fn next_expiry(&self) -> Option<Instant> {
-        self.state.lock().tasks.values().filter_map(|e| e.leased.as_ref().map(|(_, u)| *u)).min()
+    pub async fn next_expiry(&self) -> Result<Option<Instant>> {
+        let until = self.store.next_expiry().await?;
+        Ok(until.map(|u| Instant::now() + Duration::from_millis(u.saturating_sub(now_ms()))))
     }
 
     /// Every unsettled task, oldest first.
-    pub fn list(&self) -> Vec<TaskView> {
-        let s = self.state.lock();
-        let mut v: Vec<&Entry> = s.tasks.values().filter(|e| e.done.is_some()).collect();
-        v.sort_by_key(|e| e.n);
-        v.into_iter().map(|e| self.view(e)).collect()
+    pub async fn list(&self) -> Result<Vec<TaskView>> {
+        Ok(self.store.list().await?.iter().map(|r| self.view(r)).collect())
     }
 
-    /// `(queued, leased)` counts.
-    pub fn depth(&self) -> (u64, u64) {
-        let s = self.state.lock();
-        let leased = s.tasks.values().filter(|e| e.done.is_some() && e.leased.is_some()).count() as u64;
-        let queued = s.tasks.values().filter(|e| e.done.is_some() && e.leased.is_none()).count() as u64;
-        (queued, leased)
+    /// `(queued, leased)` counts as of the last sweep (at most a quarter of a second old while
+    /// the tenant runs).
+    pub fn depth(&self) -> Depth {
+        *self.depth.lock()
+    }
+
+    /// The tenant's recovery has ended (it dispatched again whatever it resumes): the
+    /// carried-over tasks no dispatch adopted are dropped, now and by every later sweep, once
+    /// their lease has ended (a worker holding one may still heartbeat and report until then;
+    /// a later dispatch of the same operation and key still adopts it, and its result).
+    /// Returns how many were dropped now.
+    pub async fn end_carry_over(&self) -> Result<usize> {
+        self.recovered.store(true, Ordering::Relaxed);
+        Ok(self.store.drop_carried_over(now_ms()).await?)
+    }
+
+    /// The tenant is closing: dispatches dropped from now on leave their tasks in the store
+    /// for the next opening.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+        self.notify.notify_waiters();
     }
 
     /// Wakes every poller (shutdown).
@@ -477,7 +505,7 @@ impl TaskQueue {
 }
 
 fn attempt_record(
-    req: &DispatchRequest,
+    spec: &TaskSpec,
     n: u32,
     result: &str,
     detail: String,
@@ -485,11 +513,11 @@ fn attempt_record(
     finished: Option<u64>,
 ) -> Attempt {
     Attempt {
-        operation: req.operation,
-        capability: req.capability.clone(),
+        operation: spec.operation,
+        capability: spec.capability.clone(),
         kind: "worker".into(),
         attempt: n,
-        key: req.key.to_string(),
+        key: spec.key.clone(),
         started_at_ms: started,
         finished_at_ms: finished,
         result: result.into(),
