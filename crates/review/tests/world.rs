@@ -469,6 +469,19 @@ fn world_buffer_compensating_matches_a_replay_of_history() {
     run(Strategy::BufferCompensating);
 }
 
+/// A manager over a fresh world database, and its decision log.
+fn open(strategy: Strategy, granularity: Granularity) -> (Manager, MemoryLog) {
+    let log = MemoryLog::new();
+    let m =
+        Manager::open(world(), Box::new(fresh()), Box::new(log.clone()), Options { strategy, granularity }).unwrap();
+    (m, log)
+}
+
+/// A request from the LLM.
+fn req(template: &str, params: Value, suspicious: bool) -> Request {
+    Request { template: template.into(), params, sender: "llm".into(), suspicious }
+}
+
 /// At table granularity two tables still meet through a foreign key: `open_loan(account = 5)`
 /// after a suspicious `open_account(5)` that ran (buffer-compensating) must not commit at once,
 /// or the account's compensation (its delete) is refused by the loan's row; under
@@ -477,20 +490,7 @@ fn world_buffer_compensating_matches_a_replay_of_history() {
 #[test]
 fn world_table_granularity_sees_a_foreign_key_across_tables() {
     for strategy in [Strategy::BufferSuspicious, Strategy::BufferCompensating] {
-        let log = MemoryLog::new();
-        let mut m = Manager::open(
-            world(),
-            Box::new(fresh()),
-            Box::new(log.clone()),
-            Options { strategy, granularity: Granularity::Table },
-        )
-        .unwrap();
-        let req = |t: &str, params: Value, suspicious: bool| Request {
-            template: t.into(),
-            params,
-            sender: "llm".into(),
-            suspicious,
-        };
+        let (mut m, log) = open(strategy, Granularity::Table);
         let open = m.request(req("open_account", json!({"id": 5}), true)).unwrap();
         let loan = m.request(req("open_loan", json!({"id": 2, "account": "5"}), false)).unwrap();
         assert_eq!(m.status(loan).unwrap().status, Status::Held, "{strategy:?}");
@@ -511,20 +511,7 @@ fn world_table_granularity_sees_a_foreign_key_across_tables() {
 #[test]
 fn world_a_cascade_keeps_to_what_presupposes_the_removed_transaction() {
     for strategy in [Strategy::BufferSuspicious, Strategy::BufferCompensating] {
-        let log = MemoryLog::new();
-        let mut m = Manager::open(
-            world(),
-            Box::new(fresh()),
-            Box::new(log),
-            Options { strategy, granularity: Granularity::Column },
-        )
-        .unwrap();
-        let req = |t: &str, params: Value, suspicious: bool| Request {
-            template: t.into(),
-            params,
-            sender: "llm".into(),
-            suspicious,
-        };
+        let (mut m, log) = open(strategy, Granularity::Column);
         m.request(req("open_loan", json!({"id": 2, "account": 1}), false)).unwrap();
         let one = m.request(req("open_loan", json!({"id": 1, "account": 1}), true)).unwrap();
         let other = m.request(req("repay_loan", json!({"id": 2, "amount": 50}), false)).unwrap();
@@ -534,6 +521,7 @@ fn world_a_cascade_keeps_to_what_presupposes_the_removed_transaction() {
         assert_eq!(m.review(one, Decision::Remove, "rita").unwrap(), Status::Removed);
         assert_eq!(m.cascaded(one), vec![mine], "{strategy:?}");
         assert_eq!(m.status(other).unwrap().status, Status::Committed, "{strategy:?}");
+        check(&mut m, &world(), &log, &format!("{strategy:?}"));
     }
 }
 
@@ -543,22 +531,9 @@ fn world_a_cascade_keeps_to_what_presupposes_the_removed_transaction() {
 #[test]
 fn world_a_row_chosen_by_a_read_waits_for_writes_that_could_change_the_choice() {
     for granularity in [Granularity::Field, Granularity::Row, Granularity::Column] {
-        let log = MemoryLog::new();
-        let mut m = Manager::open(
-            world(),
-            Box::new(fresh()),
-            Box::new(log.clone()),
-            Options { strategy: Strategy::BufferCompensating, granularity },
-        )
-        .unwrap();
-        let req = |params: Value, suspicious: bool| Request {
-            template: "tax_richest".into(),
-            params,
-            sender: "llm".into(),
-            suspicious,
-        };
-        let first = m.request(req(json!({"amount": 75}), true)).unwrap();
-        let second = m.request(req(json!({"amount": 50}), false)).unwrap();
+        let (mut m, log) = open(Strategy::BufferCompensating, granularity);
+        let first = m.request(req("tax_richest", json!({"amount": 75}), true)).unwrap();
+        let second = m.request(req("tax_richest", json!({"amount": 50}), false)).unwrap();
         assert_eq!(m.status(second).unwrap().status, Status::Held, "{granularity:?}");
         assert_eq!(m.review(first, Decision::Remove, "rita").unwrap(), Status::Removed);
         assert_eq!(m.status(second).unwrap().status, Status::Committed, "{granularity:?}");
