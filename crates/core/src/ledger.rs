@@ -232,3 +232,64 @@ impl Event {
         }
     }
 }
+
+/// The events one transition appended, shared by the store and every observer of the ledger
+/// without copying: cloning a batch counts a reference.
+///
+/// The engine hands each batch out and keeps a handle on it; when the next transition finds
+/// that no store or observer kept the previous batch, it reuses its allocation
+/// ([`crate::Core::take_batch`]), so an engine whose listeners do not retain batches appends
+/// without allocating.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch(Arc<Vec<Event>>);
+
+impl Batch {
+    /// A batch of `events`, in ledger order.
+    pub fn new(events: Vec<Event>) -> Batch {
+        Batch(Arc::new(events))
+    }
+
+    /// The events, in ledger order.
+    pub fn events(&self) -> &[Event] {
+        &self.0
+    }
+
+    /// Whether `self` and `other` are handles on the same batch (not merely equal events).
+    pub fn same(&self, other: &Batch) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The batch's vector when this is its only handle, to be refilled.
+    pub(crate) fn reusable(&mut self) -> Option<&mut Vec<Event>> {
+        Arc::get_mut(&mut self.0)
+    }
+}
+
+impl std::ops::Deref for Batch {
+    type Target = [Event];
+
+    fn deref(&self) -> &[Event] {
+        &self.0
+    }
+}
+
+impl From<Vec<Event>> for Batch {
+    fn from(events: Vec<Event>) -> Batch {
+        Batch::new(events)
+    }
+}
+
+impl FromIterator<Event> for Batch {
+    fn from_iter<I: IntoIterator<Item = Event>>(iter: I) -> Batch {
+        Batch::new(iter.into_iter().collect())
+    }
+}
+
+impl<'a> IntoIterator for &'a Batch {
+    type Item = &'a Event;
+    type IntoIter = std::slice::Iter<'a, Event>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}

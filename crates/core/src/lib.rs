@@ -25,6 +25,6 @@ pub use effect::{
 pub use engine::{Ablation, Action, Core, CoreConfig, Isolation, Level, Ordering};
 pub use error::{EngineError, TxState};
 pub use ids::{EffectId, Epoch, GroupId, Timestamp, TxId, Version};
-pub use ledger::Event;
+pub use ledger::{Batch, Event};
 pub use scope::{Scope, ScopeError, ScopeRegistry};
 pub use trace::TraceRecord;

@@ -94,7 +94,7 @@ pub struct ReplayReport {
 struct Feed {
     /// The appended batches not yet applied, shared with the store and the other observers
     /// (no event is copied for the shadow).
-    batches: Vec<Arc<[tidegate_core::Event]>>,
+    batches: Vec<tidegate_core::Batch>,
     /// How many events `batches` hold.
     events: usize,
     /// The LSN of the last event appended to `events` (or of the seed).
@@ -211,7 +211,7 @@ impl Checkpointer {
 
     /// Called after each append with the batch's last LSN (and the batch, when feeding).
     #[inline]
-    pub(crate) fn appended(&self, lsn: Lsn, batch: &Arc<[tidegate_core::Event]>) {
+    pub(crate) fn appended(&self, lsn: Lsn, batch: &tidegate_core::Batch) {
         if let Some(feed) = &self.feed {
             let mut f = feed.lock();
             if !f.gap && f.last + batch.len() as Lsn == lsn {

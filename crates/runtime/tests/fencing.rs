@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::World;
 use serde_json::json;
-use tidegate_core::Event;
+use tidegate_core::{Batch, Event};
 use tidegate_runtime::{EffectClass, Error, Fence, Tidegate, TxId, TxOptions};
 use tidegate_storage::{LedgerStore, Lsn, MemoryStore, Ownership, StoreError, StoredCheckpoint};
 use tokio::time::timeout;
@@ -222,7 +222,7 @@ impl GroupCommit {
 }
 
 impl LedgerStore for GroupCommit {
-    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
+    fn append(&self, batch: &Batch) -> Result<Lsn, StoreError> {
         // The writer has not met the fence yet: the batch is queued.
         self.inner.append(batch)
     }

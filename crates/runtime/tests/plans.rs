@@ -569,7 +569,7 @@ struct FlakyStore {
 }
 
 impl tidegate_runtime::LedgerStore for FlakyStore {
-    fn append(&self, events: &std::sync::Arc<[tidegate_core::Event]>) -> Result<u64, StoreError> {
+    fn append(&self, events: &tidegate_core::Batch) -> Result<u64, StoreError> {
         if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(StoreError::Io { op: "append", source: std::io::Error::other("disk busy") });
         }

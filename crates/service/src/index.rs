@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde_json::Value;
-use tidegate_core::{AbortReason, Disposition, EffectClass, EffectId, Epoch, Event, GroupId, Tag, Timestamp, TxId};
+use tidegate_core::{
+    AbortReason, Batch, Disposition, EffectClass, EffectId, Epoch, Event, GroupId, Tag, Timestamp, TxId,
+};
 use tidegate_storage::{LedgerStore, Lsn, StoreError};
 use tokio::sync::{broadcast, watch};
 
@@ -388,7 +390,7 @@ pub enum ListFilter {
 }
 
 impl tidegate_runtime::AppendObserver for LedgerIndex {
-    fn appended(&self, last: Lsn, batch: &Arc<[Event]>) {
+    fn appended(&self, last: Lsn, batch: &Batch) {
         self.apply_batch(last, batch, true);
     }
 }

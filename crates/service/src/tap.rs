@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use tidegate_core::Event;
+use tidegate_core::{Batch, Event};
 use tidegate_storage::{LedgerStore, Lsn, StoreError, StoredCheckpoint};
 
 use crate::metrics::Metrics;
@@ -54,7 +54,7 @@ impl TimedStore {
 }
 
 impl LedgerStore for TimedStore {
-    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
+    fn append(&self, batch: &Batch) -> Result<Lsn, StoreError> {
         let lsn = self.inner.append(batch)?;
         if !batch.is_empty() {
             let mut p = self.pending.lock();

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tidegate_core::Event;
+use tidegate_core::{Batch, Event};
 use tidegate_runtime::{CheckpointPolicy, Compensation, EffectClass, Tidegate, Tool, ToolError};
 use tidegate_sqlite::SqliteStore;
 use tidegate_storage::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
@@ -32,7 +32,7 @@ struct Timed {
 }
 
 impl LedgerStore for Timed {
-    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
+    fn append(&self, batch: &Batch) -> Result<Lsn, StoreError> {
         let t = Instant::now();
         let r = self.inner.append(batch);
         let ns = t.elapsed().as_nanos() as u64;

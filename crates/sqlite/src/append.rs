@@ -7,14 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
-use tidegate_core::Event;
 use tidegate_storage::{LedgerStore, Lsn, StoreError};
 
 use crate::SqliteStore;
-use crate::writer::{Batch, tx_column};
+use crate::writer::{Queued, tx_column};
 
 impl SqliteStore {
-    pub(crate) fn append_batch(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
+    pub(crate) fn append_batch(&self, batch: &tidegate_core::Batch) -> Result<Lsn, StoreError> {
         if self.read_only {
             return Err(StoreError::ReadOnly { path: self.shared.path.clone(), op: "append" });
         }
@@ -49,7 +48,7 @@ impl SqliteStore {
         }
         st.queued_rows += batch.len();
         let full = st.queued_rows >= self.max_batch_rows;
-        st.queue.push(Batch { first: last + 1, events: batch.clone() });
+        st.queue.push(Queued { first: last + 1, events: batch.clone() });
         self.shared.last.store(new_last, Ordering::Release);
         drop(st);
         if was_empty || full {

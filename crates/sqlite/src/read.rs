@@ -10,7 +10,7 @@ use tidegate_storage::{Lsn, StoreError, StoredCheckpoint};
 
 use crate::SqliteStore;
 use crate::check;
-use crate::writer::Batch;
+use crate::writer::Queued;
 
 impl SqliteStore {
     /// Reads committed events from SQLite, then the ones still queued or being committed
@@ -28,7 +28,7 @@ impl SqliteStore {
                 pos = next;
             }
             // Under the lock, every event after `st.durable` is in `inflight` or `queue`.
-            let pending: Vec<Batch> = {
+            let pending: Vec<Queued> = {
                 let st = self.shared.state.lock();
                 st.failure()?;
                 if st.durable >= pos {

@@ -169,7 +169,7 @@ impl Drop for SqliteStore {
 }
 
 impl LedgerStore for SqliteStore {
-    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
+    fn append(&self, batch: &tidegate_core::Batch) -> Result<Lsn, StoreError> {
         self.append_batch(batch)
     }
 

@@ -10,7 +10,7 @@
 //!                                    durable = last(b2); inflight = [] ──► wake the waiters ≤ durable
 //! ```
 //!
-//! The queue holds the batches as the engine handed them (the same `Arc<[Event]>`, not a
+//! The queue holds the batches as the engine handed them (the same `tidegate_core::Batch`, not a
 //! copy): the writer encodes each event ([`wire::encode`]) as it inserts it, so the
 //! appender, which holds the engine's lock, never serialises anything.
 //!
@@ -54,12 +54,12 @@ pub(crate) fn tx_column(index: usize, event: &Event) -> Result<i64, StoreError> 
 /// Consecutive events appended by one call, shared with the engine (not copied); encoded by
 /// the writer when it commits them.
 #[derive(Debug, Clone)]
-pub(crate) struct Batch {
+pub(crate) struct Queued {
     pub(crate) first: Lsn,
-    pub(crate) events: Arc<[Event]>,
+    pub(crate) events: tidegate_core::Batch,
 }
 
-impl Batch {
+impl Queued {
     pub(crate) fn last(&self) -> Lsn {
         self.first + self.events.len() as Lsn - 1
     }
@@ -69,9 +69,9 @@ impl Batch {
 #[derive(Debug, Default)]
 pub(super) struct State {
     /// Batches appended and not yet taken by the writer, in LSN order.
-    pub(super) queue: Vec<Batch>,
+    pub(super) queue: Vec<Queued>,
     /// Batches the writer is committing (kept so `scan` sees them).
-    pub(super) inflight: Vec<Batch>,
+    pub(super) inflight: Vec<Queued>,
     pub(super) queued_rows: usize,
     /// When the oldest queued batch was appended.
     pub(super) oldest: Option<Instant>,
@@ -399,7 +399,7 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
 /// transaction.
 fn commit(
     conn: &mut Connection,
-    batches: &[Batch],
+    batches: &[Queued],
     checkpoint: Option<(Lsn, &[u8])>,
     cfg: &WriterConfig,
 ) -> Result<Chain, StoreError> {

@@ -57,7 +57,7 @@ fn genuine() -> Vec<Event> {
 fn open_forged(dir: &Path, events: Vec<Event>) -> Result<(), String> {
     {
         let store = SqliteStore::open(dir).unwrap();
-        let lsn = store.append(&std::sync::Arc::from(events)).unwrap();
+        let lsn = store.append(&tidegate_core::Batch::from(events)).unwrap();
         store.wait_durable(lsn).unwrap();
         store.close().unwrap();
     }

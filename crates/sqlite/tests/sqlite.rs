@@ -18,7 +18,7 @@ use tidegate_storage::wire::Chain;
 use tidegate_storage::{LedgerStore, Lsn, StoreError, durable, fsync_per_s};
 
 fn append(store: &dyn LedgerStore, events: Vec<Event>) -> Result<Lsn, StoreError> {
-    store.append(&std::sync::Arc::from(events))
+    store.append(&tidegate_core::Batch::from(events))
 }
 
 fn events(tx: u64, n: u64) -> Vec<Event> {
@@ -208,7 +208,7 @@ fn a_ledger_from_a_newer_version_is_refused_naming_both_versions_and_left_untouc
 fn an_older_ledger_is_read_and_raised_to_this_format_version() {
     let root = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
-    store.append(&std::sync::Arc::from(vec![event(1, 1)])).unwrap();
+    store.append(&tidegate_core::Batch::from(vec![event(1, 1)])).unwrap();
     store.close().unwrap();
     db(root.path()).execute("UPDATE meta SET value = '1' WHERE key = 'format_version'", []).unwrap();
     let store = SqliteStore::open(root.path()).unwrap();
@@ -383,7 +383,7 @@ fn events_nobody_waits_for_become_durable_after_the_idle_flush() {
 fn append_queues_the_engines_batch_and_the_writer_encodes_it() {
     let root = tempfile::tempdir().unwrap();
     let store = SqliteStore::open_with(root.path(), on_demand()).unwrap();
-    let batch: Arc<[Event]> = Arc::from(events(3, 3));
+    let batch = tidegate_core::Batch::from(events(3, 3));
     let last = store.append(&batch).unwrap();
     assert_eq!((last, store.durable_lsn()), (3, 0), "nothing committed yet");
     let mut seen = Vec::new();
@@ -471,7 +471,7 @@ fn a_crash_at_a_sync_drops_the_unsynced_batches() {
     assert!(err.is_injected_crash() && !err.retryable(), "{err:?}");
     assert!(err.to_string().contains("injected crash at sync #3"), "{err}");
     assert!(!store.is_durable(c));
-    assert!(store.append(&std::sync::Arc::from(events(4, 1))).unwrap_err().is_injected_crash());
+    assert!(store.append(&tidegate_core::Batch::from(events(4, 1))).unwrap_err().is_injected_crash());
     assert!(collect(&store, 1).is_err());
     assert!(store.stats().failed);
     assert!(store.close().unwrap_err().is_injected_crash());

@@ -167,7 +167,7 @@ fn ok<T>(case: &str, what: &str, r: Result<T, StoreError>) -> T {
 }
 
 fn append<S: LedgerStore + ?Sized>(case: &str, store: &S, events: Vec<Event>) -> Lsn {
-    ok(case, "append", store.append(&std::sync::Arc::from(events)))
+    ok(case, "append", store.append(&tidegate_core::Batch::from(events)))
 }
 
 /// Every event of `store` from `from`, with its LSN.
@@ -552,7 +552,7 @@ pub fn a_fenced_out_owner_can_never_append_again<B: Backend>(backend: &mut B) {
 
     // The old owner wakes up and tries to append: refused at the append, or at the latest
     // when it waits for durability; never durable, never seen by the new owner.
-    let refused = match old.append(&std::sync::Arc::from(vec![event(6, 100)])) {
+    let refused = match old.append(&tidegate_core::Batch::from(vec![event(6, 100)])) {
         Err(e) => e,
         Ok(lsn) => {
             let started = std::time::Instant::now();
@@ -566,7 +566,10 @@ pub fn a_fenced_out_owner_can_never_append_again<B: Backend>(backend: &mut B) {
     };
     assert!(refused.is_fenced(), "{CASE}: the old owner's write must fail with Fenced, got {refused:?}");
     assert!(!refused.retryable(), "{CASE}: Fenced is not retryable");
-    assert!(old.append(&std::sync::Arc::from(vec![event(6, 101)])).is_err(), "{CASE}: a fenced owner stays refused");
+    assert!(
+        old.append(&tidegate_core::Batch::from(vec![event(6, 101)])).is_err(),
+        "{CASE}: a fenced owner stays refused"
+    );
     let seen: Vec<Event> = ok(CASE, "scan", collect(&new, 1)).into_iter().map(|(_, e)| e).collect();
     assert!(!seen.contains(&event(6, 100)), "{CASE}: the new owner sees the fenced-out owner's event");
     let more = append(CASE, &new, vec![event(7, 1)]);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use parking_lot::Mutex;
-use tidegate_core::Event;
+use tidegate_core::{Batch, Event};
 
 use crate::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
 
@@ -42,11 +42,11 @@ pub struct FaultOptions {
 /// use tidegate_storage::{FaultOptions, FaultyStore, LedgerStore, MemoryStore};
 /// # fn ev(i: u64) -> tidegate_core::Event { tidegate_core::Event::Sealed { tx: tidegate_core::TxId(i) } }
 /// let store = FaultyStore::new(MemoryStore::new(), FaultOptions { crash_after_syncs: Some(1), ..Default::default() });
-/// let a = store.append(&std::sync::Arc::from([ev(1)])).unwrap();
+/// let a = store.append(&tidegate_core::Batch::from(vec![ev(1)])).unwrap();
 /// store.wait_durable(a).unwrap(); // sync #1
-/// let b = store.append(&std::sync::Arc::from([ev(2)])).unwrap();
+/// let b = store.append(&tidegate_core::Batch::from(vec![ev(2)])).unwrap();
 /// assert!(store.wait_durable(b).unwrap_err().is_injected_crash()); // sync #2 crashes
-/// assert!(store.append(&std::sync::Arc::from([ev(3)])).is_err());
+/// assert!(store.append(&tidegate_core::Batch::from(vec![ev(3)])).is_err());
 /// assert_eq!(store.into_inner().events().len(), 1); // only the synced batch survived
 /// ```
 #[derive(Debug)]
@@ -147,12 +147,12 @@ impl<S: LedgerStore> FaultyStore<S> {
         }
         let pending = std::mem::take(&mut st.pending);
         let written =
-            self.inner.append(&Arc::from(pending)).and_then(|l| self.inner.wait_durable(l).map(|()| l)).and_then(|l| {
-                match checkpoint {
+            self.inner.append(&Batch::from(pending)).and_then(|l| self.inner.wait_durable(l).map(|()| l)).and_then(
+                |l| match checkpoint {
                     Some((lsn, bytes)) => self.inner.put_checkpoint(lsn, bytes).map(|()| l),
                     None => Ok(l),
-                }
-            });
+                },
+            );
         match written {
             Ok(l) => {
                 debug_assert_eq!(l, self.last.load(Ordering::Relaxed), "inner store's LSNs diverged");
@@ -166,7 +166,7 @@ impl<S: LedgerStore> FaultyStore<S> {
 }
 
 impl<S: LedgerStore> LedgerStore for FaultyStore<S> {
-    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
+    fn append(&self, batch: &Batch) -> Result<Lsn, StoreError> {
         let mut st = self.state.lock();
         Self::failed(&st)?;
         if batch.is_empty() {

@@ -38,7 +38,7 @@ pub use error::{Result, StoreError};
 pub use faulty::{FaultOptions, FaultyStore};
 pub use memory::MemoryStore;
 
-use tidegate_core::Event;
+use tidegate_core::{Batch, Event};
 
 /// A position in the ledger. The first event has LSN 1; 0 means "nothing".
 pub type Lsn = u64;
@@ -125,7 +125,7 @@ pub trait LedgerStore: Send + Sync + std::fmt::Debug {
     /// writer thread, or to serve `scan` before it is durable) instead of copying the events.
     /// The engine calls this under its lock, so a backend SHOULD do no more here than queue
     /// the batch (encoding and I/O belong on its writer).
-    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError>;
+    fn append(&self, batch: &Batch) -> Result<Lsn, StoreError>;
 
     /// Whether every event up to `lsn` is durable. Cheap (an atomic load); lets callers skip
     /// waiting.

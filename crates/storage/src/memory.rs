@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use parking_lot::Mutex;
-use tidegate_core::Event;
+use tidegate_core::{Batch, Event};
 
 use crate::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
 
@@ -28,7 +28,7 @@ struct Ledger {
 struct Inner {
     /// The appended batches as the engine shared them (nothing is copied), each with the LSN
     /// of its first event, in order.
-    batches: Vec<(Lsn, Arc<[Event]>)>,
+    batches: Vec<(Lsn, Batch)>,
     owner: u64,
 }
 
@@ -70,7 +70,7 @@ impl MemoryStore {
     pub fn from_events(events: Vec<Event>) -> MemoryStore {
         let last = events.len() as Lsn;
         let n = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
-        let batches = if events.is_empty() { Vec::new() } else { vec![(1, Arc::from(events))] };
+        let batches = if events.is_empty() { Vec::new() } else { vec![(1, Batch::from(events))] };
         MemoryStore {
             ledger: Arc::new(Ledger {
                 name: format!("memory-{n}").into(),
@@ -116,7 +116,7 @@ impl MemoryStore {
 }
 
 impl LedgerStore for MemoryStore {
-    fn append(&self, batch: &Arc<[Event]>) -> Result<Lsn, StoreError> {
+    fn append(&self, batch: &Batch) -> Result<Lsn, StoreError> {
         let mut inner = self.ledger.inner.lock();
         if inner.owner != self.token {
             return Err(self.fenced(inner.owner));

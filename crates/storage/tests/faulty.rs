@@ -7,7 +7,7 @@ use tidegate_storage::conformance::{collect, event};
 use tidegate_storage::{FaultOptions, FaultyStore, LedgerStore, Lsn, MemoryStore, StoreError};
 
 fn append(store: &dyn LedgerStore, events: Vec<Event>) -> Result<Lsn, StoreError> {
-    store.append(&std::sync::Arc::from(events))
+    store.append(&tidegate_core::Batch::from(events))
 }
 
 fn events(tx: u64, n: u64) -> Vec<Event> {

@@ -587,6 +587,21 @@ impl Core {
         self.events.drain(..)
     }
 
+    /// Moves the events produced since the last call into one [`crate::Batch`]. `spare` is
+    /// the batch handed out last time: when nothing else holds it any more, its allocation is
+    /// refilled (its old events dropped) instead of allocating a new one.
+    pub fn take_batch(&mut self, spare: Option<crate::Batch>) -> crate::Batch {
+        if let Some(mut batch) = spare
+            && let Some(events) = batch.reusable()
+        {
+            events.clear();
+            std::mem::swap(events, &mut self.events);
+            return batch;
+        }
+        let fresh = Vec::with_capacity(self.events.len().max(4));
+        crate::Batch::new(std::mem::replace(&mut self.events, fresh))
+    }
+
     /// Whether events are waiting to be drained.
     pub fn has_events(&self) -> bool {
         !self.events.is_empty()

@@ -52,6 +52,9 @@ pub(crate) struct Shared {
     /// The contexts of calls whose tool takes one or that carry a handle, until their
     /// transaction settles (`crate::tool::CallCtx`).
     pub(crate) ctxs: HashMap<TxId, SmallVec<[CallCtx; 2]>>,
+    /// The last appended batch, whose allocation the next one reuses when no listener kept it
+    /// (`Core::take_batch`).
+    pub(crate) spare: Option<tidegate_core::Batch>,
 }
 
 pub(crate) struct Inner {

@@ -115,6 +115,7 @@ impl Builder {
                     waiters: HashMap::default(),
                     endings: Endings::default(),
                     ctxs: HashMap::default(),
+                    spare: None,
                 }),
                 recovery: Mutex::new(recovery),
                 scopes: self.scopes,

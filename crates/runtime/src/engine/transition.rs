@@ -2,7 +2,6 @@
 //! ledger and handed to every observer in ledger order, its actions dispatched after the lock;
 //! and the durability waits that follow.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering as AtomicOrdering;
 
 use smallvec::SmallVec;
@@ -43,9 +42,11 @@ impl Tidegate {
                 }
             }
             // One shared batch (observer.rs): the store, the plan executor's feed, the
-            // checkpoint shadow and the embedder's observers all get the same `Arc`, in ledger
-            // order, under the lock.
-            let batch: Arc<[tidegate_core::Event]> = g.core.take_events().collect();
+            // checkpoint shadow and the embedder's observers all get the same handle, in ledger
+            // order, under the lock. The last batch is kept as a spare: if no listener kept it,
+            // its allocation carries this one.
+            let spare = g.spare.take();
+            let batch = g.core.take_batch(spare);
             match self.inner.store.append(&batch) {
                 Ok(l) => {
                     lsn = l;
@@ -58,6 +59,7 @@ impl Tidegate {
                     for o in &self.inner.observers {
                         o.appended(l, &batch);
                     }
+                    g.spare = Some(batch);
                 }
                 Err(e) => {
                     // The state machine moved on but its facts are not in the ledger: stop
