@@ -239,6 +239,16 @@ impl ServiceError {
         }
     }
 
+    /// Whether the refusal says that the transaction it concerns aborted (the engine's abort,
+    /// or a call that failed after it ran and took its transaction down).
+    pub fn is_abort(&self) -> bool {
+        match self {
+            ServiceError::Engine(e) => matches!(**e, tidegate_runtime::Error::Aborted(_)),
+            ServiceError::Conflict { code, .. } => *code == "transaction_aborted",
+            _ => false,
+        }
+    }
+
     /// Whether trying the same thing again later may succeed (a busy catalog, an I/O hiccup,
     /// a retryable abort, a conflict that says when to come back).
     pub fn retryable(&self) -> bool {

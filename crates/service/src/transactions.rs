@@ -14,13 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tidegate_runtime::{Ack, CallOptions, Descriptor, EffectId, Step, Ticket, TicketAction, TxId};
+use tidegate_runtime::{Ack, CallOptions, Descriptor, EffectId, Step, Ticket, TicketAction, TxId, TxOptions};
 
 use crate::error::{Result, ServiceError};
 use crate::ids;
 use crate::index::{EffectStatus, TxView};
 use crate::node::Service;
-use crate::tenant::{LiveTx, Tenant};
+use crate::settle::MAX_LEASE_MS;
+use crate::tenant::{LiveTx, SettleOp, Tenant};
 use crate::tickets::{Executed, TicketResult, TicketSlot};
 use crate::tools::ServerTool;
 
@@ -129,7 +130,112 @@ pub fn check_scopes(field: &str, scopes: &Option<Vec<String>>) -> Result<()> {
     Ok(())
 }
 
+/// Longest agent name.
+pub const MAX_AGENT_BYTES: usize = 256;
+
+/// Checks an agent name a caller gave.
+pub fn check_agent(agent: &Option<String>) -> Result<()> {
+    if let Some(a) = agent
+        && (a.is_empty() || a.len() > MAX_AGENT_BYTES)
+    {
+        return Err(ServiceError::invalid("agent", a.as_str(), format!("1 to {MAX_AGENT_BYTES} bytes")));
+    }
+    Ok(())
+}
+
+/// Checks a transaction lease a caller gave in milliseconds.
+pub fn check_lease(lease_ms: Option<u64>) -> Result<Option<Duration>> {
+    match lease_ms {
+        None => Ok(None),
+        Some(ms) if (1..=MAX_LEASE_MS).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
+        Some(ms) => Err(ServiceError::invalid("lease_ms", ms.to_string(), format!("1 to {MAX_LEASE_MS} milliseconds"))),
+    }
+}
+
+/// What a transaction is begun with; every field is checked by the operation that takes it
+/// and a refusal names the field.
+#[derive(Debug, Clone, Default)]
+pub struct BeginRequest {
+    /// Who runs it (1 to [`MAX_AGENT_BYTES`] bytes; default: the engine's).
+    pub agent: Option<String>,
+    /// The scopes it may touch (at most [`MAX_SCOPES`]; default: undeclared, or for a
+    /// one-call transaction the call's own scopes).
+    pub may_touch: Option<Vec<String>>,
+    /// Its lease in milliseconds (1 to [`MAX_LEASE_MS`]; default: the engine's).
+    pub lease_ms: Option<u64>,
+    /// The plan it is a step of (by public id).
+    pub plan: Option<String>,
+}
+
+impl BeginRequest {
+    /// Checks the fields and turns them into the engine's options.
+    fn options(self, may_touch_default: Option<Vec<String>>) -> Result<(TxOptions, Option<String>)> {
+        check_agent(&self.agent)?;
+        check_scopes("may_touch", &self.may_touch)?;
+        let lease = check_lease(self.lease_ms)?;
+        let may_touch = self.may_touch.or(may_touch_default);
+        Ok((TxOptions { agent: self.agent, may_touch, lease }, self.plan))
+    }
+}
+
+/// A one-call transaction past its call: its commit is running.
+#[derive(Debug)]
+pub struct OneCall {
+    /// The call's answer.
+    pub answer: EffectAnswer,
+    /// The commit started after the seal; wait on it to answer settled or still settling.
+    pub commit: SettleOp,
+}
+
 impl Tenant {
+    /// Begins a transaction (a step of `req.plan` when set, bound to it before its first
+    /// effect) and registers its live handle. Returns its view as the ledger holds it.
+    pub async fn begin(&self, req: BeginRequest) -> Result<(TxId, TxView)> {
+        let (opts, plan) = req.options(None)?;
+        let handle = match plan {
+            Some(p) => self.begin_step(&p, opts).await?,
+            None => self.engine.begin_with(opts).map_err(ServiceError::engine)?,
+        };
+        let tx = handle.id();
+        self.add_live(handle, None);
+        let v = self.view(tx)?.ok_or_else(|| ServiceError::Internal("the begin is not in the ledger".into()))?;
+        Ok((tx, v))
+    }
+
+    /// A one-call transaction up to its commit: begins it (touching the call's own scopes
+    /// unless `req.may_touch` says otherwise), runs the call, seals and starts the commit.
+    ///
+    /// `Err` is a refusal before anything began. Once the transaction exists, the outcome is
+    /// `(tx, Err(..))`: a call refused before it ran gives the transaction back (it is
+    /// aborted here); a call that failed after it ran has already aborted it.
+    pub async fn one_call(
+        self: &Arc<Self>,
+        node: &Service,
+        req: BeginRequest,
+        call: EffectCall,
+    ) -> Result<(TxId, Result<OneCall>)> {
+        let planned = self.plan_effect(&call)?;
+        let (opts, _) = BeginRequest { plan: None, ..req }.options(Some(planned.scopes))?;
+        let handle = self.engine.begin_with(opts).map_err(ServiceError::engine)?;
+        let tx = handle.id();
+        let id = ids::tx(&self.tag, tx);
+        let lt = self.add_live(handle, None);
+        let answer = match self.call(node, &id, call).await {
+            Ok(a) => a,
+            Err(e) => {
+                if !e.is_abort() {
+                    let _ = self.start_abort(node, &lt, format!("the one-call transaction's call was refused: {e}"));
+                }
+                return Ok((tx, Err(e)));
+            }
+        };
+        if let Err(e) = lt.handle.seal() {
+            return Ok((tx, Err(ServiceError::engine(e))));
+        }
+        let commit = self.start_commit(node, &lt, None);
+        Ok((tx, Ok(OneCall { answer, commit })))
+    }
+
     /// The transaction named by the public id `id` (`tx_<tag>_<n>`); another tenant's id, or
     /// a malformed one, is `NotFound` like one never issued.
     pub fn parse_tx(&self, id: &str) -> Result<TxId> {

@@ -15,9 +15,6 @@ use super::problem::{ApiError, ApiResult};
 use super::wire::*;
 use crate::AppState;
 
-/// Longest lease a client may ask for (7 days).
-pub(super) const MAX_LEASE_MS: u64 = tidegate_service::settle::MAX_LEASE_MS;
-
 pub(super) fn view_of(t: &Tenant, id: &str) -> ApiResult<(TxId, TxView)> {
     Ok(t.view_of(id)?)
 }
@@ -29,12 +26,7 @@ pub(super) fn live_of(t: &Tenant, id: &str) -> ApiResult<(Arc<LiveTx>, TxView)> 
 }
 
 pub(super) fn check_agent(agent: &Option<String>) -> ApiResult<()> {
-    if let Some(a) = agent
-        && (a.is_empty() || a.len() > 256)
-    {
-        return Err(ApiError::invalid("agent", a, "1 to 256 bytes"));
-    }
-    Ok(())
+    Ok(tidegate_service::transactions::check_agent(agent)?)
 }
 
 pub(super) fn check_scopes(field: &str, scopes: &Option<Vec<String>>) -> ApiResult<()> {
@@ -42,11 +34,7 @@ pub(super) fn check_scopes(field: &str, scopes: &Option<Vec<String>>) -> ApiResu
 }
 
 pub(super) fn check_lease(lease_ms: Option<u64>) -> ApiResult<Option<Duration>> {
-    match lease_ms {
-        None => Ok(None),
-        Some(ms) if (1..=MAX_LEASE_MS).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
-        Some(ms) => Err(ApiError::invalid("lease_ms", ms.to_string(), format!("1 to {MAX_LEASE_MS} milliseconds"))),
-    }
+    Ok(tidegate_service::transactions::check_lease(lease_ms)?)
 }
 
 /// A refusal of an operation on the transaction `id`, with the transaction attached when it

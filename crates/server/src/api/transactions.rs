@@ -11,10 +11,10 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
 use serde_json::Value;
-use tidegate_runtime::{TxId, TxOptions};
+use tidegate_runtime::TxId;
 use tokio::sync::watch;
 
-use super::common::{check_agent, check_lease, check_scopes, in_tx, live_of, page_limit, view_of, with_tx};
+use super::common::{in_tx, live_of, page_limit, view_of, with_tx};
 use super::extract::{ApiJson, ApiPath, ApiQuery, Caller};
 use super::problem::{ApiError, ApiResult, Problem, from_runtime};
 use super::wait::{self, begin_wait, wait_duration};
@@ -26,7 +26,7 @@ use tidegate_service::index::{ListFilter, Phase};
 use tidegate_service::settle::CommitRequest;
 use tidegate_service::tenant::Tenant;
 use tidegate_service::tools::legacy_envelope;
-use tidegate_service::transactions::EffectCall;
+use tidegate_service::transactions::{BeginRequest, EffectCall, OneCall};
 
 fn respond(t: &Tenant, tx: TxId, settled: bool) -> ApiResult<(StatusCode, Json<TransactionOut>)> {
     let v = t.view(tx)?.ok_or_else(|| ApiError::internal("transaction vanished from the ledger"))?;
@@ -51,18 +51,9 @@ pub async fn begin(
     ApiJson(body): ApiJson<BeginIn>,
 ) -> ApiResult<(StatusCode, Json<TransactionOut>)> {
     let t = &caller.tenant;
-    check_agent(&body.agent)?;
-    check_scopes("may_touch", &body.may_touch)?;
-    let lease = check_lease(body.lease_ms)?;
-    let opts = TxOptions { agent: body.agent, may_touch: body.may_touch, lease };
-    let handle = match body.plan {
-        // A step of a plan: bound to it (`step_begun`) before its first effect.
-        Some(p) => t.begin_step(&p, opts).await?,
-        None => t.engine.begin_with(opts).map_err(from_runtime)?,
-    };
-    let tx = handle.id();
-    t.add_live(handle, None);
-    let v = t.view(tx)?.ok_or_else(|| ApiError::internal("the begin is not in the ledger"))?;
+    let (_, v) = t
+        .begin(BeginRequest { agent: body.agent, may_touch: body.may_touch, lease_ms: body.lease_ms, plan: body.plan })
+        .await?;
     Ok((StatusCode::CREATED, Json(tx_out(t, &v))))
 }
 
@@ -463,9 +454,6 @@ pub async fn call(
     ApiJson(body): ApiJson<CallIn>,
 ) -> ApiResult<(StatusCode, Json<CallOut>)> {
     let t = &caller.tenant;
-    check_agent(&body.agent)?;
-    check_scopes("may_touch", &body.may_touch)?;
-    let lease = check_lease(body.lease_ms)?;
     let wait_for = wait_duration(&state, "wait_ms", body.wait_ms)?;
     let call = EffectCall {
         tool: body.tool,
@@ -475,35 +463,11 @@ pub async fn call(
         compensate: None,
         by_client: false,
     };
-    let planned = t.plan_effect(&call)?;
-    let may_touch = body.may_touch.unwrap_or(planned.scopes);
-    let handle = t
-        .engine
-        .begin_with(TxOptions { agent: body.agent, may_touch: Some(may_touch), lease })
-        .map_err(from_runtime)?;
-    let tx = handle.id();
-    let id = ids::tx(&t.tag, tx);
-    let lt = t.add_live(handle, None);
-    let answer = match t.call(state.service(), &id, call).await {
-        Ok(a) => a,
-        Err(e) => {
-            let e = with_tx(t, tx, e.into());
-            if e.code != "transaction_aborted" {
-                // The call was refused before it ran: give the transaction back.
-                let _ = t.start_abort(
-                    state.service(),
-                    &lt,
-                    format!("the one-call transaction's call was refused: {}", e.detail),
-                );
-            }
-            return Err(e);
-        }
-    };
+    let begin = BeginRequest { agent: body.agent, may_touch: body.may_touch, lease_ms: body.lease_ms, plan: None };
+    let (tx, started) = t.one_call(state.service(), begin, call).await?;
+    let OneCall { answer, commit } = started.map_err(|e| with_tx(t, tx, e.into()))?;
     let kind = super::common::ack_kind(answer.ack);
-    let output = answer.output;
-    lt.handle.seal().map_err(|e| with_tx(t, tx, from_runtime(e)))?;
-    let op = t.start_commit(state.service(), &lt, None);
-    let settled = wait::settle(&state, t, tx, Some(op.done), wait_for, &caller.slot).await?;
+    let settled = wait::settle(&state, t, tx, Some(commit.done), wait_for, &caller.slot).await?;
     let (code, Json(transaction)) = respond(t, tx, settled)?;
-    Ok((code, Json(CallOut { transaction, ack: kind, output })))
+    Ok((code, Json(CallOut { transaction, ack: kind, output: answer.output })))
 }
