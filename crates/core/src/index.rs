@@ -48,9 +48,10 @@ impl Drop for Node {
     }
 }
 
-/// A sorted multiset of epochs.
+/// A sorted multiset of epochs (inline up to two distinct epochs: most scopes are claimed by
+/// one or two transactions at a time, and a claim then allocates nothing).
 #[derive(Debug, Default)]
-struct Claims(Vec<(u64, u32)>);
+struct Claims(smallvec::SmallVec<[(u64, u32); 2]>);
 
 impl Claims {
     fn add(&mut self, e: u64) {
@@ -153,7 +154,7 @@ impl ScopeIndex {
             path.truncate(depth);
             path.push(seg.into());
             if !node.here.is_empty() || node.write_here != 0 {
-                out.push(FlatNode { path: path.clone(), here: node.here.0.clone(), write: node.write_here });
+                out.push(FlatNode { path: path.clone(), here: node.here.0.to_vec(), write: node.write_here });
             }
             stack.extend(sorted(&node.children).into_iter().rev().map(|(k, n)| (depth + 1, k, n)));
         }
@@ -194,7 +195,7 @@ impl ScopeIndex {
         if n.here.iter().any(|&(_, c)| c == 0) || n.here.windows(2).any(|w| w[0].0 >= w[1].0) {
             return Err(format!("index node {:?} has a malformed claim list {:?}", n.path, n.here));
         }
-        node.here = Claims(n.here);
+        node.here = Claims(n.here.into());
         node.write_here = n.write;
         Ok(())
     }
@@ -239,10 +240,12 @@ impl ScopeIndex {
 
     /// Registers that the transaction at `epoch` may touch `scope` until [`Self::unclaim`].
     pub(crate) fn claim(&mut self, scope: &Scope, epoch: Epoch) {
-        let mut node = self.roots.entry(scope.kind().into()).or_default();
+        // `child` allocates a segment's key only when it creates the node (`entry` would
+        // allocate one per segment per claim).
+        let mut node = child(&mut self.roots, scope.kind());
         node.sub.add(epoch.0);
         for seg in scope.segments() {
-            node = node.children.entry(seg.into()).or_default();
+            node = child(&mut node.children, seg);
             node.sub.add(epoch.0);
         }
         node.here.add(epoch.0);
@@ -342,10 +345,10 @@ impl ScopeIndex {
 
     /// Records a committed write to `scope` with commit stamp `stamp` (monotonic).
     pub(crate) fn record_write(&mut self, scope: &Scope, stamp: u64) {
-        let mut node = self.roots.entry(scope.kind().into()).or_default();
+        let mut node = child(&mut self.roots, scope.kind());
         node.write_sub = node.write_sub.max(stamp);
         for seg in scope.segments() {
-            node = node.children.entry(seg.into()).or_default();
+            node = child(&mut node.children, seg);
             node.write_sub = node.write_sub.max(stamp);
         }
         node.write_here = node.write_here.max(stamp);

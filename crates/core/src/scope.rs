@@ -45,11 +45,12 @@
 //! [`ScopeError::TooDeep`], naming the scope (its first [`SHOWN_CHARS`] characters), its
 //! size and the limit.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 /// How a scope type separates and normalises its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,7 +134,7 @@ impl ScopeRegistry {
     /// A registry without built-in rules: every type gets [`ScopeRule::DEFAULT`] until
     /// registered.
     pub fn empty() -> Self {
-        ScopeRegistry { rules: HashMap::new() }
+        ScopeRegistry { rules: HashMap::default() }
     }
 
     /// Registers (or replaces) the rule of a scope type. The name must be 1-64 lowercase ASCII
@@ -200,16 +201,17 @@ impl ScopeRegistry {
         if !valid_type_name(kind_raw) {
             return Err(ScopeError::BadType { scope: text.to_owned() });
         }
-        let kind = kind_raw.to_ascii_lowercase();
-        let rule = self.rule_of(&kind);
+        // The type is lowercased straight into the canonical text (no copy of its own).
         let mut out = String::with_capacity(trimmed.len() + 1);
-        out.push_str(&kind);
+        out.extend(kind_raw.bytes().map(|b| char::from(b.to_ascii_lowercase())));
+        let rule = self.rule_of(&out);
         out.push(':');
         let kind_len = out.len();
-        let mut segments: Vec<&str> = Vec::new();
+        // A Posix path with `\` read as `/` (declared before `segments`, which borrow it).
+        let normalised: String;
+        let mut segments: SmallVec<[&str; 8]> = SmallVec::new();
         match rule.style {
             PathStyle::Posix => {
-                let normalised;
                 let path = if path.contains('\\') {
                     normalised = path.replace('\\', "/");
                     normalised.as_str()

@@ -20,6 +20,12 @@ use crate::ids::{EffectId, TxId};
 /// to 128 bits.
 pub(crate) type ArgsHash = [u8; 16];
 
+/// The end of a derived key: the caller's call id, or the call's issuance position.
+enum KeyTail<'a> {
+    Call(&'a str),
+    Number(&'a str),
+}
+
 /// What an adapter key was first used for.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct KeyUse {
@@ -204,13 +210,50 @@ impl Core {
     /// adapter's (engine-wide) key.
     pub(super) fn derive_key(&self, tx: TxId, id: EffectId, decl: &EffectDecl) -> (Arc<str>, bool) {
         let prefix = self.cfg.derived_key_prefix.as_deref();
-        match (&decl.key, &decl.call_id, prefix) {
-            (Some(k), _, _) => (k.clone(), true),
-            (None, Some(call), None) => (Arc::from(format!("{}:{}:call:{}", decl.tool, tx, call)), false),
-            (None, Some(call), Some(p)) => (Arc::from(format!("{p}{}:{}:call:{call}", tx.0, decl.tool)), false),
-            (None, None, None) => (Arc::from(format!("{}:{}:{}", decl.tool, tx, id.0)), false),
-            (None, None, Some(p)) => (Arc::from(format!("{p}{}:{}:{}", tx.0, decl.tool, id.0)), false),
+        if let Some(k) = &decl.key {
+            return (k.clone(), true);
         }
+        // Built by hand rather than with `format!`: this runs for every call without an
+        // adapter key, and the formatting machinery cost more than the rest of the key.
+        let mut tx_digits = itoa::Buffer::new();
+        let tx_text = tx_digits.format(tx.0);
+        let mut n_digits = itoa::Buffer::new();
+        let tail = match &decl.call_id {
+            Some(call) => KeyTail::Call(call),
+            None => KeyTail::Number(n_digits.format(id.0)),
+        };
+        let tail_len = match tail {
+            KeyTail::Call(c) => ":call:".len() + c.len(),
+            KeyTail::Number(n) => 1 + n.len(),
+        };
+        let tool = &*decl.tool;
+        let mut key = String::with_capacity(prefix.map_or(3, str::len) + tx_text.len() + tool.len() + 1 + tail_len);
+        match prefix {
+            // `<prefix><n>:<tool>:<n>` (or `...:call:<id>`)
+            Some(p) => {
+                key.push_str(p);
+                key.push_str(tx_text);
+                key.push(':');
+                key.push_str(tool);
+            }
+            // `<tool>:tx-<n>:<n>` (or `...:call:<id>`)
+            None => {
+                key.push_str(tool);
+                key.push_str(":tx-");
+                key.push_str(tx_text);
+            }
+        }
+        match tail {
+            KeyTail::Call(c) => {
+                key.push_str(":call:");
+                key.push_str(c);
+            }
+            KeyTail::Number(n) => {
+                key.push(':');
+                key.push_str(n);
+            }
+        }
+        (Arc::from(key), false)
     }
 
     /// Handles a key seen before. Refuses a key first used for another call
@@ -315,6 +358,34 @@ mod tests {
         assert_ne!(args_hash(&json!({"a": 1})), args_hash(&json!({"a": "1"})));
         assert_ne!(args_hash(&json!(["ab", "c"])), args_hash(&json!(["a", "bc"])));
         assert_ne!(args_hash(&json!({"a": 1})), args_hash(&json!({"a": 2})));
+    }
+
+    #[test]
+    fn derived_keys_have_one_spelling_per_form() {
+        let decl = |key: Option<&str>, call: Option<&str>| EffectDecl {
+            tool: Arc::from("refund"),
+            class: crate::effect::EffectClass::Reversible,
+            scopes: Vec::new(),
+            key: key.map(Arc::from),
+            call_id: call.map(Arc::from),
+            args: Arc::new(Value::Null),
+            compensable: false,
+        };
+        let plain = Core::new(crate::CoreConfig::default());
+        let prefixed =
+            Core::new(crate::CoreConfig { derived_key_prefix: Some(Arc::from("tx_ab_")), ..Default::default() });
+        let (tx, n) = (TxId(1207), EffectId(30));
+        let key = |c: &Core, d: EffectDecl| {
+            let (k, adapter) = c.derive_key(tx, n, &d);
+            (k.to_string(), adapter)
+        };
+        assert_eq!(key(&plain, decl(None, None)), ("refund:tx-1207:30".to_owned(), false));
+        assert_eq!(key(&plain, decl(None, Some("c-9"))), ("refund:tx-1207:call:c-9".to_owned(), false));
+        assert_eq!(key(&prefixed, decl(None, None)), ("tx_ab_1207:refund:30".to_owned(), false));
+        assert_eq!(key(&prefixed, decl(None, Some("c-9"))), ("tx_ab_1207:refund:call:c-9".to_owned(), false));
+        assert_eq!(key(&prefixed, decl(Some("order-1"), Some("c-9"))), ("order-1".to_owned(), true));
+        let (k, _) = plain.derive_key(TxId(u64::MAX), EffectId(u32::MAX), &decl(None, None));
+        assert_eq!(&*k, format!("refund:tx-{}:{}", u64::MAX, u32::MAX));
     }
 
     #[test]
