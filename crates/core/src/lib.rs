@@ -16,6 +16,7 @@ pub mod ids;
 mod index;
 pub mod ledger;
 pub mod scope;
+mod text;
 pub mod trace;
 
 pub use dispatch::{BoxFuture, Clock, DEFAULT_DISPATCH_DEADLINE, Dispatch, DispatchKey, DispatchRequest, Operation};

@@ -201,59 +201,63 @@ impl ScopeRegistry {
         if !valid_type_name(kind_raw) {
             return Err(ScopeError::BadType { scope: text.to_owned() });
         }
-        // The type is lowercased straight into the canonical text (no copy of its own).
-        let mut out = String::with_capacity(trimmed.len() + 1);
-        out.extend(kind_raw.bytes().map(|b| char::from(b.to_ascii_lowercase())));
-        let rule = self.rule_of(&out);
-        out.push(':');
-        let kind_len = out.len();
-        // A Posix path with `\` read as `/` (declared before `segments`, which borrow it).
-        let normalised: String;
-        let mut segments: SmallVec<[&str; 8]> = SmallVec::new();
-        match rule.style {
-            PathStyle::Posix => {
-                let path = if path.contains('\\') {
-                    normalised = path.replace('\\', "/");
-                    normalised.as_str()
-                } else {
-                    path
-                };
-                if !path.starts_with('/') {
-                    return Err(ScopeError::NotAbsolute { scope: text.to_owned() });
-                }
-                for seg in path.split('/').map(str::trim) {
-                    match seg {
-                        "" | "." => {}
-                        ".." => {
-                            if segments.pop().is_none() {
-                                return Err(ScopeError::AboveRoot { scope: text.to_owned() });
-                            }
-                        }
-                        s => segments.push(s),
+        // The canonical text is built in the thread's scratch buffer and copied once into its
+        // `Arc` (crate::text); the type is lowercased straight into it.
+        let build = |out: &mut String| -> Result<(usize, ScopeRule), ScopeError> {
+            out.extend(kind_raw.bytes().map(|b| char::from(b.to_ascii_lowercase())));
+            let rule = self.rule_of(out);
+            out.push(':');
+            let kind_len = out.len();
+            // A Posix path with `\` read as `/` (declared before `segments`, which borrow it).
+            let normalised: String;
+            let mut segments: SmallVec<[&str; 8]> = SmallVec::new();
+            match rule.style {
+                PathStyle::Posix => {
+                    let path = if path.contains('\\') {
+                        normalised = path.replace('\\', "/");
+                        normalised.as_str()
+                    } else {
+                        path
+                    };
+                    if !path.starts_with('/') {
+                        return Err(ScopeError::NotAbsolute { scope: text.to_owned() });
                     }
+                    for seg in path.split('/').map(str::trim) {
+                        match seg {
+                            "" | "." => {}
+                            ".." => {
+                                if segments.pop().is_none() {
+                                    return Err(ScopeError::AboveRoot { scope: text.to_owned() });
+                                }
+                            }
+                            s => segments.push(s),
+                        }
+                    }
+                    if segments.len() > max_segments {
+                        return Err(too_deep(text, segments.len(), max_segments));
+                    }
+                    out.push('/');
+                    push_joined(out, &segments, '/', rule.case);
                 }
-                if segments.len() > max_segments {
-                    return Err(too_deep(text, segments.len(), max_segments));
+                PathStyle::Colon => {
+                    segments.extend(path.split(':').filter(|s| !s.trim().is_empty()).map(str::trim));
+                    if segments.is_empty() {
+                        return Err(ScopeError::EmptyPath { scope: text.to_owned() });
+                    }
+                    if segments.len() > max_segments {
+                        return Err(too_deep(text, segments.len(), max_segments));
+                    }
+                    push_joined(out, &segments, ':', rule.case);
                 }
-                out.push('/');
-                push_joined(&mut out, &segments, '/', rule.case);
             }
-            PathStyle::Colon => {
-                segments.extend(path.split(':').filter(|s| !s.trim().is_empty()).map(str::trim));
-                if segments.is_empty() {
-                    return Err(ScopeError::EmptyPath { scope: text.to_owned() });
-                }
-                if segments.len() > max_segments {
-                    return Err(too_deep(text, segments.len(), max_segments));
-                }
-                push_joined(&mut out, &segments, ':', rule.case);
-            }
-        }
+            Ok((kind_len, rule))
+        };
+        let (text, (kind_len, rule)) = crate::text::shared(trimmed.len() + 1, build)?;
         let segs_start = match rule.style {
             PathStyle::Posix => kind_len + 1,
             PathStyle::Colon => kind_len,
         };
-        Ok(Scope { text: Arc::from(out), kind_len: kind_len as u32, segs_start: segs_start as u32, style: rule.style })
+        Ok(Scope { text, kind_len: kind_len as u32, segs_start: segs_start as u32, style: rule.style })
     }
 }
 

@@ -227,33 +227,40 @@ impl Core {
             KeyTail::Number(n) => 1 + n.len(),
         };
         let tool = &*decl.tool;
-        let mut key = String::with_capacity(prefix.map_or(3, str::len) + tx_text.len() + tool.len() + 1 + tail_len);
-        match prefix {
-            // `<prefix><n>:<tool>:<n>` (or `...:call:<id>`)
-            Some(p) => {
-                key.push_str(p);
-                key.push_str(tx_text);
-                key.push(':');
-                key.push_str(tool);
+        let capacity = prefix.map_or(3, str::len) + tx_text.len() + tool.len() + 1 + tail_len;
+        let built = crate::text::shared::<(), std::convert::Infallible>(capacity, |key| {
+            match prefix {
+                // `<prefix><n>:<tool>:<n>` (or `...:call:<id>`)
+                Some(p) => {
+                    key.push_str(p);
+                    key.push_str(tx_text);
+                    key.push(':');
+                    key.push_str(tool);
+                }
+                // `<tool>:tx-<n>:<n>` (or `...:call:<id>`)
+                None => {
+                    key.push_str(tool);
+                    key.push_str(":tx-");
+                    key.push_str(tx_text);
+                }
             }
-            // `<tool>:tx-<n>:<n>` (or `...:call:<id>`)
-            None => {
-                key.push_str(tool);
-                key.push_str(":tx-");
-                key.push_str(tx_text);
+            match tail {
+                KeyTail::Call(c) => {
+                    key.push_str(":call:");
+                    key.push_str(c);
+                }
+                KeyTail::Number(n) => {
+                    key.push(':');
+                    key.push_str(n);
+                }
             }
-        }
-        match tail {
-            KeyTail::Call(c) => {
-                key.push_str(":call:");
-                key.push_str(c);
-            }
-            KeyTail::Number(n) => {
-                key.push(':');
-                key.push_str(n);
-            }
-        }
-        (Arc::from(key), false)
+            Ok(())
+        });
+        let (key, ()) = match built {
+            Ok(k) => k,
+            Err(never) => match never {},
+        };
+        (key, false)
     }
 
     /// Handles a key seen before. Refuses a key first used for another call
