@@ -252,56 +252,76 @@ impl ScopeIndex {
     }
 
     /// Removes one claim made by [`Self::claim`] with the same arguments.
+    ///
+    /// One walk down the path in the usual case: each aggregate loses the epoch on the way,
+    /// and the claim is removed where it ends. A second walk happens only to prune (the
+    /// shallowest node whose subtree then holds no claim and no write), or to put the
+    /// aggregates back if the claim was not there (a caller's bug: nothing changes).
     pub(crate) fn unclaim(&mut self, scope: &Scope, epoch: Epoch) {
+        let e = epoch.0;
+        let segs: smallvec::SmallVec<[&str; 8]> = scope.segments().collect();
         let Some(root) = self.roots.get_mut(scope.kind()) else {
             debug_assert!(false, "unclaim of unknown kind {scope}");
             return;
         };
-        let e = epoch.0;
-        // Remove it where it ends (nothing changes if it is not there) ...
+        // Down the path: remove the epoch from every aggregate, noting the shallowest node
+        // left vacant (depth 0 is the root, depth d the node of segment d - 1).
+        let mut vacant_at: Option<usize> = None;
+        let mut touched = 0usize;
         let mut node: &mut Node = root;
-        for seg in scope.segments() {
-            match node.children.get_mut(seg) {
-                Some(c) => node = c,
-                None => {
-                    debug_assert!(false, "unclaim of a scope never claimed: {scope} at {epoch}");
-                    return;
+        let mut found = node.sub.remove(e);
+        if found {
+            touched = 1;
+            if node.sub.is_empty() && node.write_sub == 0 {
+                vacant_at = Some(0);
+            }
+            for (d, seg) in segs.iter().enumerate() {
+                let Some(c) = node.children.get_mut(*seg) else {
+                    found = false;
+                    break;
+                };
+                node = c;
+                if !node.sub.remove(e) {
+                    found = false;
+                    break;
+                }
+                touched = d + 2;
+                if vacant_at.is_none() && node.sub.is_empty() && node.write_sub == 0 {
+                    vacant_at = Some(d + 1);
                 }
             }
+            found = found && node.here.remove(e);
         }
-        if !node.here.remove(e) {
+        if !found {
             debug_assert!(false, "unclaim of a scope never claimed: {scope} at {epoch}");
+            // Put back what the walk took out, so a wrong unclaim changes nothing.
+            if touched > 0 {
+                let mut node = self.roots.get_mut(scope.kind()).expect("walked above");
+                node.sub.add(e);
+                for seg in &segs[..touched - 1] {
+                    node = node.children.get_mut(*seg).expect("walked above");
+                    node.sub.add(e);
+                }
+            }
             return;
         }
-        // ... then from every aggregate on the path, pruning the shallowest node whose subtree
-        // then holds no claim and no write (every node below it on the path is vacant too; no
-        // other branch of it exists, since vacant nodes are never kept).
-        let root = self.roots.get_mut(scope.kind()).expect("present");
-        root.sub.remove(e);
         if self.keep_vacant {
-            let mut node: &mut Node = root;
-            for seg in scope.segments() {
-                node = node.children.get_mut(seg).expect("walked above");
-                node.sub.remove(e);
-            }
             return;
         }
-        if root.sub.is_empty() && root.write_sub == 0 {
-            self.roots.remove(scope.kind());
-            return;
-        }
-        let mut node: &mut Node = root;
-        for seg in scope.segments() {
-            let vacant = {
-                let c = node.children.get_mut(seg).expect("walked above");
-                c.sub.remove(e);
-                c.sub.is_empty() && c.write_sub == 0
-            };
-            if vacant {
-                node.children.remove(seg);
-                return;
+        // Every node below a vacant one on the path is vacant too, and it has no other
+        // branch (vacant nodes are never kept): removing the shallowest removes them all.
+        match vacant_at {
+            None => {}
+            Some(0) => {
+                self.roots.remove(scope.kind());
             }
-            node = node.children.get_mut(seg).expect("walked above");
+            Some(d) => {
+                let mut node = self.roots.get_mut(scope.kind()).expect("walked above");
+                for seg in &segs[..d - 1] {
+                    node = node.children.get_mut(*seg).expect("walked above");
+                }
+                node.children.remove(segs[d - 1]);
+            }
         }
     }
 
@@ -437,6 +457,79 @@ mod tests {
 
     fn s(text: &str) -> Scope {
         ScopeRegistry::default().parse(text).expect("valid scope")
+    }
+
+    /// Random claims, unclaims (including ones never made, which must change nothing) and
+    /// writes on scopes of one to four segments with wildcards, against a list of claims and
+    /// writes checked pairwise with `Scope::overlaps`; the trie keeps exactly the nodes on a
+    /// path to a live claim or a write.
+    #[test]
+    fn the_index_answers_as_a_list_of_claims_would() {
+        use rand::rngs::SmallRng;
+        use rand::{Rng, SeedableRng};
+        let seed: u64 = std::env::var("TIDEGATE_INDEX_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(11);
+        for round in 0..40u64 {
+            let mut rng = SmallRng::seed_from_u64(seed * 1000 + round);
+            let keep_vacant = round % 5 == 4;
+            let mut ix = if keep_vacant { ScopeIndex::keeping_vacant_nodes() } else { ScopeIndex::default() };
+            let mut claims: Vec<(Scope, u64)> = Vec::new();
+            let mut writes: Vec<(Scope, u64)> = Vec::new();
+            let mut stamp = 0;
+            let kinds = ["db", "kv"];
+            let segs = ["a", "b", "c", "*"];
+            let scope = |rng: &mut SmallRng| {
+                let n = rng.gen_range(1..=4);
+                let path: Vec<&str> = (0..n).map(|_| segs[rng.gen_range(0..segs.len())]).collect();
+                s(&format!("{}:{}", kinds[rng.gen_range(0..2)], path.join(":")))
+            };
+            for _ in 0..300 {
+                match rng.gen_range(0..10) {
+                    0..=3 => {
+                        let (sc, e) = (scope(&mut rng), rng.gen_range(1..6));
+                        ix.claim(&sc, Epoch(e));
+                        claims.push((sc, e));
+                    }
+                    4..=6 if !claims.is_empty() => {
+                        let (sc, e) = claims.swap_remove(rng.gen_range(0..claims.len()));
+                        ix.unclaim(&sc, Epoch(e));
+                    }
+                    7 if !cfg!(debug_assertions) => {
+                        // A wrong unclaim (release builds only: debug builds assert on it).
+                        let (sc, e) = (scope(&mut rng), rng.gen_range(1..6));
+                        if !claims.iter().any(|(c, ce)| c == &sc && *ce == e) {
+                            ix.unclaim(&sc, Epoch(e));
+                        }
+                    }
+                    8 => {
+                        stamp += 1;
+                        let sc = scope(&mut rng);
+                        ix.record_write(&sc, stamp);
+                        writes.push((sc, stamp));
+                    }
+                    _ => {}
+                }
+                let q = scope(&mut rng);
+                let e = rng.gen_range(1..6);
+                let over: Vec<u64> = claims.iter().filter(|(c, _)| c.overlaps(&q)).map(|(_, ce)| *ce).collect();
+                assert_eq!(ix.blocked_before(&q, Epoch(e)), over.iter().any(|c| *c < e), "blocked_before {q} at {e}");
+                assert_eq!(ix.claimed_after(&q, Epoch(e)), over.iter().any(|c| *c > e), "claimed_after {q} at {e}");
+                assert_eq!(ix.claimed_by_other(&q, Epoch(e)), over.iter().any(|c| *c != e), "claimed_by_other {q}");
+                let v = writes.iter().filter(|(w, _)| w.overlaps(&q)).map(|(_, st)| *st).max().unwrap_or(0);
+                assert_eq!(ix.version(&q), Version(v), "version of {q}");
+            }
+            if !keep_vacant {
+                let mut paths = std::collections::HashSet::new();
+                for (sc, _) in claims.iter().chain(&writes) {
+                    let mut p = vec![sc.kind().to_owned()];
+                    paths.insert(p.clone());
+                    for seg in sc.segments() {
+                        p.push(seg.to_owned());
+                        paths.insert(p.clone());
+                    }
+                }
+                assert_eq!(ix.node_count(), paths.len(), "round {round}: nodes kept beyond live claims and writes");
+            }
+        }
     }
 
     #[test]

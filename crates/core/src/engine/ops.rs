@@ -333,10 +333,18 @@ impl Core {
                 footprint.push(s.clone());
             }
         }
+        // A scope both declared and in the footprint keeps its claim (claiming it again and
+        // unclaiming the old one would walk the index twice for no change).
+        let mut old = std::mem::take(&mut t.claims);
         for s in &footprint {
-            self.index.claim(s, epoch);
+            match old.iter().position(|o| o == s) {
+                Some(i) => {
+                    old.swap_remove(i);
+                }
+                None => self.index.claim(s, epoch),
+            }
         }
-        let old = std::mem::replace(&mut t.claims, footprint);
+        t.claims = footprint;
         for s in &old {
             self.index.unclaim(s, epoch);
         }
