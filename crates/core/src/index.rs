@@ -19,7 +19,8 @@
 //! claim, no write and no child are removed, so the trie's size follows the live claims and
 //! the set of scopes ever written, not the number of transactions.
 
-use rustc_hash::FxHashMap as HashMap;
+/// The index's maps: hashbrown for its raw entries (see [`child`]), with the Fx hash.
+type HashMap<K, V> = hashbrown::HashMap<K, V, rustc_hash::FxBuildHasher>;
 
 use crate::ids::{Epoch, Version};
 use crate::scope::Scope;
@@ -124,12 +125,12 @@ struct FlatNodeIn<'a> {
     write: u64,
 }
 
-/// The child `seg` of `children`, created if absent (allocating its key only then).
+/// The child `seg` of `children`, created if absent (one hash; its key allocated only then).
 fn child<'n>(children: &'n mut HashMap<Box<str>, Node>, seg: &str) -> &'n mut Node {
-    if !children.contains_key(seg) {
-        children.insert(seg.into(), Node::default());
+    match children.raw_entry_mut().from_key(seg) {
+        hashbrown::hash_map::RawEntryMut::Occupied(o) => o.into_mut(),
+        hashbrown::hash_map::RawEntryMut::Vacant(v) => v.insert(seg.into(), Node::default()).1,
     }
-    children.get_mut(seg).expect("inserted above")
 }
 
 fn is_zero(v: &u64) -> bool {

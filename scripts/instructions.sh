@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Instructions per transaction of the engine's hot path (docs/performance.md): runs
+# `tidegate bench micro --tx N --level L` under callgrind at two sizes and subtracts, so that
+# start-up and setup cancel out. Repeatable on a shared machine, unlike a wall clock.
+#
+#   bash scripts/instructions.sh [L0 L1 L4 ...]      (default: L0 L1 L4)
+#
+# Needs valgrind (`apt-get install valgrind`) and a release build of the binary
+# (`cargo build --release -p tidegate`; set TIDEGATE_BIN to use another). Set
+# TIDEGATE_CALLGRIND_DIR to keep the profiles (callgrind_annotate reads them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="${TIDEGATE_BIN:-target/release/tidegate}"
+small="${TIDEGATE_TX_SMALL:-200}"
+large="${TIDEGATE_TX_LARGE:-2200}"
+if ! command -v valgrind >/dev/null; then
+    echo "valgrind is not installed (apt-get install valgrind)" >&2
+    exit 2
+fi
+if [ ! -x "$bin" ]; then
+    echo "no binary at $bin: cargo build --release -p tidegate" >&2
+    exit 2
+fi
+out="${TIDEGATE_CALLGRIND_DIR:-$(mktemp -d)}"
+mkdir -p "$out"
+levels=("$@")
+[ ${#levels[@]} -eq 0 ] && levels=(L0 L1 L4)
+collected() {
+    local n=$1 level=$2
+    valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.$level.$n" \
+        "$bin" bench micro --tx "$n" --level "$level" >/dev/null 2>"$out/valgrind.$level.$n.log"
+    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/valgrind.$level.$n.log"
+}
+for level in "${levels[@]}"; do
+    a=$(collected "$small" "$level")
+    b=$(collected "$large" "$level")
+    if [ -z "$a" ] || [ -z "$b" ]; then
+        echo "$level: callgrind reported no count (see $out/valgrind.$level.*.log)" >&2
+        exit 1
+    fi
+    echo "$level $(( (b - a) / (large - small) )) instructions per transaction"
+done
