@@ -4,6 +4,10 @@
 # start-up and setup cancel out. Repeatable on a shared machine, unlike a wall clock.
 #
 #   bash scripts/instructions.sh [L0 L1 L4 ...]      (default: L0 L1 L4)
+#   TIDEGATE_CALLS=100 bash scripts/instructions.sh L1
+#       transactions of 100 reversible calls each (`bench micro --calls`), reported per
+#       transaction and per call; lower TIDEGATE_TX_SMALL/TIDEGATE_TX_LARGE (default 200 and
+#       2200) for large call counts, e.g. 2 and 22 for 1000 calls.
 #
 # Needs valgrind (`apt-get install valgrind`) and a release build of the binary
 # (`cargo build --release -p tidegate`; set TIDEGATE_BIN to use another). Set
@@ -21,6 +25,9 @@ if [ ! -x "$bin" ]; then
     echo "no binary at $bin: cargo build --release -p tidegate" >&2
     exit 2
 fi
+calls="${TIDEGATE_CALLS:-}"
+extra=()
+[ -n "$calls" ] && extra=(--calls "$calls")
 out="${TIDEGATE_CALLGRIND_DIR:-$(mktemp -d)}"
 mkdir -p "$out"
 levels=("$@")
@@ -28,7 +35,7 @@ levels=("$@")
 collected() {
     local n=$1 level=$2
     valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.$level.$n" \
-        "$bin" bench micro --tx "$n" --level "$level" >/dev/null 2>"$out/valgrind.$level.$n.log"
+        "$bin" bench micro --tx "$n" --level "$level" "${extra[@]}" >/dev/null 2>"$out/valgrind.$level.$n.log"
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/valgrind.$level.$n.log"
 }
 for level in "${levels[@]}"; do
@@ -38,5 +45,10 @@ for level in "${levels[@]}"; do
         echo "$level: callgrind reported no count (see $out/valgrind.$level.*.log)" >&2
         exit 1
     fi
-    echo "$level $(( (b - a) / (large - small) )) instructions per transaction"
+    per_tx=$(( (b - a) / (large - small) ))
+    if [ -n "$calls" ]; then
+        echo "$level $per_tx instructions per transaction of $calls calls, $(( per_tx / calls )) per call"
+    else
+        echo "$level $per_tx instructions per transaction"
+    fi
 done

@@ -50,6 +50,11 @@ pub enum Which {
         /// The level of `--tx` (serializable isolation).
         #[arg(long, value_enum, default_value_t = MicroLevel::L1, requires = "tx")]
         level: MicroLevel,
+        /// With `--tx`: instead of the per-level workload, each transaction makes this many
+        /// reversible calls on distinct scopes (begin, read, N calls, seal, commit), to see
+        /// whether the cost per call stays flat as a transaction grows (1 to 100,000).
+        #[arg(long, requires = "tx", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        calls: Option<u64>,
     },
     /// Durable transactions on the embedded ledger against the disk's own fsync rate.
     Durable {
@@ -110,7 +115,7 @@ pub enum Which {
 
 pub fn run(which: Which) -> anyhow::Result<()> {
     match which {
-        Which::Micro { tx: Some(n), level, .. } => fixed_tx(n, level),
+        Which::Micro { tx: Some(n), level, calls, .. } => fixed_tx(n, level, calls),
         Which::Micro { json, history, .. } => micro(json, history),
         Which::Durable { json, data_dir, seconds, reopen_tx, checkpoint_every } => {
             durable(json, data_dir, seconds, reopen_tx, checkpoint_every)
@@ -486,8 +491,22 @@ async fn per_level(rev: &Tool, gated: &Tool) -> anyhow::Result<Vec<(String, f64)
     Ok(configs.iter().zip(samples).map(|((name, _, _), v)| ((*name).to_owned(), median(v))).collect())
 }
 
-/// `bench micro --tx N --level L`: N transactions of the per-level workload, nothing printed.
-fn fixed_tx(n: u64, level: MicroLevel) -> anyhow::Result<()> {
+/// A transaction of `calls` reversible calls on distinct scopes (`bench micro --calls`).
+async fn many_calls_tx(tg: &Tidegate, rev: &Tool, calls: u64, i: u64) -> anyhow::Result<()> {
+    let pool = POOL.max(calls);
+    let tx = tg.begin("bench")?;
+    tx.read(SCOPES[(i % POOL) as usize % SCOPES.len()])?;
+    for k in 0..calls {
+        tx.call(rev, json!((i * calls + k) % pool)).await?;
+    }
+    tx.seal()?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// `bench micro --tx N --level L [--calls C]`: N transactions of the per-level workload (or
+/// of C reversible calls each), nothing printed.
+fn fixed_tx(n: u64, level: MicroLevel, calls: Option<u64>) -> anyhow::Result<()> {
     let level = match level {
         MicroLevel::L0 => Level::L0,
         MicroLevel::L1 => Level::L1,
@@ -500,7 +519,10 @@ fn fixed_tx(n: u64, level: MicroLevel) -> anyhow::Result<()> {
     rt.block_on(async {
         let tg = engine_at(level, Isolation::Serializable)?;
         for i in 0..n {
-            one_tx(&tg, &rev, &gated, i).await?;
+            match calls {
+                Some(c) => many_calls_tx(&tg, &rev, c, i).await?,
+                None => one_tx(&tg, &rev, &gated, i).await?,
+            }
         }
         anyhow::Ok(())
     })

@@ -383,3 +383,46 @@ async fn bad_scopes_are_refused_naming_the_field_and_value() {
     assert_eq!(w.count("hotel", "exec"), 0);
     tg.check_integrity().unwrap();
 }
+
+/// Seal narrows a transaction's claims to its footprint also past the size where the
+/// bookkeeping switches from pairwise comparison to hashing (16 scopes): a later transaction
+/// on a declared-but-unused scope commits at once, one on a used scope waits.
+#[tokio::test]
+async fn a_wide_transaction_narrows_to_its_footprint_at_seal() {
+    let (tg, w) = (engine(), World::new());
+    let modify = w.tool("modify", EffectClass::Gated, "retail:order");
+    for declared in [true, false] {
+        let ids: Vec<String> = (0..40).map(|n| format!("retail:order:W{n}")).collect();
+        let wide = if declared {
+            tg.begin_with(TxOptions::agent("wide").may_touch(ids.iter().map(String::as_str))).unwrap()
+        } else {
+            tg.begin("wide").unwrap()
+        };
+        // 25 distinct scopes, each touched twice.
+        for round in 0..2 {
+            for n in 0..25 {
+                wide.call(&modify, json!({"id": format!("W{n}"), "round": round})).await.unwrap();
+            }
+        }
+        wide.seal().unwrap();
+
+        let unused = tg.begin_with(TxOptions::agent("b").may_touch(["retail:order:W30"])).unwrap();
+        unused.call(&modify, json!({"id": "W30"})).await.unwrap();
+        unused.seal().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), unused.commit())
+            .await
+            .expect("a scope outside the sealed footprint does not wait")
+            .unwrap();
+
+        let used = tg.begin_with(TxOptions::agent("c").may_touch(["retail:order:W7"])).unwrap();
+        used.call(&modify, json!({"id": "W7"})).await.unwrap();
+        used.seal().unwrap();
+        let h = tokio::spawn(async move { used.commit().await });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!h.is_finished(), "a scope in the footprint waits for the earlier transaction (declared: {declared})");
+        wide.commit().await.unwrap();
+        h.await.unwrap().unwrap();
+    }
+}
