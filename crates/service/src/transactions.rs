@@ -214,6 +214,11 @@ impl Tenant {
         req: BeginRequest,
         call: EffectCall,
     ) -> Result<(TxId, Result<OneCall>)> {
+        // The transaction's own fields are checked before the call is planned, so a request
+        // wrong in both is refused for its transaction fields first (as before).
+        check_agent(&req.agent)?;
+        check_scopes("may_touch", &req.may_touch)?;
+        check_lease(req.lease_ms)?;
         let planned = self.plan_effect(&call)?;
         let (opts, _) = BeginRequest { plan: None, ..req }.options(Some(planned.scopes))?;
         let handle = self.engine.begin_with(opts).map_err(ServiceError::engine)?;
