@@ -366,13 +366,11 @@ impl Core {
         } else {
             // Declared scopes are distinct (begin keeps each once), and so is the footprint.
             let declared: HashSet<&Scope> = old.iter().collect();
-            let kept: HashSet<&Scope> = footprint.iter().filter(|s| declared.contains(s)).collect();
-            for s in footprint.iter().filter(|s| !kept.contains(s)) {
+            for s in footprint.iter().filter(|s| !declared.contains(s)) {
                 self.index.claim(s, epoch);
             }
-            let gone: SmallVec<[Scope; 4]> = old.iter().filter(|s| !kept.contains(s)).cloned().collect();
-            drop(kept);
-            old = gone;
+            let used: HashSet<&Scope> = footprint.iter().collect();
+            old.retain(|s| !used.contains(s));
         }
         t.claims = footprint;
         for s in &old {
