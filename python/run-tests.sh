@@ -3,14 +3,16 @@
 # (never the system Python): .venv/ at the repository root is created on first use and reused,
 # the pinned dependencies are installed into it when python/requirements-*.txt change, the
 # wheel is built once (release, cached in python/target) and installed, and pytest runs from
-# it. Then the same wheel is tested on the oldest and newest supported CPython found on this
-# machine (3.10 and 3.13; see scripts/python-env.sh for where it looks), each in its own
-# environment under .venv/versions/.
+# it. Then the same wheel is tested on each CPython named in $TIDEGATE_PYTHON_VERSIONS (none
+# by default; scripts/test-python-versions.sh names the oldest and newest supported, 3.10 and
+# 3.13; see scripts/python-env.sh for where it looks), each in its own environment under
+# .venv/versions/.
 #
-#   python/run-tests.sh              # everything (called by scripts/test.sh)
+#   python/run-tests.sh              # the main interpreter (called by scripts/test.sh)
 #   python/run-tests.sh -k order     # extra arguments go to pytest (main interpreter only)
 #   PYTHON=python3.12 python/run-tests.sh     # another main interpreter (for a new .venv/)
-#   TIDEGATE_PYTHON_VERSIONS="" ...           # only the main interpreter
+#   TIDEGATE_PYTHON_VERSIONS="3.10 3.13" ...  # also these interpreters
+#   TIDEGATE_PYTHON_MAIN=0 ...                # skip the main interpreter's pytest run
 #   TIDEGATE_REQUIRE_PYTHON_VERSIONS=1 ...    # fail (not skip) when one is missing (.ci/run)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,7 +36,9 @@ wheel="$(ls "$wheels"/tidegate-*.whl)"
 # Tests run from python/tests, which does not contain the source package, so the installed one
 # is tested. mypy and the API reference check are tests there (tests/test_docs.py).
 cd "$here/tests"
-"$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" .
+if [ "${TIDEGATE_PYTHON_MAIN:-1}" != 0 ]; then
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" .
+fi
 
 missing=()
 for v in $TIDEGATE_PYTHON_VERSIONS; do

@@ -10,8 +10,11 @@
 tidegate_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tidegate_venv="$tidegate_root/.venv"
 
-# The CPython versions tested besides the main one: the oldest and the newest supported.
-TIDEGATE_PYTHON_VERSIONS="${TIDEGATE_PYTHON_VERSIONS-3.10 3.13}"
+# The CPython versions tested besides the main one. The default test run (scripts/test.sh)
+# tests the main interpreter only; scripts/test-python-versions.sh sets the oldest and the
+# newest supported (3.10 3.13), installing them with uv when missing.
+TIDEGATE_PYTHON_VERSIONS="${TIDEGATE_PYTHON_VERSIONS-}"
+TIDEGATE_SUPPORTED_PYTHONS="3.10 3.13"
 
 # Creates the virtual environment $2 with interpreter $1 unless it exists. Fails with the
 # reason when the interpreter cannot create one (Debian/Ubuntu: the python3-venv package).
