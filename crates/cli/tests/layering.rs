@@ -11,13 +11,14 @@ use std::process::Command;
 /// For each crate, the Tidegate crates its library may depend on (normal and build
 /// dependencies). Dev-dependencies (tests) are free, except for the detectors. Optional
 /// dependencies (behind a cargo feature) are listed in `OPTIONAL`.
-const ALLOWED: [(&str, &[&str]); 11] = [
+const ALLOWED: [(&str, &[&str]); 12] = [
     ("tidegate-core", &[]),
     ("tidegate-plans", &["tidegate-core"]),
     ("tidegate-review", &[]),
     ("tidegate-detect", &[]),
     ("tidegate-storage", &["tidegate-core"]),
     ("tidegate-sqlite", &["tidegate-core", "tidegate-storage"]),
+    ("tidegate-postgres", &["tidegate-core", "tidegate-storage"]),
     ("tidegate-runtime", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-plans"]),
     ("tidegate-eval", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-runtime"]),
     (
@@ -41,6 +42,7 @@ const ALLOWED: [(&str, &[&str]); 11] = [
             "tidegate-core",
             "tidegate-storage",
             "tidegate-sqlite",
+            "tidegate-postgres",
             "tidegate-detect",
             "tidegate-runtime",
             "tidegate-eval",
@@ -54,8 +56,10 @@ const ALLOWED: [(&str, &[&str]); 11] = [
 
 /// Dependencies allowed only as optional ones, behind a cargo feature: the runtime's `sqlite`
 /// feature (default on) re-exports the embedded backend for users who want one crate; a
-/// user of the contract alone turns it off and never compiles SQLite.
-const OPTIONAL: [(&str, &str); 1] = [("tidegate-runtime", "tidegate-sqlite")];
+/// user of the contract alone turns it off and never compiles SQLite. Its `postgres` feature
+/// (default off) lets `StoreUrl` open PostgreSQL ledgers.
+const OPTIONAL: [(&str, &str); 2] =
+    [("tidegate-runtime", "tidegate-sqlite"), ("tidegate-runtime", "tidegate-postgres")];
 
 #[test]
 fn every_crate_depends_only_on_the_crates_below_it() {

@@ -66,3 +66,53 @@ fn demo_refuses_a_ledger_that_verify_rejects() {
     assert!(text(&demo).contains("cannot prove"), "{}", text(&demo));
     assert_eq!(std::fs::read(dir.join("ledger.db")).unwrap(), before, "the refused ledger was changed");
 }
+
+/// `ledger verify --store postgres://…`: a real engine ledger (the demo's, copied event by
+/// event into a PostgreSQL stream) verifies and replays; one changed row makes it fail naming
+/// the LSN. Needs the PostgreSQL at `TIDEGATE_PG_URL` (fails without it).
+#[test]
+fn verify_checks_a_postgres_stream_and_names_a_damaged_row() {
+    use tidegate_storage::LedgerStore;
+    let admin = std::env::var("TIDEGATE_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let name = format!("tidegate_cli_verify_{}", std::process::id());
+    let mut c = postgres::Client::connect(&admin, postgres::NoTls)
+        .unwrap_or_else(|e| panic!("PostgreSQL is required at {admin} (TIDEGATE_PG_URL): {e}"));
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data");
+    assert!(run(&["demo"], &dir).status.success());
+    let events = {
+        let sqlite = tidegate_sqlite::SqliteStore::open_read_only(&dir).unwrap();
+        let mut all = Vec::new();
+        sqlite
+            .scan(1, &mut |_, e| {
+                all.push(e.clone());
+                true
+            })
+            .unwrap();
+        all
+    };
+    let pg = tidegate_postgres::PgStore::open(&url, "acme").unwrap();
+    let last = pg.append(&tidegate_core::Batch::from(events.clone())).unwrap();
+    pg.wait_durable(last).unwrap();
+    drop(pg);
+
+    let verify = || Command::new(BIN).args(["ledger", "verify", "--store", &url, "--stream", "acme"]).output().unwrap();
+    let out = verify();
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains(&format!("ok: {} events verified", events.len())), "{shown}");
+    assert!(shown.contains("replay rebuilt"), "{shown}");
+
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    db.execute("UPDATE tidegate_events SET body = body || ' ' WHERE stream = 'acme' AND lsn = 4", &[]).unwrap();
+    let out = verify();
+    let shown = text(&out);
+    assert!(!out.status.success(), "{shown}");
+    assert!(shown.contains("LSN 4"), "{shown}");
+    drop(db);
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
+}

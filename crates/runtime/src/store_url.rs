@@ -6,11 +6,12 @@
 //! | --- | --- |
 //! | `memory:` | the in-memory store (nothing survives the process) |
 //! | `sqlite:DIR`, or a plain path `DIR` | the embedded SQLite ledger in `DIR` (feature `sqlite`) |
-//! | `postgres://…`, `postgresql://…` | PostgreSQL: named here so that configurations can say it; this build has no PostgreSQL store and refuses to open one, naming the field |
+//! | `postgres://…`, `postgresql://…` | a ledger stream in PostgreSQL (feature `postgres`; `tidegate-postgres`, docs/postgres.md): stream `default`, or the tenant's name |
 //!
 //! Any other `scheme:` (a `:` before any `/`, and not a one-letter drive) is refused naming
 //! the field and the schemes known. A tenant's ledger is [`StoreUrl::for_tenant`]: the
-//! directory `tenants/<name>` below a SQLite directory, its own in-memory store otherwise.
+//! directory `tenants/<name>` below a SQLite directory, the stream `<name>` of a PostgreSQL
+//! database, its own in-memory store otherwise.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -29,8 +30,13 @@ pub enum StoreUrl {
     Memory,
     /// The embedded SQLite ledger in this directory.
     Sqlite(PathBuf),
-    /// A PostgreSQL URL (not openable by this build).
-    Postgres(String),
+    /// A ledger stream in a PostgreSQL database.
+    Postgres {
+        /// The database's URL (it may carry a password: `Display` leaves it out).
+        url: String,
+        /// The stream (`default`, or a tenant's name).
+        stream: String,
+    },
 }
 
 /// A store [`StoreUrl::open`] opened: the contract every engine writes to, and the SQLite
@@ -65,7 +71,7 @@ impl FromStr for StoreUrl {
             return Ok(StoreUrl::Sqlite(PathBuf::from(dir)));
         }
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            return Ok(StoreUrl::Postgres(text.to_owned()));
+            return Ok(StoreUrl::Postgres { url: text.to_owned(), stream: "default".into() });
         }
         // `scheme:rest` with a scheme of letters, before any path separator: an unknown
         // scheme, not a directory (a one-letter scheme is a Windows drive).
@@ -86,9 +92,11 @@ impl fmt::Display for StoreUrl {
             StoreUrl::Memory => f.write_str("memory:"),
             StoreUrl::Sqlite(dir) => write!(f, "sqlite:{}", dir.display()),
             // The URL may carry a password: show only where it goes.
-            StoreUrl::Postgres(url) => {
+            StoreUrl::Postgres { url, stream } => {
                 let host = url.split_once('@').map_or(url.as_str(), |(_, h)| h);
-                write!(f, "postgres://…@{host}")
+                let host =
+                    host.strip_prefix("postgres://").or_else(|| host.strip_prefix("postgresql://")).unwrap_or(host);
+                write!(f, "postgres://…@{host} (stream {stream})")
             }
         }
     }
@@ -113,13 +121,13 @@ impl StoreUrl {
         }
     }
 
-    /// Where tenant `name`'s ledger lives: `DIR/tenants/<name>` for a SQLite directory, its
-    /// own in-memory store in memory.
+    /// Where tenant `name`'s ledger lives: `DIR/tenants/<name>` for a SQLite directory, the
+    /// stream `<name>` in PostgreSQL, its own in-memory store in memory.
     pub fn for_tenant(&self, name: &str) -> StoreUrl {
         match self {
             StoreUrl::Memory => StoreUrl::Memory,
             StoreUrl::Sqlite(dir) => StoreUrl::Sqlite(dir.join("tenants").join(name)),
-            StoreUrl::Postgres(url) => StoreUrl::Postgres(url.clone()),
+            StoreUrl::Postgres { url, .. } => StoreUrl::Postgres { url: url.clone(), stream: name.to_owned() },
         }
     }
 
@@ -145,10 +153,17 @@ impl StoreUrl {
                 value: format!("sqlite:{}", dir.display()),
                 expected: "a store this build has (the runtime was built without its `sqlite` feature)",
             }),
-            StoreUrl::Postgres(_) => Err(Error::InvalidArgument {
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres { url, stream } => Ok(OpenedStore {
+                store: Arc::new(tidegate_postgres::PgStore::open(url, stream).map_err(Error::Store)?),
+                #[cfg(feature = "sqlite")]
+                sqlite: None,
+            }),
+            #[cfg(not(feature = "postgres"))]
+            StoreUrl::Postgres { .. } => Err(Error::InvalidArgument {
                 field: "store",
                 value: self.to_string(),
-                expected: "`memory:` or a SQLite directory: this build has no PostgreSQL ledger store",
+                expected: "a store this build has (the runtime was built without its `postgres` feature)",
             }),
         }
     }
@@ -167,7 +182,9 @@ mod tests {
         assert_eq!(p("data/ledgers").ok(), Some(StoreUrl::sqlite("data/ledgers")));
         assert_eq!(p("./a:b").ok(), Some(StoreUrl::sqlite("./a:b")));
         assert_eq!(p("C:/tg").ok(), Some(StoreUrl::sqlite("C:/tg")));
-        assert!(matches!(p("postgres://u:secret@db:5432/tg"), Ok(StoreUrl::Postgres(_))));
+        assert!(
+            matches!(p("postgres://u:secret@db:5432/tg"), Ok(StoreUrl::Postgres { stream, .. }) if stream == "default")
+        );
         for bad in ["", "sqlite:", "mysql://x", "redis:6379"] {
             match p(bad) {
                 Err(Error::InvalidArgument { field: "store", .. }) => {}
@@ -177,12 +194,16 @@ mod tests {
     }
 
     #[test]
-    fn a_postgres_url_is_shown_without_its_password_and_refused_to_open() {
+    fn a_postgres_url_is_shown_without_its_password() {
         let u: StoreUrl = "postgres://tidegate:secret@db.internal:5432/tg".parse().unwrap_or(StoreUrl::Memory);
-        assert_eq!(u.to_string(), "postgres://…@db.internal:5432/tg");
+        assert_eq!(u.to_string(), "postgres://…@db.internal:5432/tg (stream default)");
+        assert_eq!(u.for_tenant("acme").to_string(), "postgres://…@db.internal:5432/tg (stream acme)");
+        // An unreachable database: the error names the place, never the password.
+        let u: StoreUrl =
+            "postgres://tidegate:secret@127.0.0.1:1/tg?connect_timeout=2".parse().unwrap_or(StoreUrl::Memory);
         match u.open() {
-            Err(Error::InvalidArgument { field: "store", value, .. }) => assert!(!value.contains("secret")),
-            other => panic!("{other:?}"),
+            Err(e) => assert!(!e.to_string().contains("secret"), "{e}"),
+            Ok(_) => panic!("opened a database on port 1"),
         }
     }
 

@@ -123,7 +123,9 @@ impl Service {
                 return Err(ServiceError::invalid(
                     "server.store",
                     other.to_string(),
-                    "`memory:` or a SQLite directory: this build keeps its catalog in neither elsewhere",
+                    "`memory:` or a SQLite directory: the server keeps its catalog, idempotency records and \
+                     worker queue beside the ledger, and keeps them in PostgreSQL not yet (docs/deployment.md); \
+                     a PostgreSQL ledger serves embedded engines and `tidegate ledger verify --store` today",
                 ));
             }
         };

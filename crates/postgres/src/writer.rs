@@ -1,0 +1,203 @@
+//! Group commit: the queue appenders fill, the waiters, and the writer thread that sends
+//! everything queued as one `tidegate_append` call.
+//!
+//! ```text
+//!  appenders (engine lock held)      writer thread                              waiters
+//!  append(b1) ─► queue [b1]  ─────►  woken: the queue is not empty              durable(l1)
+//!  append(b2) ─► queue [b1 b2]       inflight = [b1 b2], queue = []
+//!  append(b3) ─► queue [b3]          encode, chain ─► SELECT tidegate_append(…)  (one round trip)
+//!                                    durable = last(b2); inflight = [] ─► wake waiters ≤ durable
+//! ```
+//!
+//! The writer commits as soon as anything is queued; while a commit is on the wire the next
+//! batches gather, so concurrent appenders share a round trip and a WAL flush.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Waker;
+
+use parking_lot::{Mutex, MutexGuard};
+use postgres::Client;
+use tidegate_core::Batch;
+use tidegate_storage::wire::{self, Chain};
+use tidegate_storage::{Lsn, StoreError};
+
+use crate::error::{FENCED, NO_STREAM, NOT_NEXT, database, state_of};
+
+/// Consecutive events appended by one call, shared with the engine (not copied).
+#[derive(Debug, Clone)]
+pub(crate) struct Queued {
+    pub(crate) first: Lsn,
+    pub(crate) events: Batch,
+}
+
+/// What appenders, waiters and the writer share, behind one lock.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// Appended, not yet taken by the writer, in LSN order.
+    pub(crate) queue: Vec<Queued>,
+    /// Being committed (kept so `scan` sees them).
+    pub(crate) inflight: Vec<Queued>,
+    /// Every event up to here is committed.
+    pub(crate) durable: Lsn,
+    pub(crate) failed: Option<Arc<StoreError>>,
+    pub(crate) closing: bool,
+    /// Waiters by the LSN they wait for.
+    pub(crate) wakers: BTreeMap<Lsn, Vec<Waker>>,
+    pub(crate) commits: u64,
+    pub(crate) appends: u64,
+}
+
+impl State {
+    pub(crate) fn failure(&self) -> Result<(), StoreError> {
+        match &self.failed {
+            Some(cause) => Err(StoreError::Failed { cause: cause.clone() }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The state plus what is read without its lock.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    pub(crate) work: parking_lot::Condvar,
+    /// Every event up to here is durable (mirrors `State::durable`).
+    pub(crate) durable: AtomicU64,
+    /// The last LSN assigned.
+    pub(crate) last: AtomicU64,
+    /// Where the ledger is, for errors.
+    pub(crate) location: PathBuf,
+}
+
+impl Shared {
+    pub(crate) fn new(location: PathBuf, last: Lsn) -> Shared {
+        Shared {
+            state: Mutex::new(State { durable: last, ..State::default() }),
+            work: parking_lot::Condvar::new(),
+            durable: AtomicU64::new(last),
+            last: AtomicU64::new(last),
+            location,
+        }
+    }
+
+    /// Stops the handle: drops what is not durable, wakes every waiter with the failure.
+    pub(crate) fn fail(&self, mut st: MutexGuard<'_, State>, cause: StoreError) -> StoreError {
+        if let Some(earlier) = &st.failed {
+            return StoreError::Failed { cause: earlier.clone() };
+        }
+        let cause = Arc::new(cause);
+        st.failed = Some(cause.clone());
+        st.queue = Vec::new();
+        st.inflight = Vec::new();
+        let wakers = std::mem::take(&mut st.wakers);
+        drop(st);
+        self.work.notify_all();
+        wakers.into_values().flatten().for_each(Waker::wake);
+        StoreError::Failed { cause }
+    }
+}
+
+/// The writer's connection and where its chain stands.
+pub(crate) struct Writer {
+    pub(crate) client: Client,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) stream: String,
+    pub(crate) token: u64,
+    /// The chain value at the durable LSN.
+    pub(crate) chain: Chain,
+}
+
+impl Writer {
+    /// Commits until the handle closes (after committing what is queued) or fails.
+    pub(crate) fn run(mut self) {
+        loop {
+            let mut st = self.shared.state.lock();
+            while st.queue.is_empty() && !st.closing && st.failed.is_none() {
+                self.shared.work.wait(&mut st);
+            }
+            if st.failed.is_some() || st.queue.is_empty() {
+                return;
+            }
+            let batches = std::mem::take(&mut st.queue);
+            st.inflight.clone_from(&batches);
+            drop(st);
+            match self.commit(&batches) {
+                Ok((last, chain)) => {
+                    self.chain = chain;
+                    let mut st = self.shared.state.lock();
+                    st.durable = last;
+                    st.commits += 1;
+                    st.inflight.clear();
+                    self.shared.durable.store(last, Ordering::Release);
+                    let later = st.wakers.split_off(&(last + 1));
+                    let ready = std::mem::replace(&mut st.wakers, later);
+                    drop(st);
+                    ready.into_values().flatten().for_each(Waker::wake);
+                }
+                Err(e) => {
+                    let st = self.shared.state.lock();
+                    self.shared.fail(st, e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Encodes and chains `batches` and sends them as one `tidegate_append` call.
+    fn commit(&mut self, batches: &[Queued]) -> Result<(Lsn, Chain), StoreError> {
+        let first = batches.first().map_or(0, |q| q.first);
+        let rows: usize = batches.iter().map(|q| q.events.len()).sum();
+        let mut bodies = Vec::with_capacity(rows);
+        let mut chains = Vec::with_capacity(rows);
+        let mut chain = self.chain;
+        let mut lsn = first;
+        for q in batches {
+            for (i, e) in q.events.iter().enumerate() {
+                let body = wire::encode(i, e)?;
+                chain = chain.next(lsn, body.as_bytes());
+                chains.push(chain.0.to_vec());
+                bodies.push(body);
+                lsn += 1;
+            }
+        }
+        let last = lsn - 1;
+        let location = &self.shared.location;
+        let (Ok(token), Ok(first_col)) = (i64::try_from(self.token), i64::try_from(first)) else {
+            return Err(StoreError::InvalidArgument {
+                field: "lsn",
+                value: first.to_string(),
+                expected: "LSNs and tokens that fit in a signed 64-bit integer",
+            });
+        };
+        let r = self.client.query_one(
+            "SELECT tidegate_append($1, $2, $3, $4, $5, $6)",
+            &[&self.stream, &token, &first_col, &bodies, &chains, &chain.0.as_slice()],
+        );
+        match r {
+            Ok(_) => Ok((last, chain)),
+            Err(e) => Err(match state_of(&e) {
+                Some((code, detail)) if code == FENCED => StoreError::Fenced {
+                    stream: self.stream.clone(),
+                    token: self.token,
+                    current: detail.and_then(|d| d.parse().ok()).unwrap_or(0),
+                },
+                Some((code, detail)) if code == NOT_NEXT => StoreError::Corrupt {
+                    lsn: first,
+                    detail: format!(
+                        "the stream ends at LSN {} in the database but this owner continued it at LSN {first}: \
+                         another writer shares this owner's token",
+                        detail.unwrap_or("?")
+                    ),
+                },
+                Some((code, _)) if code == NO_STREAM => StoreError::NotALedger {
+                    path: location.clone(),
+                    detail: "the stream's head row was deleted while this owner held it".into(),
+                },
+                _ => database("commit a batch", location, e),
+            }),
+        }
+    }
+}

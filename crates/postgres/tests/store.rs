@@ -1,0 +1,298 @@
+//! The PostgreSQL store against a real PostgreSQL (`TIDEGATE_PG_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`): the conformance suite unchanged, and the damage
+//! it must refuse. Each test binary creates its own database and drops it at the end; a server
+//! that is not there fails the tests (they never pass without it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use postgres::{Client, NoTls};
+use tidegate_core::Batch;
+use tidegate_postgres::{PgStore, SCHEMA_VERSION};
+use tidegate_storage::conformance::{self, Owned, Reopenable};
+use tidegate_storage::{LedgerStore, StoreError};
+
+fn admin_url() -> String {
+    std::env::var("TIDEGATE_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A database of this test's own, dropped when it ends.
+struct Db {
+    name: String,
+    url: String,
+}
+
+impl Db {
+    fn new(tag: &str) -> Db {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let name = format!("tidegate_pg_{tag}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let admin = admin_url();
+        let mut c = Client::connect(&admin, NoTls).unwrap_or_else(|e| {
+            panic!("PostgreSQL is required at {admin} (set TIDEGATE_PG_URL; .ci/run checks it is up): {e}")
+        });
+        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).expect("drop an old test database");
+        c.batch_execute(&format!("CREATE DATABASE {name}")).expect("create the test database");
+        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b).to_owned();
+        Db { url: format!("{base}/{name}"), name }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.url, NoTls).expect("connect to the test database")
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Ok(mut c) = Client::connect(&admin_url(), NoTls) {
+            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        }
+    }
+}
+
+fn events(tx: u64, n: u64) -> Batch {
+    Batch::from((0..n).map(|i| conformance::event(tx, i)).collect::<Vec<_>>())
+}
+
+#[test]
+fn the_postgres_store_passes_the_conformance_suite() {
+    let db = Db::new("conf");
+    let n = AtomicU64::new(0);
+    let url = db.url.clone();
+    let create = || PgStore::open(&url, &format!("case-{}", n.fetch_add(1, Ordering::Relaxed))).expect("open");
+    let reopen = |store: PgStore| {
+        let stream = store.stream().to_owned();
+        store.close().expect("close");
+        PgStore::open(&url, &stream).expect("reopen")
+    };
+    conformance::run_all(Owned::new(Reopenable::new(create, reopen), |old: &PgStore| {
+        PgStore::open(&url, old.stream())
+    }));
+}
+
+/// Opens a stream, appends `n` events in batches of 5, and closes it.
+fn written(db: &Db, stream: &str, n: u64) {
+    let store = PgStore::open(&db.url, stream).expect("open");
+    for b in 0..n / 5 {
+        store.append(&events(b, 5)).expect("append");
+    }
+    store.close().expect("close");
+}
+
+fn refused(db: &Db, stream: &str) -> StoreError {
+    match PgStore::open(&db.url, stream) {
+        Ok(s) => panic!("a damaged stream opened: {:?}", s.open_report()),
+        Err(e) => {
+            // The read-only view (what `tidegate ledger verify` uses) refuses it too.
+            assert!(PgStore::open_read_only(&db.url, stream).is_err(), "the read-only view opened it: {e}");
+            e
+        }
+    }
+}
+
+#[test]
+fn damage_from_outside_is_refused_at_open_naming_what_is_wrong() {
+    let db = Db::new("damage");
+    let mut c = db.client();
+    for s in ["tail", "gap", "body", "past", "head"] {
+        written(&db, s, 20);
+    }
+    // The last rows deleted (a lost tail): the head still says 20.
+    c.execute("DELETE FROM tidegate_events WHERE stream = 'tail' AND lsn > 17", &[]).unwrap();
+    match refused(&db, "tail") {
+        StoreError::Shortened { acknowledged: 20, last: 17, .. } => {}
+        e => panic!("tail: {e:?}"),
+    }
+    c.execute("DELETE FROM tidegate_events WHERE stream = 'gap' AND lsn = 8", &[]).unwrap();
+    match refused(&db, "gap") {
+        StoreError::Corrupt { lsn: 8, .. } => {}
+        e => panic!("gap: {e:?}"),
+    }
+    // One body changed, still valid JSON of a valid event: only the chain shows it.
+    c.execute(
+        "UPDATE tidegate_events SET body = replace(body, '\"version\":2', '\"version\":3') \
+         WHERE stream = 'body' AND lsn = 3",
+        &[],
+    )
+    .unwrap();
+    match refused(&db, "body") {
+        StoreError::Corrupt { lsn: 3, detail } => assert!(detail.contains("chain"), "{detail}"),
+        e => panic!("body: {e:?}"),
+    }
+    c.execute(
+        "INSERT INTO tidegate_events SELECT stream, 21, body, chain FROM tidegate_events \
+         WHERE stream = 'past' AND lsn = 20",
+        &[],
+    )
+    .unwrap();
+    match refused(&db, "past") {
+        StoreError::Corrupt { lsn: 21, .. } => {}
+        e => panic!("past: {e:?}"),
+    }
+    c.execute(
+        "UPDATE tidegate_streams SET last_chain = '\\x00'::bytea || substr(last_chain, 2) WHERE stream = 'head'",
+        &[],
+    )
+    .unwrap();
+    match refused(&db, "head") {
+        StoreError::Unprovable { .. } => {}
+        e => panic!("head: {e:?}"),
+    }
+    // The healthy stream beside them still opens and verifies.
+    written(&db, "healthy", 10);
+    let store = PgStore::open_read_only(&db.url, "healthy").expect("read-only open");
+    assert_eq!(store.verify().expect("verify"), (10, 10));
+}
+
+#[test]
+fn a_newer_schema_or_format_is_refused_with_the_versions() {
+    let db = Db::new("newer");
+    written(&db, "a", 5);
+    written(&db, "b", 5);
+    let mut c = db.client();
+    c.execute("UPDATE tidegate_streams SET format_version = 99 WHERE stream = 'a'", &[]).unwrap();
+    match PgStore::open(&db.url, "a") {
+        Err(StoreError::NewerFormat { key: "format_version", found: 99, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    // The refused open took no token.
+    let token: i64 = c.query_one("SELECT token FROM tidegate_streams WHERE stream = 'a'", &[]).unwrap().get(0);
+    assert_eq!(token, 1);
+    c.execute("UPDATE tidegate_meta SET value = 7 WHERE key = 'schema_version'", &[]).unwrap();
+    for r in [PgStore::open(&db.url, "b"), PgStore::open_read_only(&db.url, "b")] {
+        match r {
+            Err(e @ StoreError::NewerFormat { key: "schema_version", found: 7, .. }) => {
+                assert!(e.to_string().contains(&format!("newer than {SCHEMA_VERSION}")), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_read_only_view_takes_no_token_and_sees_what_the_owner_committed() {
+    let db = Db::new("ro");
+    let owner = PgStore::open(&db.url, "t").expect("open");
+    let l = owner.append(&events(1, 5)).unwrap();
+    owner.wait_durable(l).unwrap();
+    let view = PgStore::open_read_only(&db.url, "t").expect("view");
+    assert_eq!(view.ownership().token, 0);
+    assert!(matches!(view.append(&events(2, 1)), Err(StoreError::ReadOnly { .. })));
+    assert_eq!(conformance::collect(&view, 1).unwrap().len(), 5);
+    // The owner was not fenced by the view.
+    let l = owner.append(&events(3, 2)).unwrap();
+    owner.wait_durable(l).unwrap();
+    assert!(matches!(PgStore::open_read_only(&db.url, "nope"), Err(StoreError::NotALedger { .. })));
+    assert!(matches!(PgStore::open(&db.url, ""), Err(StoreError::InvalidArgument { field: "stream", .. })));
+    assert!(matches!(
+        PgStore::open("postgres://x@/nodb?port=nan", "t"),
+        Err(StoreError::InvalidArgument { field: "store", .. })
+    ));
+}
+
+#[test]
+fn first_opens_racing_on_a_new_database_migrate_once() {
+    let db = Db::new("race");
+    let url = db.url.clone();
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let s = PgStore::open(&url, &format!("s{i}")).expect("open");
+                let l = s.append(&events(i, 3)).unwrap();
+                s.wait_durable(l).unwrap();
+                s.open_report().migrated
+            })
+        })
+        .collect();
+    let migrated = handles.into_iter().map(|h| h.join().expect("thread")).filter(|m| *m).count();
+    assert_eq!(migrated, 1, "exactly one open creates the tables");
+}
+
+/// The store is used from inside an async runtime (the server): open, append, await
+/// durability, scan and drop on a runtime thread must neither panic nor block the runtime.
+#[test]
+fn the_store_works_from_inside_an_async_runtime() {
+    let db = Db::new("rt");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let store = PgStore::open(&db.url, "t").expect("open");
+        let mut lsns = Vec::new();
+        for b in 0..20 {
+            lsns.push(store.append(&events(b, 2)).unwrap());
+        }
+        tidegate_storage::durable(&store, *lsns.last().unwrap()).await.unwrap();
+        assert_eq!(conformance::collect(&store, 1).unwrap().len(), 40);
+        assert!(store.commits() <= 20, "batches appended together share commits");
+        store.put_checkpoint(40, b"cp").unwrap();
+        drop(store);
+        let again = PgStore::open(&db.url, "t").expect("reopen");
+        assert_eq!(again.checkpoint().unwrap().map(|c| c.lsn), Some(40));
+    });
+}
+
+/// A handle whose connection is killed by the database stops: its waiters get an error, it
+/// reports nothing durable that was not committed, and a reopen shows exactly what committed.
+#[test]
+fn a_killed_connection_stops_the_handle_and_loses_nothing_acknowledged() {
+    let db = Db::new("kill");
+    let store = PgStore::open(&db.url, "t").expect("open");
+    let l = store.append(&events(1, 5)).unwrap();
+    store.wait_durable(l).unwrap();
+    let mut c = db.client();
+    c.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() \
+         AND pid <> pg_backend_pid()",
+        &[],
+    )
+    .unwrap();
+    let l2 = store.append(&events(2, 5)).unwrap();
+    let r = store.wait_durable(l2);
+    assert!(r.is_err(), "a commit on a killed connection cannot be acknowledged");
+    assert!(store.append(&events(3, 1)).is_err(), "the stopped handle refuses appends");
+    drop(store);
+    let again = PgStore::open(&db.url, "t").expect("reopen");
+    assert_eq!(again.last_lsn(), 5, "exactly the acknowledged events");
+}
+
+/// An owner appending as fast as it can while another process takes the stream: every batch
+/// it was told is durable is in the ledger at its LSN, it is refused with `Fenced` from the
+/// take-over on (not with a later, vaguer error), and nothing it appended after the take-over
+/// is in the ledger.
+#[test]
+fn a_take_over_under_load_keeps_every_acknowledged_batch_and_no_later_one() {
+    let db = Db::new("race_owner");
+    let old = std::sync::Arc::new(PgStore::open(&db.url, "t").expect("open"));
+    let writer = {
+        let old = old.clone();
+        std::thread::spawn(move || {
+            let mut acked = Vec::new();
+            for tx in 1..u64::MAX {
+                let lsn = match old.append(&events(tx, 3)) {
+                    Ok(l) => l,
+                    Err(e) => return (acked, e),
+                };
+                match old.wait_durable(lsn) {
+                    Ok(()) => acked.push((lsn, tx)),
+                    Err(e) => return (acked, e),
+                }
+            }
+            unreachable!()
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let new = PgStore::open(&db.url, "t").expect("take over");
+    let (acked, refused) = writer.join().expect("writer thread");
+    assert!(refused.is_fenced(), "the old owner must learn it was fenced: {refused:?}");
+    assert!(acked.len() > 5, "the old owner committed before the take-over ({} batches)", acked.len());
+    let seen = conformance::collect(&new, 1).unwrap();
+    assert_eq!(seen.len() as u64, new.last_lsn());
+    for (lsn, tx) in &acked {
+        assert_eq!(seen[(*lsn - 1) as usize].1, conformance::event(*tx, 2), "acknowledged batch {tx} at LSN {lsn}");
+    }
+    let last_acked = acked.last().map_or(0, |(l, _)| *l);
+    assert!(new.last_lsn() <= last_acked + 3, "at most the batch in flight at the take-over committed");
+    let l = new.append(&events(0, 2)).unwrap();
+    new.wait_durable(l).unwrap();
+    drop(new);
+    let view = PgStore::open_read_only(&db.url, "t").expect("verify");
+    assert_eq!(view.verify().unwrap().0, l);
+}
