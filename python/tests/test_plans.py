@@ -254,7 +254,13 @@ def test_a_block_verdict_compensates_one_effect_and_the_plan_stays_open(tg, sink
         tx = step(plan, "h1")
         assert tx.outcome is not None
         plan.verdict(tx, tx.outcome.effects[0].id, "block")
-        wait_for("the blocked effect's compensation", lambda: sink.bookings() == ["B-h1"])
+        # The sink sees the compensation's call before the executor records it finished: wait
+        # for both (under load the gap is long enough for the commit below to find it running).
+        wait_for(
+            "the blocked effect's compensation",
+            lambda: sink.bookings() == ["B-h1"]
+            and all(r.state not in ("in_flight", "in_doubt") for r in plan.detail().registrations),
+        )
         assert plan.status == "open"
         with pytest.raises(tidegate.InvalidArgument) as e:
             plan.verdict(tx, 0, "maybe")

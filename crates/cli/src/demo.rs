@@ -171,18 +171,17 @@ async fn story(url: tidegate_runtime::StoreUrl, opts: DemoOptions) -> anyhow::Re
         tg.register(t)?;
     }
     let recovered = tg.recover().await?;
-    match (&sqlite, &dir) {
-        (Some(s), Some(d)) => {
-            let open = tg.open_report();
-            let rebuilt = match (open.checkpoint_lsn, &open.checkpoint_fallback) {
-                (_, Some(why)) => format!("checkpoint not used ({why}); {} events replayed", open.replayed_events),
-                (Some(lsn), None) => {
-                    format!("rebuilt from the checkpoint at LSN {lsn} plus {} later events", open.replayed_events)
-                }
-                (None, None) => format!("{} events from earlier runs replayed", open.replayed_events),
-            };
-            println!("Ledger: {} ({rebuilt}; {})\n", d.path()?.display(), s.open_report());
+    let open = tg.open_report();
+    let rebuilt = match (open.checkpoint_lsn, &open.checkpoint_fallback) {
+        (_, Some(why)) => format!("checkpoint not used ({why}); {} events replayed", open.replayed_events),
+        (Some(lsn), None) => {
+            format!("rebuilt from the checkpoint at LSN {lsn} plus {} later events", open.replayed_events)
         }
+        (None, None) => format!("{} events from earlier runs replayed", open.replayed_events),
+    };
+    match (&sqlite, &dir) {
+        (Some(s), Some(d)) => println!("Ledger: {} ({rebuilt}; {})\n", d.path()?.display(), s.open_report()),
+        _ if url.is_durable() => println!("Ledger: {url} ({rebuilt})\n"),
         _ => println!("Ledger: in memory (--memory)\n"),
     }
     if recovered.unfinished > 0 {

@@ -34,8 +34,9 @@ enum Command {
         /// Keep the ledger in memory instead of the embedded store.
         #[arg(long, conflicts_with = "data_dir")]
         memory: bool,
-        /// Where the ledger lives, as a store URL: `memory:`, `sqlite:DIR` or a directory (the
-        /// text `tidegate serve --store` and `tidegate.open(...)` take).
+        /// Where the ledger lives, as a store URL: `memory:`, `sqlite:DIR`, a directory, or
+        /// `postgres://USER@HOST/DB` (its stream `default`; the text `tidegate serve --store`
+        /// and `tidegate.open(...)` take).
         #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "memory"])]
         store: Option<String>,
         /// Write one operation record per transaction to FILE (JSON Lines; `tidegate check

@@ -116,3 +116,26 @@ fn verify_checks_a_postgres_stream_and_names_a_damaged_row() {
     drop(db);
     c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
 }
+
+/// The demo on a PostgreSQL ledger (`--store postgres://…`): the second run rebuilds from the
+/// first's checkpoint and appends to the same stream, which then verifies.
+#[test]
+fn the_demo_runs_twice_on_a_postgres_ledger_that_then_verifies() {
+    let admin = std::env::var("TIDEGATE_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let name = format!("tidegate_cli_demo_{}", std::process::id());
+    let mut c = postgres::Client::connect(&admin, postgres::NoTls)
+        .unwrap_or_else(|e| panic!("PostgreSQL is required at {admin} (TIDEGATE_PG_URL): {e}"));
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+    let demo = || Command::new(BIN).args(["demo", "--store", &url]).output().unwrap();
+    let first = demo();
+    assert!(first.status.success(), "{}", text(&first));
+    let second = demo();
+    let shown = text(&second);
+    assert!(second.status.success(), "{shown}");
+    assert!(shown.contains("Ledger: postgres://") && shown.contains("rebuilt from the checkpoint at LSN"), "{shown}");
+    let out = Command::new(BIN).args(["ledger", "verify", "--store", &url]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
+}
