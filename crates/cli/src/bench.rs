@@ -77,6 +77,11 @@ pub enum Which {
         /// automatic checkpoints); default: the engine's default.
         #[arg(long)]
         checkpoint_every: Option<u64>,
+        /// Also run the same workload on the PostgreSQL ledger store in this database
+        /// (`postgres://USER@HOST/DB`; the `postgres_*` fields): streams `bench-<pid>-1` and
+        /// `bench-<pid>-64` are created there and left behind, so give it a scratch database.
+        #[arg(long, value_name = "URL")]
+        postgres: Option<String>,
     },
     /// `tidegate serve` on loopback against the same workload in-process: begin + a
     /// reversible effect + a webhook-released gated effect + commit, at each client count,
@@ -117,8 +122,8 @@ pub fn run(which: Which) -> anyhow::Result<()> {
     match which {
         Which::Micro { tx: Some(n), level, calls, .. } => fixed_tx(n, level, calls),
         Which::Micro { json, history, .. } => micro(json, history),
-        Which::Durable { json, data_dir, seconds, reopen_tx, checkpoint_every } => {
-            durable(json, data_dir, seconds, reopen_tx, checkpoint_every)
+        Which::Durable { json, data_dir, seconds, reopen_tx, checkpoint_every, postgres } => {
+            durable(json, data_dir, seconds, reopen_tx, checkpoint_every, postgres)
         }
         Which::Detect { json, sizes, seed } => crate::bench_detect::run(json, &sizes, seed),
         Which::Review(args) => crate::bench_review::run(args),
@@ -294,6 +299,7 @@ fn durable(
     secs: f64,
     reopen_tx: u64,
     checkpoint_every: Option<u64>,
+    postgres: Option<String>,
 ) -> anyhow::Result<()> {
     let policy = match checkpoint_every {
         None => tidegate_runtime::CheckpointPolicy::default(),
@@ -324,6 +330,21 @@ fn durable(
             let p99 = lat.get(((lat.len() as f64) * 0.99) as usize).copied().unwrap_or(0.0);
             out.push((tps, p99, syncs_per_tx, marks_per_tx));
         }
+        // The same workload on the PostgreSQL store: the third number is round trips (group
+        // commits) per transaction; it has no separate high-water mark.
+        if let Some(url) = &postgres {
+            for clients in [1u64, 64] {
+                let stream = format!("bench-{}-{clients}", std::process::id());
+                let store = Arc::new(tidegate_postgres::PgStore::open(url, &stream)?);
+                let tg = Tidegate::builder().store(store.clone()).checkpoints(policy).build()?;
+                let before = store.commits();
+                let (tps, mut lat) = durable_clients(&tg, &gated, clients, secs).await?;
+                let commits_per_tx = (store.commits() - before) as f64 / lat.len().max(1) as f64;
+                lat.sort_by(f64::total_cmp);
+                let p99 = lat.get(((lat.len() as f64) * 0.99) as usize).copied().unwrap_or(0.0);
+                out.push((tps, p99, commits_per_tx, 0.0));
+            }
+        }
         anyhow::Ok(out)
     });
     let reopened = if reopen_tx > 0 { Some(reopen(&dir, reopen_tx)) } else { None };
@@ -346,6 +367,15 @@ fn durable(
         "ratio_64_to_fsync": (r[1].0 / fsync * 100.0).round() / 100.0,
         "transaction": "begin, read, one gated effect, seal, commit (SQLite WAL, synchronous=FULL, high-water mark synced per commit)",
     });
+    if let (Some(pg), Some(o)) = (r.get(2..4), out.as_object_mut()) {
+        let round = |x: f64, k: f64| (x * k).round() / k;
+        o.insert("postgres_tx_per_s_1".into(), pg[0].0.round().into());
+        o.insert("postgres_tx_per_s_64".into(), pg[1].0.round().into());
+        o.insert("postgres_p99_commit_ms_64".into(), round(pg[1].1, 100.0).into());
+        o.insert("postgres_commits_per_tx_1".into(), round(pg[0].2, 1000.0).into());
+        o.insert("postgres_commits_per_tx_64".into(), round(pg[1].2, 1000.0).into());
+        o.insert("postgres_to_sqlite_64".into(), round(pg[1].0 / r[1].0.max(1e-9), 100.0).into());
+    }
     if let (Some(r), Some(o)) = (reopened.transpose()?, out.as_object_mut())
         && let Some(fields) = r.as_object()
     {
@@ -370,7 +400,7 @@ fn durable(
             println!("  {k:<22} {:>12}", out[k]);
         }
         if let Some(o) = out.as_object() {
-            for (k, v) in o.iter().filter(|(k, _)| k.starts_with("reopen_")) {
+            for (k, v) in o.iter().filter(|(k, _)| k.starts_with("reopen_") || k.starts_with("postgres_")) {
                 println!("  {k:<34} {v}");
             }
         }

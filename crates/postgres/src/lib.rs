@@ -383,10 +383,16 @@ impl LedgerStore for PgStore {
         }
         st.appends += 1;
         let was_empty = st.queue.is_empty();
+        if was_empty {
+            st.oldest = Some(std::time::Instant::now());
+        }
+        st.queued_rows += batch.len();
+        let full = st.queued_rows >= writer::MAX_ROWS;
         st.queue.push(Queued { first: last + 1, events: batch.clone() });
         self.shared.last.store(new_last, Ordering::Release);
         drop(st);
-        if was_empty {
+        if was_empty || full {
+            // The writer learns the idle deadline, or that the queue is full.
             self.shared.work.notify_one();
         }
         Ok(new_last)
@@ -431,6 +437,12 @@ impl LedgerStore for PgStore {
         let wakers = st.wakers.entry(lsn).or_default();
         if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
             wakers.push(cx.waker().clone());
+        }
+        if lsn > st.wanted {
+            // Somebody waits: the writer commits now rather than at the idle deadline.
+            st.wanted = lsn;
+            drop(st);
+            self.shared.work.notify_one();
         }
         Poll::Pending
     }

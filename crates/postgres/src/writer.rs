@@ -9,14 +9,19 @@
 //!                                    durable = last(b2); inflight = [] ─► wake waiters ≤ durable
 //! ```
 //!
-//! The writer commits as soon as anything is queued; while a commit is on the wire the next
-//! batches gather, so concurrent appenders share a round trip and a WAL flush.
+//! A commit starts when somebody waits for an LSN that is not durable, when [`MAX_ROWS`] rows
+//! are queued, when the oldest queued batch has waited [`IDLE_FLUSH`], or when the store
+//! closes (the rule of the SQLite store). Events nobody waits for yet (a call recorded before
+//! the transaction's decision) ride the next commit instead of costing a round trip of their
+//! own; while a commit is on the wire the next batches gather, so concurrent appenders share a
+//! round trip and a WAL flush.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Waker;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 use postgres::Client;
@@ -25,6 +30,11 @@ use tidegate_storage::wire::{self, Chain};
 use tidegate_storage::{Lsn, StoreError};
 
 use crate::error::{FENCED, NO_STREAM, NOT_NEXT, database, state_of};
+
+/// Commit as soon as this many rows are queued, even if nobody waits.
+pub(crate) const MAX_ROWS: usize = 16_384;
+/// Commit queued rows nobody waits for after this long.
+pub(crate) const IDLE_FLUSH: Duration = Duration::from_millis(100);
 
 /// Consecutive events appended by one call, shared with the engine (not copied).
 #[derive(Debug, Clone)]
@@ -40,6 +50,11 @@ pub(crate) struct State {
     pub(crate) queue: Vec<Queued>,
     /// Being committed (kept so `scan` sees them).
     pub(crate) inflight: Vec<Queued>,
+    pub(crate) queued_rows: usize,
+    /// When the oldest queued batch was appended.
+    pub(crate) oldest: Option<Instant>,
+    /// The highest LSN a waiter waits for.
+    pub(crate) wanted: Lsn,
     /// Every event up to here is committed.
     pub(crate) durable: Lsn,
     pub(crate) failed: Option<Arc<StoreError>>,
@@ -92,6 +107,8 @@ impl Shared {
         st.failed = Some(cause.clone());
         st.queue = Vec::new();
         st.inflight = Vec::new();
+        st.queued_rows = 0;
+        st.oldest = None;
         let wakers = std::mem::take(&mut st.wakers);
         drop(st);
         self.work.notify_all();
@@ -115,12 +132,29 @@ impl Writer {
     pub(crate) fn run(mut self) {
         loop {
             let mut st = self.shared.state.lock();
-            while st.queue.is_empty() && !st.closing && st.failed.is_none() {
-                self.shared.work.wait(&mut st);
+            loop {
+                if st.failed.is_some() || (st.closing && st.queue.is_empty()) {
+                    return;
+                }
+                let due = st.oldest.map(|t| t + IDLE_FLUSH);
+                let now = Instant::now();
+                if !st.queue.is_empty()
+                    && (st.wanted > st.durable
+                        || st.queued_rows >= MAX_ROWS
+                        || st.closing
+                        || due.is_some_and(|d| d <= now))
+                {
+                    break;
+                }
+                match due {
+                    Some(d) => {
+                        self.shared.work.wait_until(&mut st, d);
+                    }
+                    None => self.shared.work.wait(&mut st),
+                }
             }
-            if st.failed.is_some() || st.queue.is_empty() {
-                return;
-            }
+            st.queued_rows = 0;
+            st.oldest = None;
             let batches = std::mem::take(&mut st.queue);
             st.inflight.clone_from(&batches);
             drop(st);
