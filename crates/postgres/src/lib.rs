@@ -28,18 +28,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use postgres::{Client, Config, NoTls};
 use tidegate_core::{Batch, Event};
 use tidegate_storage::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
 
-pub use schema::SCHEMA_VERSION;
+pub use schema::{SCHEMA_VERSION, StreamOwner};
 
 use error::{FENCED, PAST_END, database, off_runtime, state_of};
+use schema::Claimant;
 use writer::{Queued, Shared, Writer};
 
-/// Longest stream name accepted (a tenant name, or `default`).
+/// Longest stream name (a tenant's name, or `default`) and node id accepted.
 pub const MAX_STREAM_BYTES: usize = 200;
 
 /// What an open found and did.
@@ -133,12 +135,17 @@ fn describe(config: &Config) -> String {
     )
 }
 
-fn check_stream(stream: &str) -> Result<(), StoreError> {
-    if stream.is_empty() || stream.len() > MAX_STREAM_BYTES || stream.chars().any(char::is_control) {
+/// The shortest and longest lease [`PgStore::open_leased`] takes.
+pub const MIN_LEASE: Duration = Duration::from_millis(300);
+/// See [`MIN_LEASE`].
+pub const MAX_LEASE: Duration = Duration::from_secs(3600);
+
+fn check_name(field: &'static str, name: &str) -> Result<(), StoreError> {
+    if name.is_empty() || name.len() > MAX_STREAM_BYTES || name.chars().any(char::is_control) {
         return Err(StoreError::InvalidArgument {
-            field: "stream",
-            value: format!("{:?}", stream.chars().take(80).collect::<String>()),
-            expected: "1 to 200 bytes without control characters (a tenant's name)",
+            field,
+            value: format!("{:?}", name.chars().take(80).collect::<String>()),
+            expected: "1 to 200 bytes without control characters",
         });
     }
     Ok(())
@@ -174,19 +181,62 @@ impl PgStore {
     /// Opens stream `stream` of the database at `url` for writing, creating the tables (or
     /// upgrading them) and the stream if needed, taking it for a new owner (every earlier
     /// owner's handle is fenced out from now on) and verifying every row against the head.
+    ///
+    /// The open names no node and holds no lease: it takes the stream from any owner whose
+    /// lease ran out (or who held none), and holds it until another owner takes it. A live
+    /// lease of a node refuses it with [`StoreError::Leased`].
     pub fn open(url: &str, stream: &str) -> Result<PgStore, StoreError> {
-        PgStore::open_as(url, stream, false)
+        PgStore::open_as(url, stream, Some(Claimant { node: None, lease_ms: None }))
+    }
+
+    /// Opens stream `stream` for node `node` under a lease of `lease` (by the database's
+    /// clock): refused with [`StoreError::Leased`] (retryable) while another node's lease
+    /// runs; the writer renews it every third of `lease`; a clean close ends it at once, so
+    /// another node may take the stream without waiting (a drain). A node that stops renewing
+    /// (killed, paused, cut off) loses the stream to the next node that opens it after the
+    /// lease ran out, and its writes are fenced from that moment, whatever its clock says.
+    pub fn open_leased(url: &str, stream: &str, node: &str, lease: Duration) -> Result<PgStore, StoreError> {
+        check_name("node", node)?;
+        if lease < MIN_LEASE || lease > MAX_LEASE {
+            return Err(StoreError::InvalidArgument {
+                field: "lease",
+                value: format!("{} ms", lease.as_millis()),
+                expected: "a lease from 300 ms to 1 hour",
+            });
+        }
+        PgStore::open_as(
+            url,
+            stream,
+            Some(Claimant { node: Some(node.to_owned()), lease_ms: Some(lease.as_millis() as u64) }),
+        )
+    }
+
+    /// Every stream of the database at `url` with its owner, token, lease and last LSN (for an
+    /// operator's cluster view). Reads only.
+    pub fn owners(url: &str) -> Result<Vec<StreamOwner>, StoreError> {
+        let config = parse_url(url)?;
+        let location = PathBuf::from(describe(&config));
+        off_runtime(|| {
+            let mut client = connect(&config, &location)?;
+            if schema::schema_version(&mut client, &location)? == 0 {
+                return Ok(Vec::new());
+            }
+            schema::owners(&mut client, &location)
+        })
     }
 
     /// Opens an existing stream without taking it: nothing is written (appends and checkpoints
     /// are refused with [`StoreError::ReadOnly`]), the current owner keeps writing. For operators'
     /// tools (`tidegate ledger verify`); the rows are verified like [`PgStore::open`] does.
     pub fn open_read_only(url: &str, stream: &str) -> Result<PgStore, StoreError> {
-        PgStore::open_as(url, stream, true)
+        PgStore::open_as(url, stream, None)
     }
 
-    fn open_as(url: &str, stream: &str, read_only: bool) -> Result<PgStore, StoreError> {
-        check_stream(stream)?;
+    /// Opens for `claimant`, or read-only when there is none.
+    fn open_as(url: &str, stream: &str, claimant: Option<Claimant>) -> Result<PgStore, StoreError> {
+        check_name("stream", stream)?;
+        let read_only = claimant.is_none();
+        let claimant = claimant.unwrap_or(Claimant { node: None, lease_ms: None });
         let config = parse_url(url)?;
         let location = PathBuf::from(format!("{} stream {stream}", describe(&config)));
         let (client, head, created, schema_version, migrated, checked) = off_runtime(|| {
@@ -206,7 +256,7 @@ impl PgStore {
                 (v, false, head, false)
             } else {
                 let (v, migrated) = schema::migrate(&mut client, &location)?;
-                let (head, created) = schema::claim(&mut client, stream, &location)?;
+                let (head, created) = schema::claim(&mut client, stream, &claimant, &location)?;
                 (v, migrated, head, created)
             };
             let checked = verify::check(&mut client, stream, &head, &location)?;
@@ -238,7 +288,14 @@ impl PgStore {
         if read_only {
             store.readers.lock().push(client);
         } else {
-            let writer = Writer { client, shared, stream: stream.to_owned(), token, chain: checked.chain };
+            let writer = Writer {
+                client,
+                shared,
+                stream: stream.to_owned(),
+                token,
+                chain: checked.chain,
+                lease: claimant.lease_ms.map(Duration::from_millis),
+            };
             let handle = std::thread::Builder::new()
                 .name(format!("tidegate-pg-{stream}"))
                 .spawn(move || writer.run())
@@ -266,6 +323,11 @@ impl PgStore {
     /// Group commits sent so far (each one round trip).
     pub fn commits(&self) -> u64 {
         self.shared.state.lock().commits
+    }
+
+    /// Lease renewals so far.
+    pub fn renewals(&self) -> u64 {
+        self.shared.state.lock().renewals
     }
 
     /// Reads every row again, recomputes the chain and compares it with the head, as the open

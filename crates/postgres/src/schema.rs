@@ -9,13 +9,14 @@ use tidegate_storage::{Lsn, StoreError};
 use crate::error::database;
 
 /// The newest schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 1;
+pub const SCHEMA_VERSION: u64 = 2;
 
 /// An advisory lock key held while migrating, so concurrent first opens migrate once.
 const MIGRATION_LOCK: i64 = 0x7469_6465_6761_7465; // "tidegate"
 
 /// Migration `i` takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 1] = [r#"
+const MIGRATIONS: [&str; 2] = [
+    r#"
 CREATE TABLE tidegate_streams (
     stream          text PRIMARY KEY,
     ledger_id       bytea NOT NULL,
@@ -87,7 +88,12 @@ BEGIN
         ON CONFLICT (stream) DO UPDATE SET lsn = excluded.lsn, bytes = excluded.bytes;
 END
 $fn$;
-"#];
+"#,
+    r#"
+-- Schema 2: who holds each stream and until when (a node's lease, by the database's clock).
+ALTER TABLE tidegate_streams ADD COLUMN owner text, ADD COLUMN lease_until timestamptz;
+"#,
+];
 
 /// Creates or upgrades the tables and functions; refuses a database a newer build wrote.
 /// Returns the schema version found before (0: none) and whether anything was applied.
@@ -127,6 +133,10 @@ pub(crate) fn migrate(client: &mut Client, location: &Path) -> Result<(u64, bool
 /// A stream's head row.
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
+    /// The node holding it, if it said (a leased open names itself).
+    pub(crate) owner: Option<String>,
+    /// How long its lease still runs (`None`: no lease, or run out).
+    pub(crate) lease_left_ms: Option<u64>,
     pub(crate) ledger_id: Vec<u8>,
     pub(crate) format_version: u32,
     pub(crate) token: u64,
@@ -139,6 +149,8 @@ impl Head {
     fn from_row(row: &postgres::Row) -> Head {
         let num = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
         Head {
+            owner: row.get(5),
+            lease_left_ms: row.get::<_, Option<i64>>(6).and_then(|ms| u64::try_from(ms).ok()).filter(|ms| *ms > 0),
             ledger_id: row.get(0),
             format_version: u32::try_from(row.get::<_, i32>(1)).unwrap_or(u32::MAX),
             token: num(2),
@@ -148,7 +160,8 @@ impl Head {
     }
 }
 
-const HEAD_COLUMNS: &str = "ledger_id, format_version, token, last_lsn, last_chain";
+const HEAD_COLUMNS: &str = "ledger_id, format_version, token, last_lsn, last_chain, owner, \
+                            (extract(epoch FROM lease_until - now()) * 1000)::bigint";
 
 fn newer_format(location: &Path, found: u32) -> StoreError {
     StoreError::NewerFormat {
@@ -159,10 +172,25 @@ fn newer_format(location: &Path, found: u32) -> StoreError {
     }
 }
 
+/// Who takes a stream, and for how long.
+#[derive(Debug, Clone)]
+pub(crate) struct Claimant {
+    /// The node's id (`None`: an unnamed process, e.g. an embedded engine or a CLI command).
+    pub(crate) node: Option<String>,
+    /// The lease, renewed by the writer (`None`: held until another owner takes it).
+    pub(crate) lease_ms: Option<u64>,
+}
+
 /// Creates the stream if it does not exist and takes it for a new owner: the token is raised
-/// under the head's row lock, which fences every earlier owner out. Returns the head as the
-/// new owner holds it, and whether the stream was created.
-pub(crate) fn claim(client: &mut Client, stream: &str, location: &Path) -> Result<(Head, bool), StoreError> {
+/// under the head's row lock, which fences every earlier owner out. A live lease of another
+/// node refuses the take-over ([`StoreError::Leased`]). Returns the head as the new owner
+/// holds it, and whether the stream was created.
+pub(crate) fn claim(
+    client: &mut Client,
+    stream: &str,
+    claimant: &Claimant,
+    location: &Path,
+) -> Result<(Head, bool), StoreError> {
     let db = |op| move |e| database(op, location, e);
     let mut tx = client.transaction().map_err(db("begin taking the stream"))?;
     let id: [u8; 16] = rand::random();
@@ -187,13 +215,20 @@ pub(crate) fn claim(client: &mut Client, stream: &str, location: &Path) -> Resul
     if found.format_version > LEDGER_FORMAT_VERSION {
         return Err(newer_format(location, found.format_version));
     }
+    if let (Some(owner), Some(remaining_ms)) = (&found.owner, found.lease_left_ms)
+        && claimant.node.as_ref() != Some(owner)
+    {
+        return Err(StoreError::Leased { stream: stream.to_owned(), owner: owner.clone(), remaining_ms });
+    }
+    let lease = claimant.lease_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX));
     let row = tx
         .query_one(
             &format!(
-                "UPDATE tidegate_streams SET token = token + 1, format_version = $2 WHERE stream = $1 \
+                "UPDATE tidegate_streams SET token = token + 1, format_version = $2, owner = $3, \
+                 lease_until = now() + $4::bigint * interval '1 millisecond' WHERE stream = $1 \
                  RETURNING {HEAD_COLUMNS}"
             ),
-            &[&stream, &i32::try_from(LEDGER_FORMAT_VERSION).unwrap_or(i32::MAX)],
+            &[&stream, &i32::try_from(LEDGER_FORMAT_VERSION).unwrap_or(i32::MAX), &claimant.node, &lease],
         )
         .map_err(db("take a new owner token"))?;
     tx.commit().map_err(db("commit taking the stream"))?;
@@ -239,4 +274,40 @@ pub(crate) fn schema_version(client: &mut Client, location: &Path) -> Result<u64
         });
     }
     Ok(v)
+}
+
+/// One stream as the cluster view shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamOwner {
+    /// The stream.
+    pub stream: String,
+    /// The node that took it last (`None`: an unnamed process).
+    pub owner: Option<String>,
+    /// The current owner token.
+    pub token: u64,
+    /// How long the owner's lease still runs (`None`: no lease, or it ran out).
+    pub lease_left_ms: Option<u64>,
+    /// The last acknowledged LSN.
+    pub last_lsn: Lsn,
+}
+
+/// Every stream of the database with its owner, token and lease, by stream name.
+pub(crate) fn owners(client: &mut Client, location: &Path) -> Result<Vec<StreamOwner>, StoreError> {
+    let rows = client
+        .query(&format!("SELECT stream, {HEAD_COLUMNS} FROM tidegate_streams ORDER BY stream"), &[])
+        .map_err(|e| database("list the streams", location, e))?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let stream: String = row.get(0);
+            let num = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+            StreamOwner {
+                stream,
+                owner: row.get(6),
+                token: num(3),
+                lease_left_ms: row.get::<_, Option<i64>>(7).and_then(|ms| u64::try_from(ms).ok()).filter(|ms| *ms > 0),
+                last_lsn: num(4),
+            }
+        })
+        .collect())
 }

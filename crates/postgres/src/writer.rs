@@ -63,6 +63,7 @@ pub(crate) struct State {
     pub(crate) wakers: BTreeMap<Lsn, Vec<Waker>>,
     pub(crate) commits: u64,
     pub(crate) appends: u64,
+    pub(crate) renewals: u64,
 }
 
 impl State {
@@ -125,39 +126,67 @@ pub(crate) struct Writer {
     pub(crate) token: u64,
     /// The chain value at the durable LSN.
     pub(crate) chain: Chain,
+    /// The lease this handle holds and renews every third of it (`None`: no lease).
+    pub(crate) lease: Option<Duration>,
 }
 
 impl Writer {
-    /// Commits until the handle closes (after committing what is queued) or fails.
+    /// Commits until the handle closes (after committing what is queued, then giving up its
+    /// lease) or fails.
     pub(crate) fn run(mut self) {
+        if self.serve() {
+            self.release();
+        }
+    }
+
+    /// The writer's loop; `true` on a clean close.
+    fn serve(&mut self) -> bool {
+        let mut renew_at = self.lease.map(|l| Instant::now() + l / 3);
         loop {
             let mut st = self.shared.state.lock();
-            loop {
-                if st.failed.is_some() || (st.closing && st.queue.is_empty()) {
-                    return;
+            let batches = loop {
+                if st.failed.is_some() {
+                    return false;
+                }
+                if st.closing && st.queue.is_empty() {
+                    return true;
+                }
+                let now = Instant::now();
+                if renew_at.is_some_and(|r| r <= now) {
+                    break None;
                 }
                 let due = st.oldest.map(|t| t + IDLE_FLUSH);
-                let now = Instant::now();
                 if !st.queue.is_empty()
                     && (st.wanted > st.durable
                         || st.queued_rows >= MAX_ROWS
                         || st.closing
                         || due.is_some_and(|d| d <= now))
                 {
-                    break;
+                    st.queued_rows = 0;
+                    st.oldest = None;
+                    let batches = std::mem::take(&mut st.queue);
+                    st.inflight.clone_from(&batches);
+                    break Some(batches);
                 }
-                match due {
+                match [due, renew_at].into_iter().flatten().min() {
                     Some(d) => {
                         self.shared.work.wait_until(&mut st, d);
                     }
                     None => self.shared.work.wait(&mut st),
                 }
-            }
-            st.queued_rows = 0;
-            st.oldest = None;
-            let batches = std::mem::take(&mut st.queue);
-            st.inflight.clone_from(&batches);
+            };
             drop(st);
+            let Some(batches) = batches else {
+                match self.renew() {
+                    Ok(()) => renew_at = self.lease.map(|l| Instant::now() + l / 3),
+                    Err(e) => {
+                        let st = self.shared.state.lock();
+                        self.shared.fail(st, e);
+                        return false;
+                    }
+                }
+                continue;
+            };
             match self.commit(&batches) {
                 Ok((last, chain)) => {
                     self.chain = chain;
@@ -174,10 +203,49 @@ impl Writer {
                 Err(e) => {
                     let st = self.shared.state.lock();
                     self.shared.fail(st, e);
-                    return;
+                    return false;
                 }
             }
         }
+    }
+
+    /// Extends the lease from the database's `now()`, if this handle still holds the stream.
+    fn renew(&mut self) -> Result<(), StoreError> {
+        let lease = self.lease.map_or(0, |l| i64::try_from(l.as_millis()).unwrap_or(i64::MAX));
+        let token = i64::try_from(self.token).unwrap_or(i64::MAX);
+        let renewed = self
+            .client
+            .execute(
+                "UPDATE tidegate_streams SET lease_until = now() + $3::bigint * interval '1 millisecond' \
+                 WHERE stream = $1 AND token = $2",
+                &[&self.stream, &token, &lease],
+            )
+            .map_err(|e| database("renew the lease", &self.shared.location, e))?;
+        if renewed == 1 {
+            self.shared.state.lock().renewals += 1;
+            return Ok(());
+        }
+        let current = self
+            .client
+            .query_opt("SELECT token FROM tidegate_streams WHERE stream = $1", &[&self.stream])
+            .ok()
+            .flatten()
+            .and_then(|r| u64::try_from(r.get::<_, i64>(0)).ok())
+            .unwrap_or(0);
+        Err(StoreError::Fenced { stream: self.stream.clone(), token: self.token, current })
+    }
+
+    /// On a clean close, ends the lease now, so another node may take the stream at once
+    /// (a drain). Best effort: a lease not released runs out by itself.
+    fn release(&mut self) {
+        if self.lease.is_none() {
+            return;
+        }
+        let token = i64::try_from(self.token).unwrap_or(i64::MAX);
+        let _ = self.client.execute(
+            "UPDATE tidegate_streams SET lease_until = now() WHERE stream = $1 AND token = $2",
+            &[&self.stream, &token],
+        );
     }
 
     /// Encodes and chains `batches` and sends them as one `tidegate_append` call.

@@ -296,3 +296,71 @@ fn a_take_over_under_load_keeps_every_acknowledged_batch_and_no_later_one() {
     let view = PgStore::open_read_only(&db.url, "t").expect("verify");
     assert_eq!(view.verify().unwrap().0, l);
 }
+
+/// Leases: a live lease of another node refuses a take-over (retryable, naming the owner); the
+/// holder renews it; a clean close ends it at once (a drain); a holder that stops renewing (its
+/// connection cut) loses the stream once the lease ran out, and the next node's token fences it.
+#[test]
+fn a_lease_keeps_other_nodes_out_until_it_ends_or_runs_out() {
+    use std::time::{Duration, Instant};
+    let db = Db::new("lease");
+    let lease = Duration::from_millis(900);
+    let a = PgStore::open_leased(&db.url, "t", "node-a", lease).expect("node a");
+    let l = a.append(&events(1, 2)).unwrap();
+    a.wait_durable(l).unwrap();
+    // Renewals keep it: well past the lease, node b is still refused.
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(a.renewals() >= 2, "renewed every third of the lease: {}", a.renewals());
+    for refused in [PgStore::open_leased(&db.url, "t", "node-b", lease), PgStore::open(&db.url, "t")] {
+        match refused {
+            Err(e @ StoreError::Leased { .. }) => {
+                assert!(e.retryable(), "{e}");
+                assert!(e.to_string().contains("node-a"), "{e}");
+            }
+            other => panic!("took a stream under a live lease: {other:?}"),
+        }
+    }
+    let owners = PgStore::owners(&db.url).unwrap();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(owners[0].owner.as_deref(), Some("node-a"));
+    assert!(owners[0].lease_left_ms.is_some_and(|ms| ms <= 900), "{owners:?}");
+    // The same node may take its own stream back (a restart before the lease ran out); the
+    // earlier handle is fenced.
+    let a2 = PgStore::open_leased(&db.url, "t", "node-a", lease).expect("node a again");
+    let stale = a.append(&events(2, 1)).and_then(|l| a.wait_durable(l));
+    assert!(stale.is_err_and(|e| e.is_fenced()), "the first handle of node a is fenced");
+    drop(a);
+    // A drain: a clean close ends the lease, node b takes over at once.
+    a2.close().unwrap();
+    let started = Instant::now();
+    let b = PgStore::open_leased(&db.url, "t", "node-b", lease).expect("node b after a's close");
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert_eq!(b.last_lsn(), 2);
+    // Node b is cut off from the database: it cannot renew, its lease runs out, node c takes
+    // the stream, and b never appends again.
+    let mut c = db.client();
+    c.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() \
+         AND pid <> pg_backend_pid()",
+        &[],
+    )
+    .unwrap();
+    let started = Instant::now();
+    let taken = loop {
+        match PgStore::open_leased(&db.url, "t", "node-c", lease) {
+            Ok(s) => break s,
+            Err(StoreError::Leased { owner, .. }) => assert_eq!(owner, "node-b"),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "the cut-off lease never ran out");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(started.elapsed() >= Duration::from_millis(200), "took the stream before b's lease ran out");
+    let refused = b.append(&events(9, 1)).and_then(|l| b.wait_durable(l));
+    assert!(refused.is_err(), "the cut-off owner appended after the take-over");
+    assert_eq!(taken.last_lsn(), 2);
+    assert!(matches!(
+        PgStore::open_leased(&db.url, "t", "node-d", Duration::from_millis(10)),
+        Err(StoreError::InvalidArgument { field: "lease", .. })
+    ));
+}

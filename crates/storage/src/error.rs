@@ -182,6 +182,21 @@ pub enum StoreError {
         /// The current owner's token.
         current: u64,
     },
+    /// Another owner holds the ledger stream under a lease that has not run out: opening it
+    /// for writing now would take it from a live owner. Retryable: the lease runs out unless
+    /// its owner renews it (ask that owner instead, or wait).
+    #[error(
+        "ledger stream {stream} is held by {owner} under a lease for another {remaining_ms} ms; send its \
+         requests there, or open it after the lease runs out"
+    )]
+    Leased {
+        /// The stream.
+        stream: String,
+        /// The owner holding the lease (its node id).
+        owner: String,
+        /// How long the lease still runs, by the database's clock.
+        remaining_ms: u64,
+    },
     /// The store is open read-only (an operator's view); it never writes.
     #[error("ledger {} is open read-only; {op} needs it opened for writing", path.display())]
     ReadOnly {
@@ -205,7 +220,7 @@ impl StoreError {
     /// Whether retrying the same operation may succeed.
     pub fn retryable(&self) -> bool {
         match self {
-            StoreError::Io { .. } | StoreError::File { .. } => true,
+            StoreError::Io { .. } | StoreError::File { .. } | StoreError::Leased { .. } => true,
             StoreError::Database { retryable, .. } => *retryable,
             StoreError::Corrupt { .. }
             | StoreError::Shortened { .. }
