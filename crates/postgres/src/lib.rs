@@ -295,6 +295,10 @@ impl PgStore {
                 token,
                 chain: checked.chain,
                 lease: claimant.lease_ms.map(Duration::from_millis),
+                connect: {
+                    let (config, location) = (store.config.clone(), location.clone());
+                    Box::new(move || connect(&config, &location))
+                },
             };
             let handle = std::thread::Builder::new()
                 .name(format!("tidegate-pg-{stream}"))

@@ -128,6 +128,8 @@ pub(crate) struct Writer {
     pub(crate) chain: Chain,
     /// The lease this handle holds and renews every third of it (`None`: no lease).
     pub(crate) lease: Option<Duration>,
+    /// Opens a new connection (after the writer's was lost).
+    pub(crate) connect: Box<dyn Fn() -> Result<Client, StoreError> + Send>,
 }
 
 impl Writer {
@@ -213,14 +215,25 @@ impl Writer {
     fn renew(&mut self) -> Result<(), StoreError> {
         let lease = self.lease.map_or(0, |l| i64::try_from(l.as_millis()).unwrap_or(i64::MAX));
         let token = i64::try_from(self.token).unwrap_or(i64::MAX);
-        let renewed = self
-            .client
-            .execute(
+        let mut retries = 0;
+        let renewed = loop {
+            let r = self.client.execute(
                 "UPDATE tidegate_streams SET lease_until = now() + $3::bigint * interval '1 millisecond' \
                  WHERE stream = $1 AND token = $2",
                 &[&self.stream, &token, &lease],
-            )
-            .map_err(|e| database("renew the lease", &self.shared.location, e))?;
+            );
+            match r {
+                // A renewal is safe to repeat: reconnect and send it again.
+                Err(e) if connection_lost(&e) && retries < RECONNECTS.len() => {
+                    std::thread::sleep(RECONNECTS[retries]);
+                    retries += 1;
+                    if let Ok(c) = (self.connect)() {
+                        self.client = c;
+                    }
+                }
+                other => break other.map_err(|e| database("renew the lease", &self.shared.location, e))?,
+            }
+        };
         if renewed == 1 {
             self.shared.state.lock().renewals += 1;
             return Ok(());
@@ -266,7 +279,8 @@ impl Writer {
             }
         }
         let last = lsn - 1;
-        let location = &self.shared.location;
+        let location = self.shared.location.clone();
+        let location = &location;
         let (Ok(token), Ok(first_col)) = (i64::try_from(self.token), i64::try_from(first)) else {
             return Err(StoreError::InvalidArgument {
                 field: "lsn",
@@ -274,12 +288,29 @@ impl Writer {
                 expected: "LSNs and tokens that fit in a signed 64-bit integer",
             });
         };
-        let r = self.client.query_one(
-            "SELECT tidegate_append($1, $2, $3, $4, $5, $6)",
-            &[&self.stream, &token, &first_col, &bodies, &chains, &chain.0.as_slice()],
-        );
+        let mut retries = 0;
+        let r = loop {
+            let r = self.client.query_one(
+                "SELECT tidegate_append($1, $2, $3, $4, $5, $6)",
+                &[&self.stream, &token, &first_col, &bodies, &chains, &chain.0.as_slice()],
+            );
+            match r {
+                Err(e) if connection_lost(&e) && retries < RECONNECTS.len() => {
+                    // The commit's outcome is unknown: reconnect and read the head, which
+                    // only this owner moves. It shows the batch or the LSN before it.
+                    std::thread::sleep(RECONNECTS[retries]);
+                    retries += 1;
+                    match self.after_reconnect(first, last, chain) {
+                        Ok(Landed::Yes) => break Ok(()),
+                        Ok(Landed::No) | Err(None) => continue,
+                        Err(Some(refused)) => return Err(refused),
+                    }
+                }
+                other => break other.map(drop),
+            }
+        };
         match r {
-            Ok(_) => Ok((last, chain)),
+            Ok(()) => Ok((last, chain)),
             Err(e) => Err(match state_of(&e) {
                 Some((code, detail)) if code == FENCED => StoreError::Fenced {
                     stream: self.stream.clone(),
@@ -301,5 +332,68 @@ impl Writer {
                 _ => database("commit a batch", location, e),
             }),
         }
+    }
+}
+
+/// How long the writer waits before each reconnection after a lost connection (then it stops
+/// the handle, as for any failed write).
+const RECONNECTS: [Duration; 4] =
+    [Duration::from_millis(50), Duration::from_millis(200), Duration::from_millis(800), Duration::from_millis(2_000)];
+
+/// Whether `e` lost the connection (rather than the database refusing the statement): the
+/// client's own errors, connection exceptions (class 08) and the server ending the session
+/// (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot connect now).
+fn connection_lost(e: &postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => code.code().starts_with("08") || matches!(code.code(), "57P01" | "57P02" | "57P03"),
+        None => e.as_db_error().is_none(),
+    }
+}
+
+/// Whether a commit whose outcome was unknown landed.
+enum Landed {
+    Yes,
+    No,
+}
+
+impl Writer {
+    /// Reconnects and reads the head to learn whether the batch `first..=last` (ending at
+    /// `chain`) committed. `Err(None)`: could not tell (try again); `Err(Some(e))`: stop with
+    /// `e` (fenced, or a head that shows neither outcome).
+    fn after_reconnect(&mut self, first: Lsn, last: Lsn, chain: Chain) -> Result<Landed, Option<StoreError>> {
+        let location = self.shared.location.clone();
+        self.client = (self.connect)().map_err(|_| None)?;
+        let row = self
+            .client
+            .query_opt("SELECT token, last_lsn, last_chain FROM tidegate_streams WHERE stream = $1", &[&self.stream])
+            .map_err(|_| None)?
+            .ok_or_else(|| {
+                Some(StoreError::NotALedger {
+                    path: location.clone(),
+                    detail: "the stream's head row was deleted while this owner held it".into(),
+                })
+            })?;
+        let token = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+        let head = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+        let head_chain = Chain::from_slice(row.get(2));
+        if token != self.token {
+            return Err(Some(StoreError::Fenced { stream: self.stream.clone(), token: self.token, current: token }));
+        }
+        if head == last && head_chain == Some(chain) {
+            return Ok(Landed::Yes);
+        }
+        if head + 1 == first {
+            return Ok(Landed::No);
+        }
+        Err(Some(StoreError::Corrupt {
+            lsn: first,
+            detail: format!(
+                "after a lost connection the stream's head is at LSN {head}, neither before this owner's batch \
+                 {first}..={last} nor at its end"
+            ),
+        }))
     }
 }

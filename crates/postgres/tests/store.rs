@@ -48,6 +48,28 @@ impl Drop for Db {
     }
 }
 
+/// A login role of this test's own, dropped after the databases that granted it anything.
+struct Role {
+    name: String,
+}
+
+impl Role {
+    fn new(tag: &str) -> Role {
+        let name = format!("{tag}_{}", std::process::id());
+        let mut c = Client::connect(&admin_url(), NoTls).expect("PostgreSQL");
+        c.batch_execute(&format!("DROP ROLE IF EXISTS {name}; CREATE ROLE {name} LOGIN")).expect("create role");
+        Role { name }
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if let Ok(mut c) = Client::connect(&admin_url(), NoTls) {
+            let _ = c.batch_execute(&format!("DROP ROLE IF EXISTS {}", self.name));
+        }
+    }
+}
+
 fn events(tx: u64, n: u64) -> Batch {
     Batch::from((0..n).map(|i| conformance::event(tx, i)).collect::<Vec<_>>())
 }
@@ -229,28 +251,47 @@ fn the_store_works_from_inside_an_async_runtime() {
     });
 }
 
-/// A handle whose connection is killed by the database stops: its waiters get an error, it
-/// reports nothing durable that was not committed, and a reopen shows exactly what committed.
+/// The database ends the writer's connection (an administrator, a restart): the writer
+/// reconnects, learns from the head whether its commit landed, and goes on; every event is in
+/// the ledger exactly once. If another owner took the stream meanwhile, the handle stops with
+/// `Fenced` instead.
 #[test]
-fn a_killed_connection_stops_the_handle_and_loses_nothing_acknowledged() {
+fn a_lost_connection_is_reconnected_and_each_event_lands_once() {
     let db = Db::new("kill");
+    let kill = |c: &mut Client| {
+        c.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .unwrap();
+    };
     let store = PgStore::open(&db.url, "t").expect("open");
-    let l = store.append(&events(1, 5)).unwrap();
-    store.wait_durable(l).unwrap();
     let mut c = db.client();
-    c.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() \
-         AND pid <> pg_backend_pid()",
-        &[],
-    )
-    .unwrap();
-    let l2 = store.append(&events(2, 5)).unwrap();
-    let r = store.wait_durable(l2);
-    assert!(r.is_err(), "a commit on a killed connection cannot be acknowledged");
-    assert!(store.append(&events(3, 1)).is_err(), "the stopped handle refuses appends");
+    let mut last = 0;
+    for round in 0..5 {
+        let l = store.append(&events(round, 5)).unwrap();
+        store.wait_durable(l).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        kill(&mut c);
+        last = l;
+    }
+    let l = store.append(&events(9, 5)).unwrap();
+    store.wait_durable(l).expect("after the last kill");
     drop(store);
     let again = PgStore::open(&db.url, "t").expect("reopen");
-    assert_eq!(again.last_lsn(), 5, "exactly the acknowledged events");
+    assert_eq!(again.last_lsn(), last + 5);
+    let seen = conformance::collect(&again, 1).unwrap();
+    assert_eq!(seen.len(), 30, "every event once");
+    assert_eq!(seen[25].1, conformance::event(9, 0));
+    drop(again);
+
+    // Lost connection and a take-over: the old handle learns it was fenced.
+    let old = PgStore::open(&db.url, "u").expect("open");
+    kill(&mut c);
+    let new = PgStore::open(&db.url, "u").expect("take over");
+    let refused = old.append(&events(1, 1)).and_then(|l| old.wait_durable(l));
+    assert!(refused.as_ref().is_err_and(StoreError::is_fenced), "{refused:?}");
+    assert_eq!(new.last_lsn(), 0);
 }
 
 /// An owner appending as fast as it can while another process takes the stream: every batch
@@ -303,6 +344,9 @@ fn a_take_over_under_load_keeps_every_acknowledged_batch_and_no_later_one() {
 #[test]
 fn a_lease_keeps_other_nodes_out_until_it_ends_or_runs_out() {
     use std::time::{Duration, Instant};
+    // Node b connects as a role of its own, so the test can cut it off from the database
+    // (NOLOGIN, its sessions ended): it can neither renew nor reconnect, as behind a partition.
+    let role = Role::new("tg_lease_node_b");
     let db = Db::new("lease");
     let lease = Duration::from_millis(900);
     let a = PgStore::open_leased(&db.url, "t", "node-a", lease).expect("node a");
@@ -332,19 +376,23 @@ fn a_lease_keeps_other_nodes_out_until_it_ends_or_runs_out() {
     drop(a);
     // A drain: a clean close ends the lease, node b takes over at once.
     a2.close().unwrap();
+    db.client()
+        .batch_execute(&format!(
+            "GRANT ALL ON SCHEMA public TO {r}; GRANT ALL ON ALL TABLES IN SCHEMA public TO {r}",
+            r = role.name
+        ))
+        .unwrap();
+    let b_url = db.url.replacen("postgres@", &format!("{}@", role.name), 1);
+    assert_ne!(b_url, db.url, "the test URL names the postgres user");
     let started = Instant::now();
-    let b = PgStore::open_leased(&db.url, "t", "node-b", lease).expect("node b after a's close");
+    let b = PgStore::open_leased(&b_url, "t", "node-b", lease).expect("node b after a's close");
     assert!(started.elapsed() < Duration::from_millis(500));
     assert_eq!(b.last_lsn(), 2);
     // Node b is cut off from the database: it cannot renew, its lease runs out, node c takes
     // the stream, and b never appends again.
     let mut c = db.client();
-    c.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() \
-         AND pid <> pg_backend_pid()",
-        &[],
-    )
-    .unwrap();
+    c.batch_execute(&format!("ALTER ROLE {} NOLOGIN", role.name)).unwrap();
+    c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", &[&role.name]).unwrap();
     let started = Instant::now();
     let taken = loop {
         match PgStore::open_leased(&db.url, "t", "node-c", lease) {
