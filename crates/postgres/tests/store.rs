@@ -412,3 +412,94 @@ fn a_lease_keeps_other_nodes_out_until_it_ends_or_runs_out() {
         Err(StoreError::InvalidArgument { field: "lease", .. })
     ));
 }
+
+/// The child side of [`a_paused_owner_is_fenced_when_it_continues`]: run by that test as a
+/// separate process (this test binary again, with `TIDEGATE_PG_CHILD_URL` set). It takes the
+/// stream under a lease and appends one event at a time, printing `acked <lsn> <tx>` for each
+/// acknowledged one and `refused <fenced>` when the store refuses it, then exits.
+#[test]
+fn child_owner_appending_until_refused() {
+    use std::io::Write;
+    let Ok(url) = std::env::var("TIDEGATE_PG_CHILD_URL") else {
+        return; // Only meaningful as the child process.
+    };
+    let store =
+        PgStore::open_leased(&url, "paused", "child", std::time::Duration::from_millis(900)).expect("child open");
+    let mut out = std::io::stdout().lock();
+    for tx in 1..u64::MAX {
+        match store.append(&events(tx, 1)).and_then(|l| store.wait_durable(l).map(|()| l)) {
+            Ok(lsn) => writeln!(out, "acked {lsn} {tx}").unwrap(),
+            Err(e) => {
+                writeln!(out, "refused {}", e.is_fenced()).unwrap();
+                out.flush().unwrap();
+                return;
+            }
+        }
+        out.flush().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// SIGSTOP an owner (a separate process holding the stream under a lease) while it appends,
+/// let its lease run out and another node take the stream, then SIGCONT it: its next write is
+/// refused by the database as fenced, every event it was told is durable is in the ledger at
+/// its LSN, and no event of it follows the take-over.
+#[test]
+fn a_paused_owner_is_fenced_when_it_continues() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+    let db = Db::new("paused");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_owner_appending_until_refused", "--nocapture", "--test-threads=1"])
+        .env("TIDEGATE_PG_CHILD_URL", &db.url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the child owner");
+    let pid = child.id().to_string();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut acked = Vec::new();
+    let parse = |line: &str| -> Option<(u64, u64)> {
+        let mut w = line.strip_prefix("acked ")?.split(' ');
+        Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+    };
+    while acked.len() < 20 {
+        let line = lines.next().expect("the child stopped early").unwrap();
+        acked.extend(parse(&line));
+    }
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    // What the child printed before it stopped (a line may still be in the pipe).
+    std::thread::sleep(Duration::from_millis(1_500));
+    let new = loop {
+        match PgStore::open_leased(&db.url, "paused", "parent", Duration::from_millis(900)) {
+            Ok(s) => break s,
+            Err(StoreError::Leased { .. }) => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let taken_at = new.last_lsn();
+    let mine = new.append(&events(1_000_000, 3)).unwrap();
+    new.wait_durable(mine).unwrap();
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    let mut refused = None;
+    for line in lines {
+        let line = line.unwrap();
+        if let Some(a) = parse(&line) {
+            acked.push(a);
+        } else if let Some(f) = line.strip_prefix("refused ") {
+            refused = Some(f == "true");
+        }
+    }
+    let _ = child.wait();
+    assert_eq!(refused, Some(true), "the continued owner must be refused as fenced");
+    let seen = conformance::collect(&new, 1).unwrap();
+    assert_eq!(seen.len() as u64, taken_at + 3, "nothing of the old owner after the take-over");
+    for (lsn, tx) in &acked {
+        assert!(*lsn <= taken_at, "the old owner was acknowledged LSN {lsn} after the take-over at {taken_at}");
+        assert_eq!(seen[(*lsn - 1) as usize].1, conformance::event(*tx, 0), "acknowledged LSN {lsn}");
+    }
+    drop(new);
+    let view = PgStore::open_read_only(&db.url, "paused").unwrap();
+    assert_eq!(view.verify().unwrap().0, taken_at + 3);
+}
