@@ -230,13 +230,92 @@ async fn sqlite_state_conforms() {
     .await;
 }
 
+/// A database of this test's own on the PostgreSQL at `TIDEGATE_PG_URL` (default
+/// `postgres://postgres@127.0.0.1:5432/test`), dropped at the end. The tests fail without it.
+struct PgDb {
+    name: String,
+    url: String,
+}
+
+fn admin_url() -> String {
+    std::env::var("TIDEGATE_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// Runs `f` on a plain thread (the blocking client must not run on an async test's thread).
+fn off_runtime<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|s| s.spawn(f).join().unwrap())
+}
+
+impl PgDb {
+    fn new(tag: &str) -> PgDb {
+        off_runtime(|| PgDb::create(tag))
+    }
+
+    fn create(tag: &str) -> PgDb {
+        let name = format!("tidegate_state_{tag}_{}", std::process::id());
+        let admin = admin_url();
+        let mut c = ::postgres::Client::connect(&admin, ::postgres::NoTls)
+            .unwrap_or_else(|e| panic!("PostgreSQL is required at {admin} (TIDEGATE_PG_URL): {e}"));
+        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b).to_owned();
+        PgDb { url: format!("{base}/{name}"), name }
+    }
+}
+
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        let name = &self.name;
+        off_runtime(|| {
+            if let Ok(mut c) = ::postgres::Client::connect(&admin_url(), ::postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+            }
+        });
+    }
+}
+
+#[tokio::test]
+async fn postgres_state_conforms() {
+    let db = PgDb::new("conf");
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    run_all(|limits| {
+        let tenant = format!("t{}", n.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        TenantState::open_postgres(&db.url, limits, &tenant).unwrap()
+    })
+    .await;
+}
+
 /// What a restart keeps: completed records replay, running ones are gone, leased tasks are
 /// still known (heartbeat, report), carried-over tasks are adopted by the same dispatch or
 /// dropped when recovery ends, attempts survive, task numbers go on.
 #[tokio::test]
 async fn the_durable_state_outlives_its_process() {
     let dir = tempfile::tempdir().unwrap();
-    let open = || TenantState::open_sqlite(dir.path(), LIMITS, "t").unwrap();
+    outlives_its_process(|| TenantState::open_sqlite(dir.path(), LIMITS, "t").unwrap()).await;
+}
+
+/// The same on PostgreSQL, where "the next process" is the next node to take the tenant; a
+/// second tenant in the same tables is untouched by the first one's carry-over.
+#[tokio::test]
+async fn the_postgres_state_outlives_its_node() {
+    let db = PgDb::new("restart");
+    let other = TenantState::open_postgres(&db.url, LIMITS, "other").unwrap();
+    let kept = record(other.tasks.enqueue(spec("x", Operation::Release, "o"), 1, 1_000).await.unwrap());
+    outlives_its_process(|| TenantState::open_postgres(&db.url, LIMITS, "t").unwrap()).await;
+    assert_eq!(other.tasks.list().await.unwrap().iter().map(|r| r.n).collect::<Vec<_>>(), vec![kept.n]);
+    other.close();
+    // A newer state schema is refused, naming both versions.
+    off_runtime(|| {
+        let mut c = ::postgres::Client::connect(&db.url, ::postgres::NoTls).unwrap();
+        c.execute("UPDATE tidegate_meta SET value = 9 WHERE key = 'state_schema_version'", &[]).unwrap();
+    });
+    match TenantState::open_postgres(&db.url, LIMITS, "t") {
+        Err(StateError::Version { found: 9, supported: PG_STATE_SCHEMA_VERSION, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn outlives_its_process(open: impl Fn() -> TenantState) {
     let s = open();
     s.idempotency.begin("done", fp(json!({"tool": "send"})), 1_000).await.unwrap();
     s.idempotency.finish("done", Some(response(9))).await.unwrap();

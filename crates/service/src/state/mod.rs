@@ -6,10 +6,10 @@
 //! | --- | --- | --- |
 //! | [`MemoryState`] | this process's memory | a `memory:` store (tests, `--memory`) |
 //! | [`SqliteState`] | `<tenant dir>/state.db` (SQLite, WAL), one thread of its own | a durable (SQLite directory) store |
+//! | [`PgState`] | tables with a `tenant` column in PostgreSQL, one thread of its own | a `postgres://` store: every node that may serve the tenant sees it |
 //!
-//! A later PostgreSQL implementation (issue 29: a `FOR UPDATE SKIP LOCKED` queue with leases)
-//! is one more implementation of the same three traits, run through the same conformance
-//! suite (`state::conformance`, tests only).
+//! Every implementation runs through the same conformance suite (`state::conformance`, tests
+//! only), the durable ones also through the restart test.
 //!
 //! ```text
 //!   HTTP middleware ──begin/finish──────────► IdempotencyStore ─┐
@@ -57,6 +57,7 @@
 //! * Attempts are kept as recorded.
 
 mod memory;
+mod postgres;
 mod sqlite;
 
 #[cfg(test)]
@@ -71,6 +72,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use memory::MemoryState;
+pub use postgres::{PG_STATE_SCHEMA_VERSION, PgState};
 pub use sqlite::{STATE_FILE, SqliteState};
 
 use crate::dispatch::queue::{TaskRefusal, TaskResult};
@@ -135,6 +137,20 @@ pub enum StateError {
         #[source]
         source: Arc<rusqlite::Error>,
     },
+    /// The PostgreSQL database failed.
+    #[error("tenant state in {path}: {op}: {source}")]
+    Postgres {
+        /// The database (without its password) and the tenant.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// Whether the database said the condition is transient (a lost connection, a
+        /// serialization failure, the server shutting down).
+        retryable: bool,
+        /// The client's error.
+        #[source]
+        source: Arc<::postgres::Error>,
+    },
     /// I/O outside the database (creating the directory, starting the state's thread).
     #[error("state {path}: {op}: {source}")]
     Io {
@@ -165,6 +181,7 @@ impl StateError {
                         | rusqlite::ErrorCode::SystemIoFailure
                 )
             ),
+            StateError::Postgres { retryable, .. } => *retryable,
             StateError::Io { .. } => true,
             StateError::Corrupt { .. } | StateError::Version { .. } | StateError::Closed => false,
         }
@@ -372,30 +389,53 @@ pub struct TenantState {
     /// The attempt log.
     pub attempts: Arc<dyn AttemptStore>,
     sqlite: Option<Arc<SqliteState>>,
+    postgres: Option<Arc<PgState>>,
 }
 
 impl TenantState {
     /// State in this process's memory: gone with it.
     pub fn memory(limits: Limits) -> TenantState {
         let m = Arc::new(MemoryState::new(limits));
-        TenantState { idempotency: m.clone(), tasks: m.clone(), attempts: m, sqlite: None }
+        TenantState { idempotency: m.clone(), tasks: m.clone(), attempts: m, sqlite: None, postgres: None }
     }
 
     /// Durable state in `dir/`[`STATE_FILE`] (created if absent). Blocking.
     pub fn open_sqlite(dir: &std::path::Path, limits: Limits, name: &str) -> Result<TenantState, StateError> {
         let s = Arc::new(SqliteState::open(dir, limits, name)?);
-        Ok(TenantState { idempotency: s.clone(), tasks: s.clone(), attempts: s.clone(), sqlite: Some(s) })
+        Ok(TenantState {
+            idempotency: s.clone(),
+            tasks: s.clone(),
+            attempts: s.clone(),
+            sqlite: Some(s),
+            postgres: None,
+        })
+    }
+
+    /// Durable state of tenant `name` in the PostgreSQL database at `url`, shared by every node
+    /// that may serve the tenant. Blocking.
+    pub fn open_postgres(url: &str, limits: Limits, name: &str) -> Result<TenantState, StateError> {
+        let s = Arc::new(PgState::open(url, name, limits)?);
+        Ok(TenantState {
+            idempotency: s.clone(),
+            tasks: s.clone(),
+            attempts: s.clone(),
+            sqlite: None,
+            postgres: Some(s),
+        })
     }
 
     /// Whether it survives the process.
     pub fn is_durable(&self) -> bool {
-        self.sqlite.is_some()
+        self.sqlite.is_some() || self.postgres.is_some()
     }
 
     /// Finishes every operation submitted so far and lets go of the state file. Blocking.
     /// Later operations fail [`StateError::Closed`].
     pub fn close(&self) {
         if let Some(s) = &self.sqlite {
+            s.close();
+        }
+        if let Some(s) = &self.postgres {
             s.close();
         }
     }

@@ -29,7 +29,7 @@
 //! are marked carried over (module docs of `state`).
 
 mod records;
-mod tasks;
+pub(in crate::state) mod tasks;
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -157,7 +157,11 @@ pub(super) fn sql_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(rusql
 }
 
 /// An operation's text as the file keeps it (`Operation::as_str`), read back.
-pub(super) fn operation(path: &Path, whose: impl std::fmt::Display, text: &str) -> Result<Operation, StateError> {
+pub(in crate::state) fn operation(
+    path: &Path,
+    whose: impl std::fmt::Display,
+    text: &str,
+) -> Result<Operation, StateError> {
     Ok(match text {
         "call" => Operation::Call,
         "release" => Operation::Release,
@@ -168,7 +172,7 @@ pub(super) fn operation(path: &Path, whose: impl std::fmt::Display, text: &str) 
 }
 
 /// A value in a row that does not decode.
-pub(super) fn corrupt(path: &Path, what: impl std::fmt::Display) -> StateError {
+pub(in crate::state) fn corrupt(path: &Path, what: impl std::fmt::Display) -> StateError {
     StateError::Corrupt { path: path.to_owned(), detail: what.to_string() }
 }
 

@@ -14,12 +14,12 @@ use crate::state::{
     Withdrawn,
 };
 
-const COLUMNS: &str = "n, capability, operation, tool, key, effect_key, args, output, attempt, lease_ms, worker, \
+pub(in crate::state) const COLUMNS: &str = "n, capability, operation, tool, key, effect_key, args, output, attempt, lease_ms, worker, \
                        lease_until_ms, lease_started_ms, holders, carried, settled, result";
 
 /// A worker's result as the file keeps it (its own type: the queue's enum is not serialised).
 #[derive(Debug, Serialize, Deserialize)]
-struct ResultRow {
+pub(in crate::state) struct ResultRow {
     /// `done`, `failed`, `transient` or `unknown`.
     status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,7 +33,7 @@ struct ResultRow {
 }
 
 impl ResultRow {
-    fn new(r: &TaskResult, attempt: u32) -> ResultRow {
+    pub(in crate::state) fn new(r: &TaskResult, attempt: u32) -> ResultRow {
         let (status, output, residue, error) = match r {
             TaskResult::Done { output, residue } => ("done", Some(output.clone()), residue.clone(), None),
             TaskResult::Failed(e) => ("failed", None, None, Some(e.clone())),
@@ -43,7 +43,7 @@ impl ResultRow {
         ResultRow { status: status.into(), output, residue, error, attempt }
     }
 
-    fn decode(self, path: &Path, n: u64) -> Result<(TaskResult, u32), StateError> {
+    pub(in crate::state) fn decode(self, path: &Path, n: u64) -> Result<(TaskResult, u32), StateError> {
         let error = || self.error.clone().unwrap_or_default();
         let r = match self.status.as_str() {
             "done" => {
@@ -58,25 +58,25 @@ impl ResultRow {
     }
 }
 
-/// A row as SQLite gives it.
-struct Raw {
-    n: i64,
-    capability: String,
-    operation: String,
-    tool: String,
-    key: String,
-    effect_key: String,
-    args: String,
-    output: Option<String>,
-    attempt: i64,
-    lease_ms: i64,
-    worker: Option<String>,
-    lease_until_ms: Option<i64>,
-    lease_started_ms: i64,
-    holders: String,
-    carried: bool,
-    settled: bool,
-    result: Option<String>,
+/// A row as SQLite (or PostgreSQL) gives it.
+pub(in crate::state) struct Raw {
+    pub(in crate::state) n: i64,
+    pub(in crate::state) capability: String,
+    pub(in crate::state) operation: String,
+    pub(in crate::state) tool: String,
+    pub(in crate::state) key: String,
+    pub(in crate::state) effect_key: String,
+    pub(in crate::state) args: String,
+    pub(in crate::state) output: Option<String>,
+    pub(in crate::state) attempt: i64,
+    pub(in crate::state) lease_ms: i64,
+    pub(in crate::state) worker: Option<String>,
+    pub(in crate::state) lease_until_ms: Option<i64>,
+    pub(in crate::state) lease_started_ms: i64,
+    pub(in crate::state) holders: String,
+    pub(in crate::state) carried: bool,
+    pub(in crate::state) settled: bool,
+    pub(in crate::state) result: Option<String>,
 }
 
 fn raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
@@ -102,12 +102,12 @@ fn raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
 }
 
 /// A decoded row.
-struct Row {
-    rec: TaskRecord,
-    holders: Vec<String>,
-    carried: bool,
-    settled: bool,
-    result: Option<ResultRow>,
+pub(in crate::state) struct Row {
+    pub(in crate::state) rec: TaskRecord,
+    pub(in crate::state) holders: Vec<String>,
+    pub(in crate::state) carried: bool,
+    pub(in crate::state) settled: bool,
+    pub(in crate::state) result: Option<ResultRow>,
 }
 
 fn u64_of(v: i64) -> u64 {
@@ -119,7 +119,7 @@ fn i64_of(v: u64) -> i64 {
 }
 
 impl Raw {
-    fn decode(self, path: &Path) -> Result<Row, StateError> {
+    pub(in crate::state) fn decode(self, path: &Path) -> Result<Row, StateError> {
         let n = u64_of(self.n);
         let json = |what: &str, text: &str| -> Result<Value, StateError> {
             serde_json::from_str(text).map_err(|e| corrupt(path, format!("task {n}: {what}: {e}")))
@@ -196,7 +196,7 @@ fn settled_one(tx: &Transaction<'_>, c: &mut Counts<'_>) -> Result<(), StateErro
     Ok(())
 }
 
-fn holders_text(h: &[String]) -> String {
+pub(in crate::state) fn holders_text(h: &[String]) -> String {
     serde_json::to_string(h).unwrap_or_else(|_| "[]".into())
 }
 
