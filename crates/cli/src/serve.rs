@@ -23,10 +23,15 @@ pub struct Args {
     /// Keep the catalog and every ledger in memory (tests); nothing survives a restart.
     #[arg(long, conflicts_with = "data_dir")]
     pub memory: bool,
-    /// Where the catalog and the ledgers live, as a store URL: `memory:`, `sqlite:DIR` or a
-    /// directory (the same text `server.store` and `tidegate.open(...)` take).
+    /// Where the catalog and the ledgers live, as a store URL: `memory:`, `sqlite:DIR`, a
+    /// directory, or `postgres://USER@HOST/DB` (the same text `server.store` and
+    /// `tidegate.open(...)` take).
     #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "memory"])]
     pub store: Option<String>,
+    /// This node's id, named by its leases on tenants' PostgreSQL streams (`server.node_id`;
+    /// default: the host's name).
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
     /// Create this tenant with an admin key at start if it does not exist, and print the key
     /// on standard output (`tenant=<name> role=admin key=<key>`).
     #[arg(long, value_name = "TENANT")]
@@ -54,6 +59,9 @@ pub fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if args.store.is_some() {
         cfg.server.store = args.store.clone();
+    }
+    if args.node_id.is_some() {
+        cfg.server.node_id = args.node_id.clone();
     }
     if cfg.server.store.is_none() && !cfg.server.memory && cfg.server.data_dir.is_none() {
         cfg.server.data_dir = Some(args.dir.path()?);

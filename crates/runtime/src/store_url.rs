@@ -133,6 +133,16 @@ impl StoreUrl {
 
     /// Opens the ledger, creating it (and its directory) if there is none.
     pub fn open(&self) -> Result<OpenedStore> {
+        self.open_owned(None)
+    }
+
+    /// Opens the ledger for `owner` (a node id and the lease it holds a PostgreSQL stream
+    /// under: `PgStore::open_leased`, refused with `StoreError::Leased` while another node's
+    /// lease runs). Stores without leases ignore `owner` (the SQLite directory lock already
+    /// admits one owner).
+    pub fn open_owned(&self, owner: Option<(&str, std::time::Duration)>) -> Result<OpenedStore> {
+        #[cfg(not(feature = "postgres"))]
+        let _ = owner;
         match self {
             StoreUrl::Memory => Ok(OpenedStore {
                 store: Arc::new(MemoryStore::new()),
@@ -154,11 +164,17 @@ impl StoreUrl {
                 expected: "a store this build has (the runtime was built without its `sqlite` feature)",
             }),
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres { url, stream } => Ok(OpenedStore {
-                store: Arc::new(tidegate_postgres::PgStore::open(url, stream).map_err(Error::Store)?),
-                #[cfg(feature = "sqlite")]
-                sqlite: None,
-            }),
+            StoreUrl::Postgres { url, stream } => {
+                let store = match owner {
+                    Some((node, lease)) => tidegate_postgres::PgStore::open_leased(url, stream, node, lease),
+                    None => tidegate_postgres::PgStore::open(url, stream),
+                };
+                Ok(OpenedStore {
+                    store: Arc::new(store.map_err(Error::Store)?),
+                    #[cfg(feature = "sqlite")]
+                    sqlite: None,
+                })
+            }
             #[cfg(not(feature = "postgres"))]
             StoreUrl::Postgres { .. } => Err(Error::InvalidArgument {
                 field: "store",

@@ -42,9 +42,17 @@ pub struct ServerSection {
     /// Keep the catalog and every ledger in memory (tests). Default `false`.
     pub memory: bool,
     /// Where the catalog and the tenants' ledgers live, as a store URL (`memory:`,
-    /// `sqlite:DIR` or a directory; `tidegate_runtime::StoreUrl`): when set, it takes the place
-    /// of `data_dir` and `memory`. Default unset.
+    /// `sqlite:DIR`, a directory, or `postgres://…` for the catalog, the ledgers and the
+    /// tenants' state in PostgreSQL; `tidegate_runtime::StoreUrl`): when set, it takes the
+    /// place of `data_dir` and `memory`. Default unset.
     pub store: Option<String>,
+    /// This node's id: the owner its PostgreSQL leases name (docs/deployment.md). Default:
+    /// the host's name.
+    pub node_id: Option<String>,
+    /// How long this node's ownership of a tenant's PostgreSQL stream lasts without renewal,
+    /// in milliseconds (renewed every third; a node that dies keeps its tenants that long).
+    /// 300 to 3 600 000. Default 10 000.
+    pub ownership_lease_ms: u64,
     /// How long a shutdown waits for requests and settlement tasks. Default 30 000.
     pub shutdown_drain_ms: u64,
 }
@@ -56,6 +64,8 @@ impl Default for ServerSection {
             data_dir: None,
             memory: false,
             store: None,
+            node_id: None,
+            ownership_lease_ms: 10_000,
             shutdown_drain_ms: 30_000,
         }
     }
@@ -216,6 +226,17 @@ impl Config {
             text.parse::<tidegate_runtime::StoreUrl>()
                 .map_err(|e| ConfigError::Invalid { key: "server.store".into(), detail: e.to_string() })?;
         }
+        if !(300..=3_600_000).contains(&self.server.ownership_lease_ms) {
+            return bad(
+                "server.ownership_lease_ms",
+                format!("{}: expected 300 to 3600000 (milliseconds)", self.server.ownership_lease_ms),
+            );
+        }
+        if let Some(id) = &self.server.node_id
+            && (id.is_empty() || id.len() > 200 || id.chars().any(char::is_control))
+        {
+            return bad("server.node_id", format!("{id:?}: expected 1 to 200 bytes without control characters"));
+        }
         if self.level().is_err() {
             return bad("engine.level", format!("`{}`: expected one of L0, L1, L2, L3, L4", self.engine.level));
         }
@@ -331,11 +352,26 @@ impl Config {
         }
     }
 
+    /// This node's id: `server.node_id`, else the host's name (`/etc/hostname`,
+    /// `$HOSTNAME`), else `tidegate`.
+    pub fn node_id(&self) -> String {
+        self.server.node_id.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "tidegate".into())
+        })
+    }
+
     /// The settings every tenant is opened with.
     pub fn tenant_settings(&self) -> Result<tidegate_service::tenant::TenantSettings, ConfigError> {
         let cfg = self;
         Ok(tidegate_service::tenant::TenantSettings {
             store: cfg.store_url()?,
+            node_id: cfg.node_id(),
+            ownership_lease: std::time::Duration::from_millis(cfg.server.ownership_lease_ms),
             lease: std::time::Duration::from_millis(cfg.engine.lease_ms),
             level: cfg.level().unwrap_or(tidegate_runtime::Level::L4),
             ordering: cfg.ordering().unwrap_or_default(),

@@ -9,7 +9,9 @@
 //!   capabilities(tenant, name, spec JSON, updated_at_ms)         PK (tenant, name)
 //! ```
 //!
-//! Schema version: `PRAGMA user_version` = [`SCHEMA_VERSION`]; a newer one is refused.
+//! Schema version: `PRAGMA user_version` = [`SCHEMA_VERSION`]; a newer one is refused. The
+//! same catalog in PostgreSQL, shared by the nodes of a deployment, is
+//! [`crate::catalog_postgres::PgCatalog`].
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -121,7 +123,7 @@ pub struct SqliteCatalog {
     path: PathBuf,
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 

@@ -49,6 +49,20 @@ pub enum ServiceError {
         #[source]
         source: Arc<rusqlite::Error>,
     },
+    /// The catalog's PostgreSQL database failed.
+    #[error("catalog {path}: {op}: {source}")]
+    CatalogPostgres {
+        /// The database (without its password).
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// Whether the database said the condition is transient (a lost connection, a
+        /// serialization failure, the server shutting down).
+        retryable: bool,
+        /// The client's error.
+        #[source]
+        source: Arc<postgres::Error>,
+    },
     /// The catalog was written by a newer version.
     #[error("catalog {path} has schema version {found}; this build reads up to {supported}")]
     CatalogVersion {
@@ -257,6 +271,7 @@ impl ServiceError {
                 source.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
+            ServiceError::CatalogPostgres { retryable, .. } => *retryable,
             ServiceError::Tenant { source, .. } | ServiceError::Engine(source) => source.retryable(),
             ServiceError::State(source) => source.retryable(),
             ServiceError::Conflict { retry_after, .. } => retry_after.is_some(),

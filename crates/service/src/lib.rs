@@ -36,6 +36,7 @@
 pub mod attention;
 pub mod auth;
 pub mod catalog;
+pub mod catalog_postgres;
 pub mod console;
 pub mod dispatch;
 pub mod error;

@@ -119,13 +119,19 @@ impl Service {
                         .map_err(|e| ServiceError::io("open the catalog", std::io::Error::other(e)))??,
                 )
             }
+            StoreUrl::Postgres { url, .. } => {
+                let url = url.clone();
+                Arc::new(
+                    tokio::task::spawn_blocking(move || crate::catalog_postgres::PgCatalog::open(&url))
+                        .await
+                        .map_err(|e| ServiceError::io("open the catalog", std::io::Error::other(e)))??,
+                )
+            }
             other => {
                 return Err(ServiceError::invalid(
                     "server.store",
                     other.to_string(),
-                    "`memory:` or a SQLite directory: the server keeps its catalog, idempotency records and \
-                     worker queue beside the ledger, and keeps them in PostgreSQL not yet (docs/deployment.md); \
-                     a PostgreSQL ledger serves embedded engines and `tidegate ledger verify --store` today",
+                    "`memory:`, a SQLite directory or a `postgres://` URL",
                 ));
             }
         };

@@ -31,9 +31,15 @@ use crate::tools::ServerTool;
 /// What every tenant's engine is built with (a front door's configuration fills it in).
 #[derive(Debug, Clone)]
 pub struct TenantSettings {
-    /// Where the node keeps its catalog and the tenants' ledgers (`StoreUrl`: `memory:`, or
-    /// a SQLite directory holding `catalog.db` and `tenants/<name>/`).
+    /// Where the node keeps its catalog and the tenants' ledgers (`StoreUrl`: `memory:`, a
+    /// SQLite directory holding `catalog.db` and `tenants/<name>/`, or a PostgreSQL database
+    /// holding the catalog, each tenant's ledger stream and state).
     pub store: StoreUrl,
+    /// This node's id: the owner a PostgreSQL stream's lease names (docs/deployment.md).
+    pub node_id: String,
+    /// How long a node's ownership of a tenant's PostgreSQL stream lasts without renewal (the
+    /// store renews it every third); a node that dies keeps its tenants that long.
+    pub ownership_lease: Duration,
     /// Default lease.
     pub lease: Duration,
     /// Level.
@@ -162,7 +168,9 @@ impl Tenant {
         // front door: `tidegate_runtime::StoreUrl`).
         let place = settings.store.for_tenant(&record.name);
         let tenant_dir = place.dir().map(Path::to_path_buf);
-        let opened = place.open().map_err(|e| tenant_err("open the ledger", e))?;
+        let opened = place
+            .open_owned(Some((&settings.node_id, settings.ownership_lease)))
+            .map_err(|e| tenant_err("open the ledger", e))?;
         let (store, sqlite): (Arc<dyn LedgerStore>, Option<Arc<SqliteStore>>) = (opened.store, opened.sqlite);
         // The state that must outlive the process lives beside the ledger when that is durable
         // (`state.db` in the tenant's directory), else in memory. Opened after the ledger, whose
@@ -172,9 +180,10 @@ impl Tenant {
             idempotency_max: settings.idempotency_max,
             attempts_retained: settings.dispatch.attempts_retained,
         };
-        let state = match &tenant_dir {
-            Some(dir) => TenantState::open_sqlite(dir, limits, &record.name)?,
-            None => TenantState::memory(limits),
+        let state = match (&tenant_dir, &place) {
+            (Some(dir), _) => TenantState::open_sqlite(dir, limits, &record.name)?,
+            (None, StoreUrl::Postgres { url, .. }) => TenantState::open_postgres(url, limits, &record.name)?,
+            (None, _) => TenantState::memory(limits),
         };
         let index = Arc::new(LedgerIndex::new(settings.retain.max(1), metrics.clone()));
         let timed = Arc::new(TimedStore::new(store.clone(), metrics.clone()));

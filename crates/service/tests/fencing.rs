@@ -19,6 +19,8 @@ fn settings(dir: &Path) -> ServiceSettings {
     ServiceSettings {
         tenant: TenantSettings {
             store: StoreUrl::sqlite(dir),
+            node_id: "test-node".into(),
+            ownership_lease: Duration::from_secs(10),
             lease: Duration::from_secs(30),
             level: Level::L4,
             ordering: Ordering::default(),

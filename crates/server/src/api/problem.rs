@@ -243,6 +243,14 @@ pub fn from_runtime_ref(e: &tidegate_runtime::Error) -> ApiError {
             e
         }
         E::Fenced(f) => tenant_unavailable(&ServiceError::fenced(f).to_string()),
+        // Another node holds the tenant's PostgreSQL stream under a live lease: that node
+        // serves it; this one may take it once the lease runs out (docs/deployment.md).
+        E::Store(s @ tidegate_storage::StoreError::Leased { remaining_ms, .. }) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "tenant_unavailable",
+            format!("this node does not serve the tenant: {s}"),
+        )
+        .retry_after(remaining_ms.div_ceil(1000).max(1)),
         E::Store(s) => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", format!("the ledger store failed: {s}"))
         }
@@ -360,7 +368,9 @@ impl From<ServiceError> for ApiError {
             ServiceError::Refused { code, detail } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, detail),
             ServiceError::Internal(d) => ApiError::internal(d),
             ServiceError::Tenant { source, .. } => from_runtime_ref(&source),
-            e @ (ServiceError::Catalog { .. } | ServiceError::CatalogVersion { .. }) => {
+            e @ (ServiceError::Catalog { .. }
+            | ServiceError::CatalogPostgres { .. }
+            | ServiceError::CatalogVersion { .. }) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "catalog_unavailable", e.to_string()).retry_after(1)
             }
             // The tenant's state (idempotency records, worker tasks, attempts): a busy or
