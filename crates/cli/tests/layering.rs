@@ -23,7 +23,14 @@ const ALLOWED: [(&str, &[&str]); 12] = [
     ("tidegate-eval", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-runtime"]),
     (
         "tidegate-service",
-        &["tidegate-core", "tidegate-storage", "tidegate-sqlite", "tidegate-runtime", "tidegate-review"],
+        &[
+            "tidegate-core",
+            "tidegate-storage",
+            "tidegate-sqlite",
+            "tidegate-postgres",
+            "tidegate-runtime",
+            "tidegate-review",
+        ],
     ),
     (
         "tidegate-server",

@@ -181,7 +181,27 @@ fn nodes_share_one_postgres_and_a_tenant_moves_when_its_owner_dies() {
         assert_eq!((st, b2["state"].as_str()), (200, Some("committed")), "{tx} on node b: {b2}");
     }
     round(&b.base, &mut committed, 10);
-    drop(b);
+    let (st, view, _) = call(&b.base, &key, "GET", "/v1/cluster", None);
+    assert_eq!(st, 200, "{view}");
+    assert_eq!(
+        (view["node"].as_str(), view["shared"].as_bool(), view["serving_here"].as_bool()),
+        (Some("node-b"), Some(true), Some(true)),
+        "{view}"
+    );
+    assert_eq!(view["stream"]["owner"], "node-b", "{view}");
+    assert!(view["stream"]["token"].as_u64() >= Some(2), "a took token 1, b a larger one: {view}");
+    assert_eq!(view["nodes"], json!([{"id": "node-b", "tenants": 1}]), "{view}");
+
+    // A drain: SIGTERM ends node b's leases, so node c serves at once, well within the lease.
+    let c = start(&url, "node-c", false);
+    let mut b = b;
+    assert!(Command::new("kill").args(["-TERM", &b.child.id().to_string()]).status().unwrap().success());
+    assert!(b.child.wait().unwrap().success(), "SIGTERM stops node b cleanly");
+    let stopped = Instant::now();
+    let (st, body, _) = call(&c.base, &key, "GET", &format!("/v1/transactions/{}", committed[19]), None);
+    assert_eq!((st, body["state"].as_str()), (200, Some("committed")), "{body}");
+    assert!(stopped.elapsed() < Duration::from_millis(1_500), "node c waited for a lease b had ended");
+    drop(c);
     let seen = seen.lock().unwrap();
     for i in 0..20 {
         assert_eq!(seen.get(&format!("n-{i}")), Some(&1), "n-{i} reached the sink exactly once: {seen:?}");

@@ -57,6 +57,7 @@ impl Role {
             P::AttentionResolve => matches!(self, R::Operator | R::Admin),
             P::PlanResolve => matches!(self, R::Agent | R::Operator | R::Admin),
             P::KeysManage => matches!(self, R::Admin),
+            P::ClusterRead => matches!(self, R::Operator | R::Admin),
         }
     }
 }
@@ -106,6 +107,8 @@ pub enum Permission {
     PlanResolve,
     /// Create, list and revoke keys.
     KeysManage,
+    /// See this node and who serves the tenant (`/v1/cluster`).
+    ClusterRead,
     /// Any authenticated key.
     Any,
 }
@@ -126,6 +129,7 @@ impl Permission {
             Permission::AttentionResolve => "attention.resolve",
             Permission::PlanResolve => "plans.resolve",
             Permission::KeysManage => "keys.manage",
+            Permission::ClusterRead => "cluster.read",
             Permission::Any => "any",
         }
     }
@@ -162,6 +166,7 @@ needs!(
     AttentionResolve,
     PlanResolve,
     KeysManage,
+    ClusterRead,
     Any
 );
 

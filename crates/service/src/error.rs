@@ -263,6 +263,17 @@ impl ServiceError {
         }
     }
 
+    /// Whether the tenant could not be opened because another node holds its ledger stream
+    /// under a live lease (a PostgreSQL store): that node serves it.
+    pub fn is_served_elsewhere(&self) -> bool {
+        match self {
+            ServiceError::Tenant { source, .. } | ServiceError::Engine(source) => {
+                matches!(&**source, tidegate_runtime::Error::Store(tidegate_storage::StoreError::Leased { .. }))
+            }
+            _ => false,
+        }
+    }
+
     /// Whether trying the same thing again later may succeed (a busy catalog, an I/O hiccup,
     /// a retryable abort, a conflict that says when to come back).
     pub fn retryable(&self) -> bool {

@@ -26,6 +26,43 @@ use crate::metrics::{Metrics, Snapshot};
 use crate::tenant::{Tenant, TenantSettings, TenantStatus};
 use tidegate_runtime::StoreUrl;
 
+/// This node and who serves a tenant ([`Service::cluster`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterView {
+    /// This node's id.
+    pub node_id: String,
+    /// Whether the store is shared by several nodes (PostgreSQL).
+    pub shared: bool,
+    /// Whether this node serves the tenant now.
+    pub serving_here: bool,
+    /// The tenant's stream (PostgreSQL): its owner, token and lease.
+    pub stream: Option<StreamView>,
+    /// The nodes holding live leases, by id, with how many tenants each holds.
+    pub nodes: Vec<NodeView>,
+}
+
+/// A tenant's ledger stream as the database shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamView {
+    /// The node that took it last (`None`: an unnamed process).
+    pub owner: Option<String>,
+    /// The owner token.
+    pub token: u64,
+    /// How long the owner's lease still runs (`None`: none, or it ran out).
+    pub lease_left_ms: Option<u64>,
+    /// The last acknowledged LSN.
+    pub last_lsn: u64,
+}
+
+/// A node holding live leases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// Its id.
+    pub id: String,
+    /// How many tenants it holds.
+    pub tenants: u64,
+}
+
 /// What a node is opened with.
 #[derive(Debug, Clone)]
 pub struct ServiceSettings {
@@ -155,9 +192,15 @@ impl Service {
             key_cache: Mutex::new(HashMap::new()),
         }));
         for t in service.0.catalog.tenants()? {
-            if let Err(e) = service.open_tenant(&t.name).await {
-                tracing::error!(tenant = %t.name, "could not open: {e}");
-                service.0.failed.lock().insert(t.name.clone(), e.to_string());
+            match service.open_tenant(&t.name).await {
+                Ok(_) => {}
+                // Another node holds the tenant under a live lease: it serves it; this node
+                // opens it on a request once the lease ran out. Not a failure of this node.
+                Err(e) if e.is_served_elsewhere() => tracing::info!(tenant = %t.name, "served by another node: {e}"),
+                Err(e) => {
+                    tracing::error!(tenant = %t.name, "could not open: {e}");
+                    service.0.failed.lock().insert(t.name.clone(), e.to_string());
+                }
             }
         }
         Ok(service)
@@ -283,6 +326,46 @@ impl Service {
                 tracing::error!(tenant = %name, "releasing the fenced tenant failed: {e}");
             }
         });
+    }
+
+    /// This node and who serves `tenant` (`GET /v1/cluster`): on a PostgreSQL store the owner,
+    /// token and lease of the tenant's stream and, per node holding a live lease, how many
+    /// tenants it holds (counts only: no other tenant's name leaves the database). Blocking
+    /// database work runs on a blocking thread.
+    pub async fn cluster(&self, tenant: &str) -> Result<ClusterView> {
+        let node_id = self.0.settings.tenant.node_id.clone();
+        let serving_here = self.0.tenants.read().contains_key(tenant);
+        let StoreUrl::Postgres { url, .. } = &self.0.settings.tenant.store else {
+            return Ok(ClusterView { node_id, shared: false, serving_here, stream: None, nodes: Vec::new() });
+        };
+        let url = url.clone();
+        let owners = tokio::task::spawn_blocking(move || tidegate_postgres::PgStore::owners(&url))
+            .await
+            .map_err(|e| ServiceError::io("read the streams' owners", std::io::Error::other(e)))?
+            .map_err(|e| ServiceError::Unavailable {
+                code: "store_unavailable",
+                detail: format!("the cluster's database: {e}"),
+                retry_after: Some(1),
+            })?;
+        let mut nodes: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+        for o in &owners {
+            if let (Some(owner), Some(_)) = (&o.owner, o.lease_left_ms) {
+                *nodes.entry(owner.clone()).or_default() += 1;
+            }
+        }
+        let stream = owners.into_iter().find(|o| o.stream == tenant).map(|o| StreamView {
+            owner: o.owner,
+            token: o.token,
+            lease_left_ms: o.lease_left_ms,
+            last_lsn: o.last_lsn,
+        });
+        Ok(ClusterView {
+            node_id,
+            shared: true,
+            serving_here,
+            stream,
+            nodes: nodes.into_iter().map(|(id, tenants)| NodeView { id, tenants }).collect(),
+        })
     }
 
     /// The tenants this node dropped because their stores fenced it out, with why.

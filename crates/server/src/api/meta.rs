@@ -11,7 +11,7 @@ use super::extract::Caller;
 use super::problem::{ApiResult, Problem};
 use super::wire::*;
 use crate::AppState;
-use tidegate_service::auth::Any;
+use tidegate_service::auth::{Any, ClusterRead};
 
 /// The caller's tenant, role and key.
 #[utoipa::path(
@@ -27,6 +27,34 @@ pub async fn whoami(caller: Caller<Any>) -> ApiResult<Json<WhoamiOut>> {
         tenant: caller.tenant.name.clone(),
         role: caller.role,
         key_id: format!("key_{}", caller.key_id),
+    }))
+}
+
+/// This node and who serves the caller's tenant: its stream's owner node, fencing token and
+/// lease, and the nodes holding leases (counts only). On a store of one node (SQLite, memory),
+/// `shared` is false.
+#[utoipa::path(
+    get, path = "/v1/cluster", tag = "meta", operation_id = "cluster",
+    responses(
+        (status = 200, description = "The cluster as this node sees it", body = ClusterOut),
+        (status = "4XX", description = "Refused", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The cluster's database does not answer", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn cluster(State(state): State<AppState>, caller: Caller<ClusterRead>) -> ApiResult<Json<ClusterOut>> {
+    let v = state.service().cluster(&caller.tenant.name).await?;
+    Ok(Json(ClusterOut {
+        node: v.node_id,
+        shared: v.shared,
+        serving_here: v.serving_here,
+        stream: v.stream.map(|s| StreamOut {
+            owner: s.owner,
+            token: s.token,
+            lease_left_ms: s.lease_left_ms,
+            last_lsn: s.last_lsn,
+        }),
+        nodes: v.nodes.into_iter().map(|n| NodeOut { id: n.id, tenants: n.tenants }).collect(),
     }))
 }
 

@@ -127,6 +127,7 @@ fn method_routers() -> Vec<UtoipaMethodRouter<AppState>> {
         routes!(keys::create, keys::list),
         routes!(keys::revoke),
         routes!(meta::whoami),
+        routes!(meta::cluster),
         routes!(meta::openapi_json),
         routes!(meta::healthz),
         routes!(meta::readyz),

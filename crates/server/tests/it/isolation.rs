@@ -71,6 +71,7 @@ fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
         | "list_keys"
         | "revoke_key"
         | "whoami"
+        | "cluster"
         | "openapi"
         | "healthz"
         | "readyz"

@@ -1,4 +1,4 @@
-//! Identity and readiness (`/v1/whoami`, `/readyz`).
+//! Identity, readiness and the cluster view (`/v1/whoami`, `/readyz`, `/v1/cluster`).
 
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -29,4 +29,41 @@ pub struct ReadyOut {
     pub recovering: usize,
     /// Tenants whose engine failed to open or recover.
     pub failed: usize,
+}
+
+/// This node and who serves the caller's tenant.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ClusterOut {
+    /// This node's id (`server.node_id`).
+    pub node: String,
+    /// Whether the store is shared by several nodes (PostgreSQL).
+    pub shared: bool,
+    /// Whether this node serves the tenant now.
+    pub serving_here: bool,
+    /// The tenant's ledger stream (a shared store only).
+    pub stream: Option<StreamOut>,
+    /// The nodes holding live leases, with how many tenants each holds (no names).
+    pub nodes: Vec<NodeOut>,
+}
+
+/// A tenant's ledger stream: its owner, fencing token and lease.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StreamOut {
+    /// The node that holds it (or took it last).
+    pub owner: Option<String>,
+    /// The fencing token every append of the owner carries.
+    pub token: u64,
+    /// How long the owner's lease still runs, by the database's clock (`null`: none left).
+    pub lease_left_ms: Option<u64>,
+    /// The last acknowledged LSN.
+    pub last_lsn: u64,
+}
+
+/// A node holding live leases.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NodeOut {
+    /// Its id.
+    pub id: String,
+    /// How many tenants it holds.
+    pub tenants: u64,
 }
