@@ -19,14 +19,19 @@ pub(crate) const PAST_END: &str = "TG004";
 /// the server shutting down or starting, too many connections, connection failures.
 const TRANSIENT: [&str; 9] = ["40001", "40P01", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006"];
 
+/// Whether the same operation may succeed after `e`: a transient SQLSTATE, or no SQLSTATE at
+/// all (the connection or the client failed: closed, timed out, I/O). Shared by every
+/// PostgreSQL-backed part (the ledger, the service's catalog and tenant state).
+pub fn is_transient(e: &postgres::Error) -> bool {
+    match e.code() {
+        Some(code) => TRANSIENT.contains(&code.code()) || code.code().starts_with("08"),
+        None => true,
+    }
+}
+
 /// A database error during `op` on the ledger at `location`, classified.
 pub(crate) fn database(op: &'static str, location: &Path, e: postgres::Error) -> StoreError {
-    let retryable = match e.code() {
-        Some(code) => TRANSIENT.contains(&code.code()) || code.code().starts_with("08"),
-        // No SQLSTATE: the connection or the client failed (closed, timed out, I/O).
-        None => true,
-    };
-    StoreError::Database { op, path: location.to_owned(), retryable, source: Box::new(e) }
+    StoreError::Database { op, path: location.to_owned(), retryable: is_transient(&e), source: Box::new(e) }
 }
 
 /// The SQLSTATE and detail of a database error raised by the server (not by the client).

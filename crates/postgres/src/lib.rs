@@ -35,6 +35,7 @@ use postgres::{Client, Config, NoTls};
 use tidegate_core::{Batch, Event};
 use tidegate_storage::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
 
+pub use error::is_transient;
 pub use schema::{SCHEMA_VERSION, StreamOwner};
 
 use error::{FENCED, PAST_END, database, off_runtime, state_of};
@@ -117,8 +118,9 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
-/// Where a connection goes, without its password: `postgres://user@host:port/db`.
-fn describe(config: &Config) -> String {
+/// Where a connection goes, without its password: `postgres://user@host:port/db` (for
+/// messages and error paths of every PostgreSQL-backed part).
+pub fn describe(config: &Config) -> String {
     let host = config
         .get_hosts()
         .first()

@@ -37,15 +37,13 @@ CREATE TABLE tidegate_checkpoints (
     lsn     bigint NOT NULL,
     bytes   bytea NOT NULL
 );
--- One group commit: the owner's token and the next LSN are checked under the head's row lock,
--- the rows inserted and the head moved, in the caller's one statement (one transaction).
-CREATE FUNCTION tidegate_append(p_stream text, p_token bigint, p_first bigint,
-                                p_bodies text[], p_chains bytea[], p_last_chain bytea)
-RETURNS bigint LANGUAGE plpgsql AS $fn$
+-- The owner check every write makes first: locks the stream's head row (ordering the write
+-- against a take-over), refuses a stream that does not exist (TG002) or a token that is not
+-- the head's (TG001, the current token in DETAIL), and returns the stream's last LSN.
+CREATE FUNCTION tidegate_owned(p_stream text, p_token bigint) RETURNS bigint LANGUAGE plpgsql AS $fn$
 DECLARE
     cur bigint;
     last bigint;
-    n bigint := coalesce(array_length(p_bodies, 1), 0);
 BEGIN
     SELECT token, last_lsn INTO cur, last FROM tidegate_streams WHERE stream = p_stream FOR UPDATE;
     IF NOT FOUND THEN
@@ -55,6 +53,18 @@ BEGIN
         RAISE EXCEPTION 'ledger stream % is owned by token %, not %', p_stream, cur, p_token
             USING ERRCODE = 'TG001', DETAIL = cur::text;
     END IF;
+    RETURN last;
+END
+$fn$;
+-- One group commit: the owner's token and the next LSN are checked under the head's row lock,
+-- the rows inserted and the head moved, in the caller's one statement (one transaction).
+CREATE FUNCTION tidegate_append(p_stream text, p_token bigint, p_first bigint,
+                                p_bodies text[], p_chains bytea[], p_last_chain bytea)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    last bigint := tidegate_owned(p_stream, p_token);
+    n bigint := coalesce(array_length(p_bodies, 1), 0);
+BEGIN
     IF last + 1 <> p_first THEN
         RAISE EXCEPTION 'ledger stream % ends at LSN %; a batch starting at LSN % does not continue it',
             p_stream, last, p_first USING ERRCODE = 'TG003', DETAIL = last::text;
@@ -69,17 +79,8 @@ $fn$;
 CREATE FUNCTION tidegate_put_checkpoint(p_stream text, p_token bigint, p_lsn bigint, p_bytes bytea)
 RETURNS void LANGUAGE plpgsql AS $fn$
 DECLARE
-    cur bigint;
-    last bigint;
+    last bigint := tidegate_owned(p_stream, p_token);
 BEGIN
-    SELECT token, last_lsn INTO cur, last FROM tidegate_streams WHERE stream = p_stream FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'ledger stream % does not exist', p_stream USING ERRCODE = 'TG002';
-    END IF;
-    IF cur <> p_token THEN
-        RAISE EXCEPTION 'ledger stream % is owned by token %, not %', p_stream, cur, p_token
-            USING ERRCODE = 'TG001', DETAIL = cur::text;
-    END IF;
     IF p_lsn > last THEN
         RAISE EXCEPTION 'checkpoint at LSN % is past the end of ledger stream % (LSN %)', p_lsn, p_stream, last
             USING ERRCODE = 'TG004', DETAIL = last::text;

@@ -67,14 +67,11 @@ impl Conn {
 }
 
 fn pg_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(postgres::Error) -> ServiceError + 'a {
-    move |e| {
-        let retryable = match e.code() {
-            Some(c) => {
-                c.code().starts_with("08") || matches!(c.code(), "40001" | "40P01" | "57P01" | "57P03" | "53300")
-            }
-            None => true,
-        };
-        ServiceError::CatalogPostgres { path: path.to_owned(), op, retryable, source: Arc::new(e) }
+    move |e| ServiceError::CatalogPostgres {
+        path: path.to_owned(),
+        op,
+        retryable: tidegate_postgres::is_transient(&e),
+        source: Arc::new(e),
     }
 }
 
@@ -97,17 +94,7 @@ impl PgCatalog {
         let config: Config = url.parse().map_err(|e: postgres::Error| {
             ServiceError::invalid("server.store", "(a postgres URL)".to_owned(), format!("a postgres URL ({e})"))
         })?;
-        let host = match config.get_hosts().first() {
-            Some(postgres::config::Host::Tcp(h)) => h.clone(),
-            Some(postgres::config::Host::Unix(p)) => p.display().to_string(),
-            None => "localhost".into(),
-        };
-        let path = PathBuf::from(format!(
-            "postgres://{}@{host}:{}/{}",
-            config.get_user().unwrap_or("?"),
-            config.get_ports().first().copied().unwrap_or(5432),
-            config.get_dbname().unwrap_or("?")
-        ));
+        let path = PathBuf::from(tidegate_postgres::describe(&config));
         let mut conn = Conn { config, client: None, path: path.clone() };
         let (ready_tx, ready_rx) = mpsc::channel();
         let (tx, rx) = mpsc::channel::<Job>();

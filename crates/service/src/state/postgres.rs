@@ -158,33 +158,14 @@ struct Db {
     settled_since_prune: usize,
 }
 
-/// A database error during `op`: transient (a lost connection, a serialization failure, the
-/// server shutting down) or not.
+/// A database error during `op`.
 fn pg_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(postgres::Error) -> StateError + 'a {
-    move |e| {
-        let retryable = match e.code() {
-            Some(c) => {
-                c.code().starts_with("08") || matches!(c.code(), "40001" | "40P01" | "57P01" | "57P03" | "53300")
-            }
-            None => true,
-        };
-        StateError::Postgres { path: path.to_owned(), op, retryable, source: Arc::new(e) }
+    move |e| StateError::Postgres {
+        path: path.to_owned(),
+        op,
+        retryable: tidegate_postgres::is_transient(&e),
+        source: Arc::new(e),
     }
-}
-
-/// Where a connection goes, without its password, and the tenant.
-fn describe(config: &Config, tenant: &str) -> PathBuf {
-    let host = match config.get_hosts().first() {
-        Some(postgres::config::Host::Tcp(h)) => h.clone(),
-        Some(postgres::config::Host::Unix(p)) => p.display().to_string(),
-        None => "localhost".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    PathBuf::from(format!(
-        "postgres://{}@{host}:{port}/{} tenant {tenant}",
-        config.get_user().unwrap_or("?"),
-        config.get_dbname().unwrap_or("?")
-    ))
 }
 
 impl Db {
@@ -768,7 +749,7 @@ impl PgState {
             path: PathBuf::from("store URL"),
             detail: format!("not a postgres URL: {e}"),
         })?;
-        let path = describe(&config, tenant);
+        let path = PathBuf::from(format!("{} tenant {tenant}", tidegate_postgres::describe(&config)));
         let mut db =
             Db { config, client: None, tenant: tenant.to_owned(), path: path.clone(), limits, settled_since_prune: 0 };
         // The setup runs on the state's own thread too (the blocking client must not run on
