@@ -84,7 +84,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if !store.is_durable() {
             tracing::warn!("{store}: the catalog and every ledger live in memory; nothing survives a restart");
         }
-        let state = tidegate_server::AppState::open(cfg.clone()).await?;
+        // Bound first: a node of a cluster registers the address it answers at.
+        let listener = tokio::net::TcpListener::bind(cfg.server.listen)
+            .await
+            .with_context(|| format!("listening on {}", cfg.server.listen))?;
+        let addr = listener.local_addr()?;
+        let state = tidegate_server::AppState::open_at(cfg.clone(), addr).await?;
         if let Some(name) = &args.bootstrap_tenant
             && state.catalog().tenant(name)?.is_none()
         {
@@ -92,10 +97,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let (key, _) = state.catalog().create_key(name, Role::Admin, Some("bootstrap"))?;
             println!("tenant={name} role=admin key={}", key.key);
         }
-        let listener = tokio::net::TcpListener::bind(cfg.server.listen)
-            .await
-            .with_context(|| format!("listening on {}", cfg.server.listen))?;
-        let addr = listener.local_addr()?;
         tracing::info!(%addr, %store, "tidegate serve listening");
         // Tests and supervisors read the bound address from this line.
         println!("listening on {addr}");

@@ -111,6 +111,8 @@ fn nodes_share_one_postgres_and_a_tenant_moves_when_its_owner_dies() {
     let (st, body, retry) = call(&b.base, &key, "GET", &format!("/v1/transactions/{}", committed[0]), None);
     assert_eq!((st, body["code"].as_str()), (503, Some("tenant_unavailable")), "{body}");
     assert!(body["detail"].as_str().unwrap_or("").contains("node-a"), "names the owner: {body}");
+    assert_eq!(body["owner"], "node-a", "{body}");
+    assert_eq!(body["owner_address"].as_str(), Some(a.base.as_str()), "says where to go: {body}");
     assert!(retry.is_some(), "says when to come back");
 
     // Node a dies. Once its lease ran out, node b takes the tenant on the next request.
@@ -143,7 +145,18 @@ fn nodes_share_one_postgres_and_a_tenant_moves_when_its_owner_dies() {
     );
     assert_eq!(view["stream"]["owner"], "node-b", "{view}");
     assert!(view["stream"]["token"].as_u64() >= Some(2), "a took token 1, b a larger one: {view}");
-    assert_eq!(view["nodes"], json!([{"id": "node-b", "tenants": 1}]), "{view}");
+    assert_eq!(view["stream"]["owner_address"].as_str(), Some(b.base.as_str()), "{view}");
+    let nodes = view["nodes"].as_array().unwrap();
+    let me = nodes.iter().find(|n| n["id"] == "node-b").unwrap_or_else(|| panic!("node-b listed: {view}"));
+    assert_eq!((me["live"].as_bool(), me["tenants"].as_u64()), (Some(true), Some(1)), "{view}");
+    assert_eq!(me["address"].as_str(), Some(b.base.as_str()), "{view}");
+    for n in nodes.iter().filter(|n| n["id"] != "node-b") {
+        assert_eq!(
+            (n["id"].as_str(), n["tenants"].as_u64()),
+            (Some("node-a"), Some(0)),
+            "the dead node holds nothing: {view}"
+        );
+    }
 
     // A drain: SIGTERM ends node b's leases, so node c serves at once, well within the lease.
     let c = start(&url, "node-c", false);

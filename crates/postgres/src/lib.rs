@@ -18,6 +18,7 @@
 #![deny(missing_docs)]
 
 mod error;
+mod nodes;
 mod schema;
 mod verify;
 mod writer;
@@ -36,6 +37,7 @@ use tidegate_core::{Batch, Event};
 use tidegate_storage::{LedgerStore, Lsn, Ownership, StoreError, StoredCheckpoint};
 
 pub use error::is_transient;
+pub use nodes::{ClusterSnapshot, MAX_ADDRESS_BYTES, NodeInfo, NodeRegistry};
 pub use schema::{SCHEMA_VERSION, StreamOwner};
 
 use error::{FENCED, PAST_END, database, off_runtime, state_of};

@@ -9,13 +9,13 @@ use tidegate_storage::{Lsn, StoreError};
 use crate::error::database;
 
 /// The newest schema this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 2;
+pub const SCHEMA_VERSION: u64 = 3;
 
 /// An advisory lock key held while migrating, so concurrent first opens migrate once.
 const MIGRATION_LOCK: i64 = 0x7469_6465_6761_7465; // "tidegate"
 
 /// Migration `i` takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     r#"
 CREATE TABLE tidegate_streams (
     stream          text PRIMARY KEY,
@@ -93,6 +93,16 @@ $fn$;
     r#"
 -- Schema 2: who holds each stream and until when (a node's lease, by the database's clock).
 ALTER TABLE tidegate_streams ADD COLUMN owner text, ADD COLUMN lease_until timestamptz;
+"#,
+    r#"
+-- Schema 3: the nodes of a cluster, where each answers and when it last said it was alive (by
+-- the database's clock), so that a node that does not serve a tenant can say where to go.
+CREATE TABLE tidegate_nodes (
+    node        text PRIMARY KEY,
+    address     text,
+    started_at  timestamptz NOT NULL,
+    seen_at     timestamptz NOT NULL
+);
 "#,
 ];
 
@@ -219,7 +229,11 @@ pub(crate) fn claim(
     if let (Some(owner), Some(remaining_ms)) = (&found.owner, found.lease_left_ms)
         && claimant.node.as_ref() != Some(owner)
     {
-        return Err(StoreError::Leased { stream: stream.to_owned(), owner: owner.clone(), remaining_ms });
+        let address = tx
+            .query_opt("SELECT address FROM tidegate_nodes WHERE node = $1", &[owner])
+            .map_err(db("look up the owner's address"))?
+            .and_then(|row| row.get::<_, Option<String>>(0));
+        return Err(StoreError::Leased { stream: stream.to_owned(), owner: owner.clone(), address, remaining_ms });
     }
     let lease = claimant.lease_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX));
     let row = tx

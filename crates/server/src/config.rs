@@ -49,6 +49,11 @@ pub struct ServerSection {
     /// This node's id: the owner its PostgreSQL leases name (docs/deployment.md). Default:
     /// the host's name.
     pub node_id: Option<String>,
+    /// Where clients reach this node (a base URL such as `http://10.0.0.7:7878`), registered
+    /// with the cluster on a PostgreSQL store: a node that does not serve a tenant names it in
+    /// its `503 tenant_unavailable` (`owner_address`). Default: `http://<the bound address>`,
+    /// or `http://<node id>:<port>` when listening on a wildcard address.
+    pub advertise_url: Option<String>,
     /// How long this node's ownership of a tenant's PostgreSQL stream lasts without renewal,
     /// in milliseconds (renewed every third; a node that dies keeps its tenants that long).
     /// 300 to 3 600 000. Default 10 000.
@@ -65,6 +70,7 @@ impl Default for ServerSection {
             memory: false,
             store: None,
             node_id: None,
+            advertise_url: None,
             ownership_lease_ms: 10_000,
             shutdown_drain_ms: 30_000,
         }
@@ -237,6 +243,16 @@ impl Config {
         {
             return bad("server.node_id", format!("{id:?}: expected 1 to 200 bytes without control characters"));
         }
+        if let Some(url) = &self.server.advertise_url
+            && (!(url.starts_with("http://") || url.starts_with("https://"))
+                || url.len() > 2048
+                || url.chars().any(|c| c.is_control() || c.is_whitespace()))
+        {
+            return bad(
+                "server.advertise_url",
+                format!("{url:?}: expected an http:// or https:// base URL of at most 2048 bytes without spaces"),
+            );
+        }
         if self.level().is_err() {
             return bad("engine.level", format!("`{}`: expected one of L0, L1, L2, L3, L4", self.engine.level));
         }
@@ -363,6 +379,20 @@ impl Config {
                 .filter(|h| !h.is_empty())
                 .unwrap_or_else(|| "tidegate".into())
         })
+    }
+
+    /// Where this node tells clients to reach it, for a server bound to `bound`:
+    /// `server.advertise_url`, else `http://<bound>`, or `http://<node id>:<port>` when bound
+    /// to a wildcard address.
+    pub fn advertise_url(&self, bound: SocketAddr) -> String {
+        if let Some(u) = &self.server.advertise_url {
+            return u.trim_end_matches('/').to_owned();
+        }
+        if bound.ip().is_unspecified() {
+            format!("http://{}:{}", self.node_id(), bound.port())
+        } else {
+            format!("http://{bound}")
+        }
     }
 
     /// The settings every tenant is opened with.

@@ -37,13 +37,26 @@ impl std::fmt::Debug for AppState {
 
 impl AppState {
     /// Opens the service: the catalog and every tenant in it (their recovery runs in the
-    /// background).
+    /// background). On a PostgreSQL store the node joins the cluster without an address
+    /// ([`AppState::open_at`] gives one).
     pub async fn open(config: Config) -> Result<AppState> {
+        AppState::open_with(config, None).await
+    }
+
+    /// [`AppState::open`] for a node that answers at `bound` (its listener's address): on a
+    /// PostgreSQL store the node registers [`Config::advertise_url`] with the cluster.
+    pub async fn open_at(config: Config, bound: std::net::SocketAddr) -> Result<AppState> {
+        let advertise = config.advertise_url(bound);
+        AppState::open_with(config, Some(advertise)).await
+    }
+
+    async fn open_with(config: Config, advertise: Option<String>) -> Result<AppState> {
         config.validate()?;
         tidegate_service::review::check_postgres_admins(&config.review).await?;
         let settings = ServiceSettings {
             tenant: config.tenant_settings()?,
             key_cache_ttl: Duration::from_millis(config.auth.cache_ttl_ms),
+            advertise,
         };
         let service = Service::open(settings).await?;
         Ok(AppState(Arc::new(Inner {
@@ -111,6 +124,17 @@ impl AppState {
                 format!("the tenant's engine could not be opened: {e}"),
             )
             .retry_after(5)),
+            // Another node serves the tenant: say which and where (docs/deployment.md).
+            Err(AuthError::ServedElsewhere { owner, address, remaining_ms, detail }) => {
+                let mut e = ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "tenant_unavailable",
+                    format!("this node does not serve the tenant: {detail}"),
+                )
+                .retry_after(remaining_ms.div_ceil(1000).max(1));
+                e.owner = Some((owner, address));
+                Err(e)
+            }
             // The node dropped the key's tenant (its store fenced the node out).
             Err(AuthError::NotServed { tenant, reason }) => {
                 Err(tidegate_service::ServiceError::TenantUnavailable { tenant, reason }.into())

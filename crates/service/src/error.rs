@@ -266,11 +266,23 @@ impl ServiceError {
     /// Whether the tenant could not be opened because another node holds its ledger stream
     /// under a live lease (a PostgreSQL store): that node serves it.
     pub fn is_served_elsewhere(&self) -> bool {
+        self.served_elsewhere().is_some()
+    }
+
+    /// The node that serves the tenant instead of this one, where it answers (if it said) and
+    /// how long its lease still runs, when the tenant could not be opened because of it.
+    pub fn served_elsewhere(&self) -> Option<(&str, Option<&str>, u64)> {
         match self {
-            ServiceError::Tenant { source, .. } | ServiceError::Engine(source) => {
-                matches!(&**source, tidegate_runtime::Error::Store(tidegate_storage::StoreError::Leased { .. }))
-            }
-            _ => false,
+            ServiceError::Tenant { source, .. } | ServiceError::Engine(source) => match &**source {
+                tidegate_runtime::Error::Store(tidegate_storage::StoreError::Leased {
+                    owner,
+                    address,
+                    remaining_ms,
+                    ..
+                }) => Some((owner, address.as_deref(), *remaining_ms)),
+                _ => None,
+            },
+            _ => None,
         }
     }
 

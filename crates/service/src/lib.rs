@@ -37,6 +37,7 @@ pub mod attention;
 pub mod auth;
 pub mod catalog;
 pub mod catalog_postgres;
+pub mod cluster;
 pub mod console;
 pub mod dispatch;
 pub mod error;

@@ -177,6 +177,8 @@ pub struct Metrics {
     pub client_tickets_expired: Counter,
     /// Tenants dropped because their ledger store fenced this node out.
     pub tenants_fenced: Counter,
+    /// Tenants this node took because nobody served them (crate::cluster).
+    pub tenants_adopted: Counter,
 }
 
 impl Default for Metrics {
@@ -261,6 +263,12 @@ impl Metrics {
             "Tenants this node dropped because their ledger store fenced it out (another node took them over).",
             tenants_fenced.clone(),
         );
+        let tenants_adopted = Counter::default();
+        registry.register(
+            "tidegate_tenants_adopted",
+            "Tenants this node took over because no live node held them (a PostgreSQL cluster).",
+            tenants_adopted.clone(),
+        );
         registry.register_collector(Box::new(SnapshotCollector(snapshot.clone())));
         Metrics {
             registry,
@@ -282,6 +290,7 @@ impl Metrics {
             client_results,
             client_tickets_expired,
             tenants_fenced,
+            tenants_adopted,
         }
     }
 

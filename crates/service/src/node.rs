@@ -6,8 +6,9 @@
 //! A tenant whose ledger store fences the node's engine out (another node took the tenant
 //! over) is dropped: its engine, background tasks and review manager are stopped, it leaves the
 //! node's tenants, and every later request for it answers
-//! [`ServiceError::TenantUnavailable`] (retryable: another node serves it) until this node
-//! restarts. The other tenants are not touched.
+//! [`ServiceError::TenantUnavailable`] (retryable: another node serves it) until the fenced
+//! engine is released; on a shared (PostgreSQL) store the stream's lease decides from then
+//! on, as for any tenant (crate::cluster). The other tenants are not touched.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -37,7 +38,7 @@ pub struct ClusterView {
     pub serving_here: bool,
     /// The tenant's stream (PostgreSQL): its owner, token and lease.
     pub stream: Option<StreamView>,
-    /// The nodes holding live leases, by id, with how many tenants each holds.
+    /// The registered nodes and the lease holders, by id, with how many tenants each holds.
     pub nodes: Vec<NodeView>,
 }
 
@@ -46,6 +47,8 @@ pub struct ClusterView {
 pub struct StreamView {
     /// The node that took it last (`None`: an unnamed process).
     pub owner: Option<String>,
+    /// Where that node answers, if it registered an address.
+    pub owner_address: Option<String>,
     /// The owner token.
     pub token: u64,
     /// How long the owner's lease still runs (`None`: none, or it ran out).
@@ -54,12 +57,18 @@ pub struct StreamView {
     pub last_lsn: u64,
 }
 
-/// A node holding live leases.
+/// A node of the cluster: registered, or holding leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeView {
     /// Its id.
     pub id: String,
-    /// How many tenants it holds.
+    /// Where it answers, if it said.
+    pub address: Option<String>,
+    /// Whether it said it was alive recently (three of its rounds).
+    pub live: bool,
+    /// How long ago it last said so (`None`: it never registered).
+    pub seen_ms_ago: Option<u64>,
+    /// How many tenants it holds under live leases.
     pub tenants: u64,
 }
 
@@ -70,6 +79,10 @@ pub struct ServiceSettings {
     pub tenant: TenantSettings,
     /// How long a looked-up API key is trusted before the catalog is asked again.
     pub key_cache_ttl: Duration,
+    /// Where this node answers (a base URL), registered with the cluster on a PostgreSQL store
+    /// so that a node that does not serve a tenant can send its clients here. `None`: not
+    /// registered with an address (the node still counts as live).
+    pub advertise: Option<String>,
 }
 
 /// Who a presented API key is.
@@ -105,6 +118,19 @@ pub enum AuthError {
         /// Why (the fence).
         reason: String,
     },
+    /// Another node holds the key's tenant under a live lease (a PostgreSQL cluster): send
+    /// the request there. Retryable: this node may take the tenant once the lease runs out.
+    #[error("{detail}")]
+    ServedElsewhere {
+        /// The node serving the tenant.
+        owner: String,
+        /// Where it answers, if it registered an address.
+        address: Option<String>,
+        /// How long its lease still runs.
+        remaining_ms: u64,
+        /// The whole refusal.
+        detail: String,
+    },
 }
 
 impl AuthError {
@@ -119,8 +145,12 @@ struct Inner {
     tenants: RwLock<HashMap<String, Arc<Tenant>>>,
     opening: tokio::sync::Mutex<()>,
     failed: Mutex<HashMap<String, String>>,
-    /// Tenants dropped because their store fenced this node out, with the refusal to give.
+    /// Tenants dropped because their store fenced this node out, with the refusal to give
+    /// (on a shared store only until the fenced engine is released; then the stream's lease
+    /// decides, like for any tenant this node does not serve).
     dropped: Mutex<HashMap<String, ServiceError>>,
+    /// This node's presence in the cluster (PostgreSQL store only); dropped at close.
+    registry: Mutex<Option<tidegate_postgres::NodeRegistry>>,
     settings: ServiceSettings,
     metrics: Arc<Metrics>,
     http: reqwest::Client,
@@ -183,6 +213,7 @@ impl Service {
             opening: tokio::sync::Mutex::new(()),
             failed: Mutex::new(HashMap::new()),
             dropped: Mutex::new(HashMap::new()),
+            registry: Mutex::new(None),
             settings,
             metrics: Arc::new(Metrics::new()),
             http,
@@ -191,6 +222,12 @@ impl Service {
             tracker: TaskTracker::new(),
             key_cache: Mutex::new(HashMap::new()),
         }));
+        if let StoreUrl::Postgres { url, .. } = &service.0.settings.tenant.store {
+            // Several nodes may share the database: take this node's share of the tenants
+            // nobody serves, now and every round (crate::cluster).
+            service.join_cluster(url.clone()).await?;
+            return Ok(service);
+        }
         for t in service.0.catalog.tenants()? {
             match service.open_tenant(&t.name).await {
                 Ok(_) => {}
@@ -204,6 +241,49 @@ impl Service {
             }
         }
         Ok(service)
+    }
+
+    /// Registers this node with the cluster, takes its share of the orphaned tenants, and
+    /// keeps doing both every round until shutdown.
+    async fn join_cluster(&self, url: String) -> Result<()> {
+        let t = &self.0.settings.tenant;
+        let (node, advertise, every) =
+            (t.node_id.clone(), self.0.settings.advertise.clone(), crate::cluster::round_interval(t.ownership_lease));
+        let registry = tokio::task::spawn_blocking(move || {
+            tidegate_postgres::NodeRegistry::start(&url, &node, advertise.as_deref(), every)
+        })
+        .await
+        .map_err(|e| ServiceError::io("join the cluster", std::io::Error::other(e)))?
+        .map_err(|e| ServiceError::Unavailable {
+            code: "store_unavailable",
+            detail: format!("joining the cluster's database: {e}"),
+            retry_after: Some(1),
+        })?;
+        let mut rounds = registry.watch();
+        let first = registry.latest();
+        *self.0.registry.lock() = Some(registry);
+        let mut waited = HashMap::new();
+        if let Some(snapshot) = first {
+            crate::cluster::adopt(self, &snapshot, &mut waited).await;
+        }
+        let (service, stop) = (Arc::downgrade(&self.0), self.0.shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    changed = rounds.changed() => if changed.is_err() { return },
+                }
+                let snapshot = rounds.borrow_and_update().clone();
+                let (Some(inner), Some(snapshot)) = (service.upgrade(), snapshot) else { return };
+                crate::cluster::adopt(&Service(inner), &snapshot, &mut waited).await;
+            }
+        });
+        Ok(())
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.0.shutdown.is_cancelled()
     }
 
     /// The settings the node was opened with.
@@ -321,17 +401,24 @@ impl Service {
         self.0.metrics.tenants_fenced.inc();
         let name = t.name.clone();
         let release = tokio::task::spawn_blocking(move || t.release_fenced());
+        let shared = matches!(self.0.settings.tenant.store, StoreUrl::Postgres { .. });
+        let node = Arc::downgrade(&self.0);
         tokio::spawn(async move {
             if let Err(e) = release.await {
                 tracing::error!(tenant = %name, "releasing the fenced tenant failed: {e}");
+            }
+            // On a shared store the stream's lease decides from now on: requests are sent to
+            // its owner, and this node may take the tenant again once that owner is gone.
+            if shared && let Some(node) = node.upgrade() {
+                node.dropped.lock().remove(&name);
             }
         });
     }
 
     /// This node and who serves `tenant` (`GET /v1/cluster`): on a PostgreSQL store the owner,
-    /// token and lease of the tenant's stream and, per node holding a live lease, how many
-    /// tenants it holds (counts only: no other tenant's name leaves the database). Blocking
-    /// database work runs on a blocking thread.
+    /// token and lease of the tenant's stream and every registered node with where it answers,
+    /// whether it is live and how many tenants it holds (counts only: no other tenant's name
+    /// leaves the database). A fresh reading is taken (on a blocking thread).
     pub async fn cluster(&self, tenant: &str) -> Result<ClusterView> {
         let node_id = self.0.settings.tenant.node_id.clone();
         let serving_here = self.0.tenants.read().contains_key(tenant);
@@ -339,33 +426,53 @@ impl Service {
             return Ok(ClusterView { node_id, shared: false, serving_here, stream: None, nodes: Vec::new() });
         };
         let url = url.clone();
-        let owners = tokio::task::spawn_blocking(move || tidegate_postgres::PgStore::owners(&url))
+        let snapshot = tokio::task::spawn_blocking(move || tidegate_postgres::NodeRegistry::read(&url))
             .await
-            .map_err(|e| ServiceError::io("read the streams' owners", std::io::Error::other(e)))?
+            .map_err(|e| ServiceError::io("read the cluster", std::io::Error::other(e)))?
             .map_err(|e| ServiceError::Unavailable {
                 code: "store_unavailable",
                 detail: format!("the cluster's database: {e}"),
                 retry_after: Some(1),
             })?;
-        let mut nodes: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-        for o in &owners {
+        let window = crate::cluster::live_window(self.0.settings.tenant.ownership_lease);
+        let mut held: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+        for o in &snapshot.streams {
             if let (Some(owner), Some(_)) = (&o.owner, o.lease_left_ms) {
-                *nodes.entry(owner.clone()).or_default() += 1;
+                *held.entry(owner).or_default() += 1;
             }
         }
-        let stream = owners.into_iter().find(|o| o.stream == tenant).map(|o| StreamView {
-            owner: o.owner,
+        let live: Vec<&str> = snapshot.alive(window).map(|n| n.node.as_str()).collect();
+        let mut nodes: Vec<NodeView> = snapshot
+            .nodes
+            .iter()
+            .map(|n| NodeView {
+                id: n.node.clone(),
+                address: n.address.clone(),
+                live: live.contains(&n.node.as_str()),
+                seen_ms_ago: Some(n.seen_ms_ago),
+                tenants: held.get(n.node.as_str()).copied().unwrap_or(0),
+            })
+            .collect();
+        // Owners that never registered (an embedded engine, a CLI command) still hold leases.
+        for (owner, count) in &held {
+            if !nodes.iter().any(|n| n.id == *owner) {
+                nodes.push(NodeView {
+                    id: (*owner).to_owned(),
+                    address: None,
+                    live: false,
+                    seen_ms_ago: None,
+                    tenants: *count,
+                });
+            }
+        }
+        let stream = snapshot.streams.iter().find(|o| o.stream == tenant).map(|o| StreamView {
+            owner: o.owner.clone(),
+            owner_address: o.owner.as_deref().and_then(|n| snapshot.address(n)).map(str::to_owned),
             token: o.token,
             lease_left_ms: o.lease_left_ms,
             last_lsn: o.last_lsn,
         });
-        Ok(ClusterView {
-            node_id,
-            shared: true,
-            serving_here,
-            stream,
-            nodes: nodes.into_iter().map(|(id, tenants)| NodeView { id, tenants }).collect(),
-        })
+        Ok(ClusterView { node_id, shared: true, serving_here, stream, nodes })
     }
 
     /// The tenants this node dropped because their stores fenced it out, with why.
@@ -417,7 +524,15 @@ impl Service {
         }
         let tenant = self.open_tenant(&record.tenant).await.map_err(|e| match e {
             ServiceError::TenantUnavailable { tenant, reason } => AuthError::NotServed { tenant, reason },
-            e => AuthError::TenantUnavailable(e.to_string()),
+            e => match e.served_elsewhere() {
+                Some((owner, address, remaining_ms)) => AuthError::ServedElsewhere {
+                    owner: owner.to_owned(),
+                    address: address.map(str::to_owned),
+                    remaining_ms,
+                    detail: e.to_string(),
+                },
+                None => AuthError::TenantUnavailable(e.to_string()),
+            },
         })?;
         Ok(Authenticated { tenant, role: record.role, key_id: record.id })
     }
@@ -481,6 +596,12 @@ impl Service {
             }
         }
         self.0.tenants.write().clear();
+        // Leave the cluster last: the leases are ended, so the other nodes take the tenants
+        // at their next round.
+        let registry = self.0.registry.lock().take();
+        if let Some(r) = registry {
+            let _ = tokio::task::spawn_blocking(move || drop(r)).await;
+        }
         problems
     }
 }

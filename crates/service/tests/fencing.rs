@@ -33,6 +33,7 @@ fn settings(dir: &Path) -> ServiceSettings {
             scopes: ScopeRegistry::default(),
             review: ReviewSection::default(),
         },
+        advertise: None,
         key_cache_ttl: Duration::from_secs(60),
     }
 }

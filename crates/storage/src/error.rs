@@ -186,14 +186,17 @@ pub enum StoreError {
     /// for writing now would take it from a live owner. Retryable: the lease runs out unless
     /// its owner renews it (ask that owner instead, or wait).
     #[error(
-        "ledger stream {stream} is held by {owner} under a lease for another {remaining_ms} ms; send its \
-         requests there, or open it after the lease runs out"
+        "ledger stream {stream} is held by {owner}{} under a lease for another {remaining_ms} ms; send its \
+         requests there, or open it after the lease runs out",
+        address.as_ref().map(|a| format!(" (at {a})")).unwrap_or_default()
     )]
     Leased {
         /// The stream.
         stream: String,
         /// The owner holding the lease (its node id).
         owner: String,
+        /// Where the owner answers, as it registered itself (`None`: it did not say).
+        address: Option<String>,
         /// How long the lease still runs, by the database's clock.
         remaining_ms: u64,
     },

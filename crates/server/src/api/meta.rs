@@ -50,11 +50,22 @@ pub async fn cluster(State(state): State<AppState>, caller: Caller<ClusterRead>)
         serving_here: v.serving_here,
         stream: v.stream.map(|s| StreamOut {
             owner: s.owner,
+            owner_address: s.owner_address,
             token: s.token,
             lease_left_ms: s.lease_left_ms,
             last_lsn: s.last_lsn,
         }),
-        nodes: v.nodes.into_iter().map(|n| NodeOut { id: n.id, tenants: n.tenants }).collect(),
+        nodes: v
+            .nodes
+            .into_iter()
+            .map(|n| NodeOut {
+                id: n.id,
+                address: n.address,
+                live: n.live,
+                seen_ms_ago: n.seen_ms_ago,
+                tenants: n.tenants,
+            })
+            .collect(),
     }))
 }
 

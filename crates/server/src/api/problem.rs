@@ -41,6 +41,13 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub transaction: Option<Value>,
+    /// For `tenant_unavailable` on a node that does not serve the tenant: the node that does
+    /// (its id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Where that node answers (`server.advertise_url`), when it said: send the request there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner_address: Option<String>,
 }
 
 /// An API error: what every handler and extractor returns (boxed, so results stay small).
@@ -81,6 +88,8 @@ pub struct ApiErrorData {
     pub retry_after: Option<u64>,
     /// The transaction (for `transaction_aborted`).
     pub transaction: Option<Value>,
+    /// The node serving the tenant and where it answers (for `tenant_unavailable`).
+    pub owner: Option<(String, Option<String>)>,
 }
 
 /// Result with [`ApiError`].
@@ -110,6 +119,7 @@ impl ApiError {
             retryable: false,
             retry_after: None,
             transaction: None,
+            owner: None,
         }))
     }
 
@@ -185,6 +195,8 @@ impl ApiError {
             retryable: self.retryable,
             request_id: None,
             transaction: self.transaction.clone(),
+            owner: self.owner.as_ref().map(|(id, _)| id.clone()),
+            owner_address: self.owner.as_ref().and_then(|(_, a)| a.clone()),
         }
     }
 }
@@ -245,12 +257,16 @@ pub fn from_runtime_ref(e: &tidegate_runtime::Error) -> ApiError {
         E::Fenced(f) => tenant_unavailable(&ServiceError::fenced(f).to_string()),
         // Another node holds the tenant's PostgreSQL stream under a live lease: that node
         // serves it; this one may take it once the lease runs out (docs/deployment.md).
-        E::Store(s @ tidegate_storage::StoreError::Leased { remaining_ms, .. }) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "tenant_unavailable",
-            format!("this node does not serve the tenant: {s}"),
-        )
-        .retry_after(remaining_ms.div_ceil(1000).max(1)),
+        E::Store(s @ tidegate_storage::StoreError::Leased { owner, address, remaining_ms, .. }) => {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "tenant_unavailable",
+                format!("this node does not serve the tenant: {s}"),
+            )
+            .retry_after(remaining_ms.div_ceil(1000).max(1));
+            e.owner = Some((owner.clone(), address.clone()));
+            e
+        }
         E::Store(s) => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", format!("the ledger store failed: {s}"))
         }

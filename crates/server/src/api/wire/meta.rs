@@ -42,7 +42,8 @@ pub struct ClusterOut {
     pub serving_here: bool,
     /// The tenant's ledger stream (a shared store only).
     pub stream: Option<StreamOut>,
-    /// The nodes holding live leases, with how many tenants each holds (no names).
+    /// The registered nodes and every lease holder, with where each answers, whether it is
+    /// live and how many tenants it holds (counts, no names).
     pub nodes: Vec<NodeOut>,
 }
 
@@ -51,6 +52,8 @@ pub struct ClusterOut {
 pub struct StreamOut {
     /// The node that holds it (or took it last).
     pub owner: Option<String>,
+    /// Where that node answers (its `server.advertise_url`), if it registered one.
+    pub owner_address: Option<String>,
     /// The fencing token every append of the owner carries.
     pub token: u64,
     /// How long the owner's lease still runs, by the database's clock (`null`: none left).
@@ -59,11 +62,19 @@ pub struct StreamOut {
     pub last_lsn: u64,
 }
 
-/// A node holding live leases.
+/// A node of the cluster.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct NodeOut {
     /// Its id.
     pub id: String,
-    /// How many tenants it holds.
+    /// Where it answers, if it said.
+    pub address: Option<String>,
+    /// Whether it said it was alive within three of its rounds (a third of its ownership
+    /// lease each).
+    pub live: bool,
+    /// How long ago it last said so, by the database's clock (`null`: it never registered,
+    /// e.g. an embedded engine holding a lease).
+    pub seen_ms_ago: Option<u64>,
+    /// How many tenants it holds under live leases.
     pub tenants: u64,
 }
