@@ -103,6 +103,35 @@ pub enum Which {
         #[arg(long)]
         memory_only: bool,
     },
+    /// Several `tidegate serve` nodes on one PostgreSQL, on loopback: tx/s and p99 with 1, 2
+    /// and 3 nodes (tenants spread over them), one node on the embedded store beside them,
+    /// and the failover time when a busy tenant's owner is SIGKILLed (docs/deployment.md).
+    Cluster {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// The PostgreSQL server to run on (default: `$TIDEGATE_PG_URL`, else
+        /// `postgres://postgres@127.0.0.1:5432/postgres`): the run makes (and drops) databases
+        /// `tidegate_bench_cluster_*` next to this URL's database, so its role must be allowed
+        /// to create databases.
+        #[arg(long, value_name = "URL")]
+        postgres: Option<String>,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Node counts to measure.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 3])]
+        nodes: Vec<usize>,
+        /// Tenants, spread over the nodes by the nodes.
+        #[arg(long, default_value_t = 6)]
+        tenants: usize,
+        /// The nodes' ownership lease, milliseconds (the failover goal is this plus 2 s).
+        #[arg(long, default_value_t = 2_000)]
+        lease_ms: u64,
+    },
     /// Anomaly detectors + classification + cycle check on generated traces (1e5 and 1e6
     /// records by default): records/s and peak memory against the file size.
     Detect {
@@ -130,6 +159,9 @@ pub fn run(which: Which) -> anyhow::Result<()> {
         Which::Plans(args) => crate::bench_plans::run(args),
         Which::Serve { json, seconds, clients, data_dir, memory_only } => {
             serve(json, seconds, clients, data_dir, memory_only)
+        }
+        Which::Cluster { json, postgres, seconds, clients, nodes, tenants, lease_ms } => {
+            cluster(json, postgres, seconds, clients, nodes, tenants, lease_ms)
         }
     }
 }
@@ -723,5 +755,63 @@ fn serve(
             r["server_over_in_process"]
         );
     }
+    Ok(())
+}
+
+fn cluster(
+    as_json: bool,
+    postgres: Option<String>,
+    seconds: f64,
+    clients: usize,
+    nodes: Vec<usize>,
+    tenants: usize,
+    lease_ms: u64,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(seconds > 0.0 && seconds <= 600.0, "--seconds {seconds}: expected more than 0 and at most 600");
+    anyhow::ensure!((1..=1024).contains(&clients), "--clients {clients}: expected 1 to 1024");
+    anyhow::ensure!(nodes.iter().all(|n| (1..=8).contains(n)), "--nodes {nodes:?}: expected 1 to 8 each");
+    anyhow::ensure!((1..=256).contains(&tenants), "--tenants {tenants}: expected 1 to 256");
+    anyhow::ensure!((300..=60_000).contains(&lease_ms), "--lease-ms {lease_ms}: expected 300 to 60000");
+    let postgres = postgres
+        .or_else(|| std::env::var("TIDEGATE_PG_URL").ok())
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let opts = tidegate_server::bench_cluster::ClusterOptions {
+        binary: std::env::current_exe()?,
+        postgres,
+        seconds,
+        clients,
+        nodes,
+        tenants,
+        lease_ms,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = rt.block_on(tidegate_server::bench_cluster::run(&opts))?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{:<9} {:>5} {:>7} {:>10} {:>9} {:>9} {:>7}  tenants per node",
+        "store", "nodes", "clients", "tx/s", "p50 ms", "p99 ms", "failed"
+    );
+    for m in report["measurements"].as_array().into_iter().flatten() {
+        println!(
+            "{:<9} {:>5} {:>7} {:>10} {:>9} {:>9} {:>7}  {}",
+            m["store"].as_str().unwrap_or(""),
+            m["nodes"],
+            m["clients"],
+            m["tx_per_s"],
+            m["p50_ms"],
+            m["p99_ms"],
+            m["failed"],
+            m["tenants_per_node"]
+        );
+    }
+    println!("PostgreSQL at one node over SQLite: {} (goal >= 0.5)", report["postgres_1_node_over_sqlite"]);
+    let f = &report["failover"];
+    println!(
+        "failover: {} ms after SIGKILL of {} (lease {} ms, goal <= {} ms)",
+        f["failover_ms"], f["killed"], f["lease_ms"], f["goal_ms"]
+    );
     Ok(())
 }

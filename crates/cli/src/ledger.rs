@@ -50,6 +50,13 @@ pub enum Cmd {
     Export {
         #[command(flatten)]
         dir: DataDir,
+        /// A ledger stream in PostgreSQL instead of the data directory: `postgres://…` (with
+        /// `--stream`). Read-only: the stream's owner keeps writing.
+        #[arg(long, value_name = "URL", conflicts_with = "data_dir")]
+        store: Option<String>,
+        /// The PostgreSQL stream to export (a tenant's name; default `default`).
+        #[arg(long, requires = "store", default_value = "default")]
+        stream: String,
         /// JSON Lines (the only format).
         #[arg(long, default_value_t = true)]
         jsonl: bool,
@@ -192,8 +199,14 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             println!("ok: checkpoint at LSN {} ({} bytes) stored in {}", info.lsn, info.bytes, dir.path()?.display());
             Ok(())
         }
-        Cmd::Export { dir, .. } => {
-            let store = dir.open_read_only()?;
+        Cmd::Export { dir, store, stream, .. } => {
+            let store: Box<dyn LedgerStore> = match store {
+                Some(url) => Box::new(
+                    tidegate_postgres::PgStore::open_read_only(&url, &stream)
+                        .with_context(|| format!("opening ledger stream {stream} read-only"))?,
+                ),
+                None => Box::new(dir.open_read_only()?),
+            };
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let mut err = None;
             store.scan(1, &mut |lsn, e| {

@@ -4,7 +4,11 @@
 //! A [`NodeRegistry`] is one node's presence: a thread of its own (the blocking client never
 //! runs on an async runtime) that says "alive" every `every` (an upsert of its row in
 //! `tidegate_nodes`) and reads, in the same round, every node and every stream's owner. The
-//! latest reading is a [`ClusterSnapshot`], watched through [`NodeRegistry::watch`]. Dropping
+//! latest reading is a [`ClusterSnapshot`], watched through [`NodeRegistry::watch`]. The
+//! thread also listens for the notification every take-over and release of a stream sends
+//! (`LISTEN tidegate_cluster`) and reads at once when one comes: a node learns of a drain or
+//! of a new owner within a round trip, and a lost notification costs one round, never
+//! correctness. Dropping
 //! the registry removes the node's row (a clean leave). A registry that cannot reach the
 //! database keeps trying (with backoff) and publishes nothing new meanwhile: a stale
 //! snapshot says when it was taken, so its readers can tell.
@@ -17,7 +21,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
+use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, Config};
 use tidegate_storage::StoreError;
 
@@ -63,12 +68,21 @@ impl ClusterSnapshot {
     }
 }
 
+/// How long the registry thread waits for a notification at a time (the latest a stop is
+/// seen).
+const SLICE: Duration = Duration::from_millis(100);
+
+/// Subscribes `client` to the streams' changes of hands (`pg_notify('tidegate_cluster', stream)`
+/// at every take-over and release).
+fn listen(client: &mut Client, location: &std::path::Path) -> Result<(), StoreError> {
+    client.batch_execute("LISTEN tidegate_cluster").map_err(|e| database("listen for take-overs", location, e))
+}
+
 /// Rows of nodes not seen for this long are removed by whichever node reads next.
 const PRUNE_AFTER: &str = "1 day";
 
 struct Control {
     stop: Mutex<bool>,
-    wake: Condvar,
 }
 
 /// One node's presence in the cluster (see the module documentation).
@@ -107,25 +121,42 @@ impl NodeRegistry {
         let (mut client, first) = crate::error::off_runtime(|| {
             let mut client = connect(&round.config, &round.location)?;
             schema::migrate(&mut client, &round.location)?;
+            listen(&mut client, &round.location)?;
             let snap = round.run(&mut client)?;
             Ok::<_, StoreError>((client, snap))
         })?;
         let (tx, rx) = tokio::sync::watch::channel(Some(Arc::new(first)));
-        let control = Arc::new(Control { stop: Mutex::new(false), wake: Condvar::new() });
+        let control = Arc::new(Control { stop: Mutex::new(false) });
         let c = control.clone();
         let thread = std::thread::Builder::new()
             .name(format!("tidegate-node-{}", node.chars().take(16).collect::<String>()))
             .spawn(move || {
                 let mut backoff = every;
                 loop {
-                    {
-                        let mut stop = c.stop.lock();
-                        if !*stop {
-                            c.wake.wait_for(&mut stop, backoff);
-                        }
-                        if *stop {
+                    // Until the next round, or a notification that a stream changed hands
+                    // (then at once), in slices so that a stop is seen within one.
+                    let until = Instant::now() + backoff;
+                    loop {
+                        if *c.stop.lock() {
                             break;
                         }
+                        let left = until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        let got = client.notifications().timeout_iter(left.min(SLICE)).next();
+                        match got {
+                            Ok(Some(_)) => {
+                                // Take every notification already there, then read.
+                                let _ = client.notifications().iter().count();
+                                break;
+                            }
+                            Ok(None) => {}
+                            Err(_) => break,
+                        }
+                    }
+                    if *c.stop.lock() {
+                        break;
                     }
                     match round.run(&mut client) {
                         Ok(snap) => {
@@ -134,7 +165,9 @@ impl NodeRegistry {
                         }
                         Err(_) => {
                             backoff = (backoff * 2).min(every * 8);
-                            if let Ok(fresh) = connect(&round.config, &round.location) {
+                            if let Ok(mut fresh) = connect(&round.config, &round.location)
+                                && listen(&mut fresh, &round.location).is_ok()
+                            {
                                 client = fresh;
                             }
                         }
@@ -179,7 +212,6 @@ impl NodeRegistry {
 impl Drop for NodeRegistry {
     fn drop(&mut self) {
         *self.control.stop.lock() = true;
-        self.control.wake.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -255,8 +255,10 @@ impl Writer {
             return;
         }
         let token = i64::try_from(self.token).unwrap_or(i64::MAX);
+        // The other nodes' registries listen: they look for the stream at once.
         let _ = self.client.execute(
-            "UPDATE tidegate_streams SET lease_until = now() WHERE stream = $1 AND token = $2",
+            "WITH released AS (UPDATE tidegate_streams SET lease_until = now() WHERE stream = $1 AND token = $2 \
+             RETURNING stream) SELECT pg_notify('tidegate_cluster', stream) FROM released",
             &[&self.stream, &token],
         );
     }

@@ -114,13 +114,13 @@ pub struct Measurement {
 }
 
 /// A webhook receiver that answers every POST at once with `{}`.
-struct Receiver {
-    url: String,
+pub(crate) struct Receiver {
+    pub(crate) url: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Receiver {
-    async fn start() -> Result<Receiver, BenchError> {
+    pub(crate) async fn start() -> Result<Receiver, BenchError> {
         let app = axum::Router::new().route("/{*path}", axum::routing::post(|| async { axum::Json(json!({})) }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -146,7 +146,7 @@ impl Drop for Receiver {
     }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -175,7 +175,7 @@ fn measurement(
     }
 }
 
-async fn ok_json(
+pub(crate) async fn ok_json(
     step: &'static str,
     r: Result<reqwest::Response, reqwest::Error>,
     expect: &[u16],

@@ -23,6 +23,7 @@
 
 pub mod api;
 pub mod bench;
+pub mod bench_cluster;
 pub mod config;
 pub mod error;
 mod server;

@@ -334,6 +334,9 @@ impl Service {
         if let Some(t) = self.serving(name)? {
             return Ok(t);
         }
+        if let Some(refusal) = self.leased_elsewhere(name) {
+            return Err(refusal);
+        }
         let _guard = self.0.opening.lock().await;
         if let Some(t) = self.serving(name)? {
             return Ok(t);
@@ -351,6 +354,34 @@ impl Service {
         self.0.tenants.write().insert(name.to_owned(), tenant.clone());
         self.0.failed.lock().remove(name);
         Ok(tenant)
+    }
+
+    /// The refusal for a tenant that the latest cluster reading shows under another node's
+    /// live lease (with the time since the reading taken off), without asking the database:
+    /// a node that does not serve a tenant answers its requests from memory. Only a refusal
+    /// is ever decided here; taking a tenant is always the database's decision. A reading
+    /// misses a release for at most a round (a release notifies the registry, which reads at
+    /// once).
+    fn leased_elsewhere(&self, name: &str) -> Option<ServiceError> {
+        let snapshot = self.0.registry.lock().as_ref()?.latest()?;
+        let stream = snapshot.streams.iter().find(|s| s.stream == name)?;
+        let owner = stream.owner.as_deref()?;
+        if owner == self.0.settings.tenant.node_id {
+            return None;
+        }
+        let age = u64::try_from(snapshot.taken_at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let remaining_ms = stream.lease_left_ms?.checked_sub(age).filter(|ms| *ms > 50)?;
+        let leased = tidegate_storage::StoreError::Leased {
+            stream: name.to_owned(),
+            owner: owner.to_owned(),
+            address: snapshot.address(owner).map(str::to_owned),
+            remaining_ms,
+        };
+        Some(ServiceError::Tenant {
+            tenant: name.to_owned(),
+            what: "open the ledger",
+            source: Arc::new(tidegate_runtime::Error::Store(leased)),
+        })
     }
 
     /// The open tenant `name`, if this node serves it; the refusal if it dropped it. A tenant

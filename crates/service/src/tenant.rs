@@ -195,8 +195,26 @@ impl Tenant {
                 on_close: true,
             }
         };
+        // The dispatcher and the tools first: the engine opens with every tool in place, so
+        // that the aborts of leases that ran out while nobody held the ledger find their
+        // compensations (tidegate_runtime::Builder::tools).
+        let dispatcher = Arc::new(Dispatcher::new(http, &state, &record.tag, settings.dispatch.clone(), metrics));
+        for (cap, spec) in catalog.capabilities(&record.name)? {
+            dispatcher.put_capability(&cap, spec);
+        }
+        let mut tools = HashMap::new();
+        let mut removed = HashMap::new();
+        for t in catalog.tools(&record.name)? {
+            if t.removed {
+                removed.insert(t.name.clone(), t.def.clone());
+                continue;
+            }
+            let Ok(st) = ServerTool::build(&t.name, &t.def, &dispatcher, &record.tag) else { continue };
+            tools.insert(t.name.clone(), Arc::new(st));
+        }
         let engine = Tidegate::builder()
             .store(timed)
+            .tools(tools.values().map(|st| st.tool.clone()))
             // The index follows the ledger as an append observer (under the engine lock, so
             // in ledger order and current when an operation returns).
             .observer(index.clone())
@@ -216,23 +234,8 @@ impl Tenant {
             .map_err(|e| tenant_err("build the engine", e))?;
         index.rebuild(&*store).map_err(|e| tenant_err("index the ledger", e.into()))?;
 
-        let dispatcher = Arc::new(Dispatcher::new(http, &state, &record.tag, settings.dispatch.clone(), metrics));
         // Plan compensations and probes go through the same dispatcher as the tools' calls.
         engine.set_plan_dispatch(Arc::new(PlanDispatcher(dispatcher.clone())));
-        for (cap, spec) in catalog.capabilities(&record.name)? {
-            dispatcher.put_capability(&cap, spec);
-        }
-        let mut tools = HashMap::new();
-        let mut removed = HashMap::new();
-        for t in catalog.tools(&record.name)? {
-            if t.removed {
-                removed.insert(t.name.clone(), t.def.clone());
-                continue;
-            }
-            let Ok(st) = ServerTool::build(&t.name, &t.def, &dispatcher, &record.tag) else { continue };
-            engine.register(&st.tool).map_err(|e| tenant_err("register a tool", e))?;
-            tools.insert(t.name.clone(), Arc::new(st));
-        }
         Ok(Arc::new(Tenant {
             name: record.name.clone(),
             tag: record.tag.clone(),

@@ -198,6 +198,10 @@ impl Tenant {
         };
         let tx = handle.id();
         self.add_live(handle, None);
+        // The id is answered only once its begin is durable: an id acknowledged and then lost
+        // with a crash (or a take-over by another node) would be issued again, to another
+        // agent's transaction.
+        self.engine.appended_durable().await.map_err(ServiceError::engine)?;
         let v = self.view(tx)?.ok_or_else(|| ServiceError::Internal("the begin is not in the ledger".into()))?;
         Ok((tx, v))
     }

@@ -55,6 +55,7 @@ pub struct Builder {
     pub(super) task_scope: Option<TaskScope>,
     pub(super) tenant: Option<String>,
     pub(super) observers: Vec<Arc<dyn crate::observer::AppendObserver>>,
+    pub(super) tools: Vec<crate::Tool>,
 }
 
 /// Carries a caller's task-local context into the tasks the engine spawns to settle its
@@ -73,6 +74,16 @@ impl fmt::Debug for Builder {
 }
 
 impl Builder {
+    /// Tools registered as the engine opens, before anything it recovered can run: the
+    /// transactions whose leases ran out while no process held the ledger abort as soon as
+    /// the engine makes its first change, and their compensations need their tools. An
+    /// embedder that knows its tools up front (a server reading them from its catalog) passes
+    /// them here; [`Tidegate::register`] after the build is the same for a fresh ledger.
+    pub fn tools(mut self, tools: impl IntoIterator<Item = crate::Tool>) -> Self {
+        self.tools.extend(tools);
+        self
+    }
+
     /// Adds an observer of every appended batch (see [`crate::AppendObserver`]): it sees the
     /// ledger from the first append after the build, in order, under the engine's lock.
     pub fn observer(mut self, observer: Arc<dyn crate::observer::AppendObserver>) -> Self {
@@ -202,6 +213,7 @@ impl Tidegate {
             task_scope: None,
             tenant: None,
             observers: Vec::new(),
+            tools: Vec::new(),
         }
     }
 

@@ -108,7 +108,25 @@ impl Builder {
             let (core, rec) = replay.finish(clock.now());
             (core, Some(rec))
         };
-        Ok(Tidegate {
+        let mut tools = HashMap::default();
+        let mut names = Vec::new();
+        for t in self.tools {
+            match tools.get(t.name()) {
+                Some(first) if !crate::Tool::same(first, &t) => {
+                    return Err(crate::Error::InvalidArgument {
+                        field: "tools",
+                        value: t.name().to_owned(),
+                        expected: "one declaration per tool name",
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    names.push(t.name_arc().clone());
+                    tools.insert(t.name_arc().clone(), t);
+                }
+            }
+        }
+        let tg = Tidegate {
             inner: Arc::new(Inner {
                 shared: Mutex::new(Shared {
                     core,
@@ -124,7 +142,7 @@ impl Builder {
                 retry: self.retry,
                 hooks: RwLock::new(Vec::new()),
                 tx_hooks: Mutex::new(HashMap::default()),
-                tools: RwLock::new(HashMap::default()),
+                tools: RwLock::new(tools),
                 poisoned: AtomicBool::new(false),
                 fence: tokio::sync::watch::Sender::new(None),
                 stop: Notify::new(),
@@ -142,7 +160,18 @@ impl Builder {
                 observers: self.observers,
                 _own: own,
             }),
-        })
+        };
+        // Every tool is in place before this first change of the engine, which also sets off
+        // the aborts of the leases that ran out while the ledger was closed.
+        for name in names {
+            tg.with_core(|c| {
+                if c.tool_version(&name).is_none() {
+                    c.define_tool(&name)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(tg)
     }
 }
 
