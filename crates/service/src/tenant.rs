@@ -186,6 +186,10 @@ impl Tenant {
             (None, _) => TenantState::memory(limits),
         };
         let index = Arc::new(LedgerIndex::new(settings.retain.max(1), metrics.clone()));
+        // Indexed before the engine opens: the engine's first change (defining new tools, the
+        // aborts of leases that ran out while the ledger was closed) happens inside its build,
+        // and the index sees it as an append observer, after what the ledger already held.
+        index.rebuild(&*store).map_err(|e| tenant_err("index the ledger", e.into()))?;
         let timed = Arc::new(TimedStore::new(store.clone(), metrics.clone()));
         let checkpoints = if !settings.store.is_durable() {
             CheckpointPolicy::never()
@@ -232,7 +236,6 @@ impl Tenant {
             .derived_key_prefix(crate::ids::tx_prefix(&record.tag))
             .build()
             .map_err(|e| tenant_err("build the engine", e))?;
-        index.rebuild(&*store).map_err(|e| tenant_err("index the ledger", e.into()))?;
 
         // Plan compensations and probes go through the same dispatcher as the tools' calls.
         engine.set_plan_dispatch(Arc::new(PlanDispatcher(dispatcher.clone())));

@@ -56,6 +56,8 @@ pub async fn begin(
     let lease = check_lease(body.lease_ms)?;
     let opts = TxOptions { agent: body.agent, may_touch: body.may_touch, lease };
     let (g, branches) = t.begin_group(opts, body.branches).map_err(ApiError::from)?;
+    // The ids are answered once their begins are durable (never issued again after a crash).
+    t.engine.appended_durable().await.map_err(|e| ApiError::from(tidegate_service::ServiceError::engine(e)))?;
     Ok((StatusCode::CREATED, Json(group_out(t, &t.group_view(g, &branches)))))
 }
 
