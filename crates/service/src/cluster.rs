@@ -123,7 +123,11 @@ pub(crate) async fn adopt(service: &Service, snapshot: &Arc<ClusterSnapshot>, wa
                 tracing::info!(tenant = %name, fair = plan.fair, "took the tenant");
             }
             Err(e) if e.is_served_elsewhere() => tracing::debug!(tenant = %name, "another node took it first: {e}"),
-            Err(e) => tracing::warn!(tenant = %name, "could not take the tenant: {e}"),
+            Err(e) => {
+                tracing::warn!(tenant = %name, "could not take the tenant: {e}");
+                // Readiness reports it until an open succeeds.
+                service.note_failed(&name, &e);
+            }
         }
     }
 }

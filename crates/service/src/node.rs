@@ -281,6 +281,11 @@ impl Service {
         Ok(())
     }
 
+    /// Records that `tenant` could not be opened (readiness counts it until an open succeeds).
+    pub(crate) fn note_failed(&self, tenant: &str, e: &ServiceError) {
+        self.0.failed.lock().insert(tenant.to_owned(), e.to_string());
+    }
+
     /// Whether shutdown has begun.
     pub fn is_shutting_down(&self) -> bool {
         self.0.shutdown.is_cancelled()

@@ -127,6 +127,8 @@ struct Shared {
     target: RwLock<String>,
     /// Every node that should be up.
     nodes: RwLock<Vec<String>>,
+    /// Which of them to try next when the target does not answer.
+    next: std::sync::atomic::AtomicUsize,
     key: String,
     stop: AtomicBool,
     history: Mutex<Vec<Op>>,
@@ -137,7 +139,7 @@ struct Shared {
 impl Shared {
     /// Follows a `503` that names where the tenant is served, or, with no answer at all, tries
     /// another node.
-    fn redirect(&self, answer: Option<&(u16, Value)>, rng: &mut rand::rngs::StdRng) {
+    fn redirect(&self, answer: Option<&(u16, Value)>) {
         if let Some((503, v)) = answer
             && let Some(addr) = v["owner_address"].as_str()
         {
@@ -147,7 +149,8 @@ impl Shared {
         if answer.is_none() {
             let nodes = self.nodes.read();
             if !nodes.is_empty() {
-                *self.target.write() = nodes[rng.gen_range(0..nodes.len())].clone();
+                let i = self.next.fetch_add(1, Ordering::Relaxed) % nodes.len();
+                *self.target.write() = nodes[i].clone();
             }
         }
     }
@@ -178,7 +181,7 @@ async fn client(c: usize, seed: u64, s: Arc<Shared>) {
         let begin = json!({"agent": format!("c{c}"), "lease_ms": TX_LEASE_MS, "may_touch": [format!("kv:fo:{c}"), format!("mail:fo:{c}")]});
         let answer = send(&http, &base, &s.key, post.clone(), "/v1/transactions", begin).await;
         let Some((201, tx)) = answer else {
-            s.redirect(answer.as_ref(), &mut rng);
+            s.redirect(answer.as_ref());
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };
@@ -188,7 +191,7 @@ async fn client(c: usize, seed: u64, s: Arc<Shared>) {
         let want = if rng.gen_ratio(1, 8) { Want::Abort } else { Want::Commit };
         let seen = run_tx(&http, &base, &s, &id, c, &op, want).await;
         if seen == Seen::Unknown {
-            s.redirect(None, &mut rng);
+            s.redirect(None);
         }
         let done_ms = u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         s.history.lock().push(Op { op, tx: id, want, seen, done_ms });
@@ -276,7 +279,6 @@ async fn run_tx(http: &reqwest::Client, base: &str, s: &Shared, id: &str, c: usi
 /// GET through whichever node serves the tenant, following `503`s (up to `patience`).
 async fn get(http: &reqwest::Client, s: &Shared, path: &str, patience: Duration) -> Value {
     let until = Instant::now() + patience;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     loop {
         let base = s.target.read().clone();
         let answer = send(http, &base, &s.key, reqwest::Method::GET, path, Value::Null).await;
@@ -284,7 +286,7 @@ async fn get(http: &reqwest::Client, s: &Shared, path: &str, patience: Duration)
             return v.clone();
         }
         assert!(Instant::now() < until, "GET {path}: no node answered it: {answer:?}");
-        s.redirect(answer.as_ref(), &mut rng);
+        s.redirect(answer.as_ref());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -343,7 +345,8 @@ async fn run_seed(bin: &Path, seed: u64, kills: u64, lease_ms: u64) {
 
     let (n0, key) = start(bin, &url, "n0", logs.path(), lease_ms, true).await;
     let key = key.expect("the first node prints the bootstrap key");
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http");
+    // Short: a stopped node does not answer, and the controller moves on to another.
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(3)).build().expect("http");
     for (cap, path) in [
         ("res-call", "reserve/call"),
         ("res-undo", "reserve/undo"),
@@ -386,6 +389,7 @@ async fn run_seed(bin: &Path, seed: u64, kills: u64, lease_ms: u64) {
         target: RwLock::new(nodes[0].base.clone()),
         nodes: RwLock::new(nodes.iter().map(|n| n.base.clone()).collect()),
         key: key.clone(),
+        next: std::sync::atomic::AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         history: Mutex::new(Vec::new()),
         started: Instant::now(),
@@ -430,7 +434,7 @@ async fn run_seed(bin: &Path, seed: u64, kills: u64, lease_ms: u64) {
         &key,
         reqwest::Method::POST,
         &format!("/v1/transactions/{step}/commit"),
-        json!({"seal": true, "wait_ms": 5000}),
+        json!({"seal": true, "wait_ms": 2500}),
     )
     .await;
     assert!(matches!(&r, Some((200, v)) if v["outcome"]["committed"] == true), "plan step commit: {r:?}");
