@@ -152,7 +152,9 @@ impl NodeRegistry {
                                 break;
                             }
                             Ok(None) => {}
-                            Err(_) => break,
+                            // The connection is gone: wait out the slice (the round below
+                            // reconnects), never spin on the error.
+                            Err(_) => std::thread::sleep(left.min(SLICE)),
                         }
                     }
                     if *c.stop.lock() {
