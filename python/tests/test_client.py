@@ -816,3 +816,65 @@ def test_a_tool_probes_answer_maps_to_a_task_result_as_in_process() -> None:
         assert _run_tool(t, task)["status"] == status, value
     answers[:] = [tidegate.Happened(7)]
     assert _run_tool(t, task)["output"] == 7
+
+
+class _NotTheOwner(BaseHTTPRequestHandler):
+    """A node of a cluster that does not serve the tenant: every request gets the server's
+    `503 tenant_unavailable` naming the owner and where it answers (docs/deployment.md,
+    "Route a request"); the counts say what reached it."""
+
+    owner_address = ""
+    seen: List[str] = []
+
+    def _refuse(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        if length:
+            self.rfile.read(length)
+        type(self).seen.append(f"{self.command} {self.path}")
+        body = json.dumps(
+            {
+                "type": "urn:tidegate:problem:tenant_unavailable",
+                "title": "Service unavailable",
+                "status": 503,
+                "code": "tenant_unavailable",
+                "detail": "this node does not serve the tenant",
+                "retryable": True,
+                "owner": "node-a",
+                "owner_address": type(self).owner_address,
+            }
+        ).encode()
+        self.send_response(503)
+        self.send_header("content-type", "application/problem+json")
+        self.send_header("retry-after", "9")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _refuse
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_client_sent_to_a_node_that_does_not_serve_its_tenant_moves_to_the_owner(server: Server, sink: Sink) -> None:
+    _NotTheOwner.owner_address = server.url + "/"
+    _NotTheOwner.seen = []
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _NotTheOwner)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        c = tidegate.connect(f"http://127.0.0.1:{other.server_address[1]}", api_key=server.key, timeout=20)
+        started = time.monotonic()
+        send, book = webhook_tools(c, sink, unique("r"))
+        # Not the 9 s Retry-After: the owner's address is followed at once.
+        assert time.monotonic() - started < 5
+        assert c.url == server.url, "the client now talks to the owner"
+        assert len(_NotTheOwner.seen) == 1, _NotTheOwner.seen
+        with c.transaction(agent="t", may_touch=["mail:to:rob"]) as tx:
+            tx.call(send, to="rob", body="hi")
+        assert tx.outcome is not None and tx.outcome.committed
+        assert [r["args"]["to"] for r in sink.log("send")] == ["rob"]
+        assert len(_NotTheOwner.seen) == 1, "nothing more was sent to the node that refused"
+        c.close()
+    finally:
+        other.shutdown()
+        other.server_close()

@@ -218,9 +218,12 @@ class _Connection:
         ok: Sequence[int] = (200, 201),
         timeout: Optional[float] = None,
     ) -> Tuple[int, Any]:
-        """One request; 429/503 are retried after ``Retry-After`` (up to 5 times). A status
-        not in ``ok`` raises the exception of its problem document; a transport failure
-        :class:`~tidegate.TidegateError` with kind ``"unavailable"`` (retryable)."""
+        """One request; 429/503 are retried after ``Retry-After`` (up to 5 times). A 503 from a
+        node of a cluster that does not serve the key's tenant names the node that does
+        (``owner_address``): the connection moves there and sends the request again at once
+        (docs/deployment.md, "Route a request"). A status not in ``ok`` raises the exception
+        of its problem document; a transport failure :class:`~tidegate.TidegateError` with
+        kind ``"unavailable"`` (retryable)."""
         for attempt in range(6):
             try:
                 if timeout is None:  # the connection's default timeout
@@ -232,6 +235,8 @@ class _Connection:
                 raise TidegateError(
                     f"{method} {self.url}{path}: {type(e).__name__}: {e}", kind="unavailable", retryable=True
                 ) from e
+            if r.status_code == 503 and attempt < 5 and self._follow_owner(r):
+                continue
             if r.status_code in (429, 503) and attempt < 5:
                 try:
                     wait = float(r.headers.get("retry-after", "1"))
@@ -247,6 +252,24 @@ class _Connection:
                 return r.status_code, doc
             raise _problem_error(r.status_code, doc if isinstance(doc, dict) else {"detail": str(doc)})
         raise TidegateError(f"{method} {path}: still overloaded", kind="too_many_requests", retryable=True)
+
+    def _follow_owner(self, r: Any) -> bool:
+        """Moves the connection to the node a ``503 tenant_unavailable`` names, if it names
+        another ``http(s)://`` address than this one. The refusing node did nothing with the
+        request, so sending it again there is safe."""
+        try:
+            doc = r.json()
+        except ValueError:
+            return False
+        addr = doc.get("owner_address") if isinstance(doc, dict) else None
+        if not isinstance(addr, str) or not addr.startswith(("http://", "https://")) or len(addr) > 2048:
+            return False
+        addr = addr.rstrip("/")
+        if addr == self.url:
+            return False
+        self.url = addr
+        self.http.base_url = addr
+        return True
 
     def close(self) -> None:
         self.http.close()

@@ -74,12 +74,8 @@ class Client:
     """A connection to ``tidegate serve``: begin transactions, call server tools and tools of
     this process. Create one with :func:`connect`. Safe to use from many threads."""
 
-    #: The server's base URL.
-    url: str
-
     def __init__(self, url: str, api_key: str, *, timeout: float = 60.0, worker: Optional[str] = None) -> None:
         conn = _Connection(url, api_key, timeout)
-        self.url = conn.url
         self._conn = conn
         # The requests, the connection pool and the wait bound every part of the client uses.
         self._request = conn.request
@@ -236,6 +232,12 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    @property
+    def url(self) -> str:
+        """The base URL of the node this client talks to: the one given to :func:`connect`,
+        until a node of a cluster sends it to the node that serves its tenant."""
+        return self._conn.url
 
     def __repr__(self) -> str:
         return f"<tidegate.Client {self.url}>"
