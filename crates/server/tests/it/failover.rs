@@ -590,13 +590,15 @@ async fn run_seed(bin: &Path, seed: u64, kills: u64, lease_ms: u64) {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!(
-        "seed {seed}: {} operations: {} acknowledged commits, {} acknowledged aborts, {} unknown; {} decisions in the ledger; \
+        "seed {seed}: {} operations: {} acknowledged commits, {} acknowledged aborts, {} unknown; {} decisions, {} releases, {} compensations in the ledger; \
          {} sink deliveries; failover {:?} ms; history check clean, ledger verified",
         report.ops,
         report.acked_commits,
         report.acked_aborts,
         report.unknown,
         report.decisions,
+        report.releases,
+        report.compensations,
         deliveries.len(),
         failovers
     );

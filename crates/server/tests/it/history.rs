@@ -52,6 +52,9 @@ pub struct Report {
     /// Operations whose client asked for an abort.
     pub asked_aborts: usize,
     pub decisions: usize,
+    /// Releases and successful compensations the ledger records.
+    pub releases: usize,
+    pub compensations: usize,
     /// Acknowledged commits the ledger does not hold as committed.
     pub lost_commits: Vec<String>,
     /// Acknowledged aborts the ledger does not hold as aborted.
@@ -62,6 +65,8 @@ pub struct Report {
     pub undecided: Vec<String>,
     /// The same operation's call on the same path delivered under two keys.
     pub two_keys: Vec<String>,
+    /// Effects the ledger records as released, or as compensated, more than once.
+    pub done_twice: Vec<String>,
     /// Held effects released for a transaction that did not commit.
     pub released_uncommitted: Vec<String>,
     /// Acknowledged commits whose held effect never reached the sink.
@@ -79,6 +84,7 @@ impl Report {
             + self.decided_twice.len()
             + self.undecided.len()
             + self.two_keys.len()
+            + self.done_twice.len()
             + self.released_uncommitted.len()
             + self.release_missing.len()
             + self.compensated_not_aborted.len()
@@ -108,11 +114,16 @@ pub fn check(
     let mut r = Report { ops: history.len(), ..Report::default() };
     let mut decided: BTreeMap<u64, Vec<bool>> = BTreeMap::new();
     let mut begun: BTreeSet<u64> = BTreeSet::new();
+    let mut done: BTreeMap<(&str, u64, u64), usize> = BTreeMap::new();
     for e in ledger {
         let Some(tx) = e["tx"].as_u64() else { continue };
         match e["event"].as_str() {
             Some("begin") => {
                 begun.insert(tx);
+            }
+            // A release, or a compensation that succeeded, happens once per effect.
+            Some(kind @ ("released" | "compensated")) if e.get("error").is_none() => {
+                *done.entry((kind, tx, e["effect"].as_u64().unwrap_or(u64::MAX))).or_default() += 1;
             }
             Some("decided") => decided.entry(tx).or_default().push(e["commit"] == true),
             _ => {}
@@ -127,6 +138,13 @@ pub fn check(
     for (tx, d) in &decided {
         if d.len() > 1 {
             r.decided_twice.push(format!("tx {tx}: decided {d:?}"));
+        }
+    }
+    r.releases = done.iter().filter(|((k, _, _), _)| *k == "released").map(|(_, n)| n).sum();
+    r.compensations = done.iter().filter(|((k, _, _), _)| *k == "compensated").map(|(_, n)| n).sum();
+    for ((kind, tx, effect), n) in &done {
+        if *n > 1 {
+            r.done_twice.push(format!("tx {tx} effect {effect}: {kind} {n} times"));
         }
     }
     for tx in &begun {
@@ -262,6 +280,15 @@ mod tests {
         let mut twice = ledger();
         twice.push(json!({"event": "decided", "tx": 1, "commit": true}));
         assert_eq!(run(&h, &twice, &d).decided_twice.len(), 1);
+        // Released or compensated twice by the ledger's account.
+        let mut again = ledger();
+        again.push(json!({"event": "released", "tx": 1, "effect": 1}));
+        again.push(json!({"event": "released", "tx": 1, "effect": 1}));
+        again.push(json!({"event": "compensated", "tx": 2, "effect": 0}));
+        again.push(json!({"event": "compensated", "tx": 2, "effect": 0, "error": "failed first"}));
+        assert_eq!(run(&h, &again, &d).done_twice.len(), 1, "a failed attempt is not a second run");
+        again.push(json!({"event": "compensated", "tx": 2, "effect": 0}));
+        assert_eq!(run(&h, &again, &d).done_twice.len(), 2);
         // Never decided.
         let mut open = ledger();
         open.push(json!({"event": "begin", "tx": 3}));
