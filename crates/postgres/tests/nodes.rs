@@ -8,43 +8,15 @@
 
 use std::time::{Duration, Instant};
 
-use postgres::{Client, NoTls};
 use tidegate_postgres::{NodeRegistry, PgStore};
 use tidegate_storage::StoreError;
 
-fn admin_url() -> String {
-    std::env::var("TIDEGATE_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-struct Db {
-    name: String,
-    url: String,
-}
-
-impl Db {
-    fn new() -> Db {
-        let name = format!("tidegate_nodes_{}", std::process::id());
-        let admin = admin_url();
-        let mut c = Client::connect(&admin, NoTls)
-            .unwrap_or_else(|e| panic!("PostgreSQL is required at {admin} (set TIDEGATE_PG_URL): {e}"));
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
-        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b).to_owned();
-        Db { url: format!("{base}/{name}"), name }
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        if let Ok(mut c) = Client::connect(&admin_url(), NoTls) {
-            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
-        }
-    }
-}
+mod common;
+use common::{Db, admin_url};
 
 #[test]
 fn nodes_see_each_other_hear_take_overs_at_once_and_leave_cleanly() {
-    let db = Db::new();
+    let db = Db::new("nodes");
     // Long rounds: anything seen within a fraction of one came by notification.
     let round = Duration::from_secs(5);
     let a = NodeRegistry::start(&db.url, "node-a", Some("http://10.0.0.1:7878"), round).unwrap();

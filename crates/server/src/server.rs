@@ -126,14 +126,7 @@ impl AppState {
             .retry_after(5)),
             // Another node serves the tenant: say which and where (docs/deployment.md).
             Err(AuthError::ServedElsewhere { owner, address, remaining_ms, detail }) => {
-                let mut e = ApiError::new(
-                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                    "tenant_unavailable",
-                    format!("this node does not serve the tenant: {detail}"),
-                )
-                .retry_after(remaining_ms.div_ceil(1000).max(1));
-                e.owner = Some((owner, address));
-                Err(e)
+                Err(ApiError::served_elsewhere(&owner, address.as_deref(), remaining_ms, detail))
             }
             // The node dropped the key's tenant (its store fenced the node out).
             Err(AuthError::NotServed { tenant, reason }) => {

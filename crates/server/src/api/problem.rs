@@ -157,6 +157,25 @@ impl ApiError {
         self
     }
 
+    /// 503 `tenant_unavailable` from a node that does not serve the tenant: `owner` does
+    /// (answering at `address`) under a lease that runs `remaining_ms` more; the problem
+    /// names both and `Retry-After` is the lease's remaining seconds (docs/deployment.md).
+    pub fn served_elsewhere(
+        owner: &str,
+        address: Option<&str>,
+        remaining_ms: u64,
+        why: impl std::fmt::Display,
+    ) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "tenant_unavailable",
+            format!("this node does not serve the tenant: {why}"),
+        )
+        .retry_after(remaining_ms.div_ceil(1000).max(1));
+        e.owner = Some((owner.to_owned(), address.map(str::to_owned)));
+        e
+    }
+
     /// Names the field at fault.
     pub fn with_field(mut self, field: impl Into<String>) -> ApiError {
         self.field = Some(field.into());
@@ -258,14 +277,7 @@ pub fn from_runtime_ref(e: &tidegate_runtime::Error) -> ApiError {
         // Another node holds the tenant's PostgreSQL stream under a live lease: that node
         // serves it; this one may take it once the lease runs out (docs/deployment.md).
         E::Store(s @ tidegate_storage::StoreError::Leased { owner, address, remaining_ms, .. }) => {
-            let mut e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "tenant_unavailable",
-                format!("this node does not serve the tenant: {s}"),
-            )
-            .retry_after(remaining_ms.div_ceil(1000).max(1));
-            e.owner = Some((owner.clone(), address.clone()));
-            e
+            ApiError::served_elsewhere(owner, address.as_deref(), *remaining_ms, s)
         }
         E::Store(s) => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", format!("the ledger store failed: {s}"))
