@@ -1,0 +1,368 @@
+//! The gateway: the upstreams, the policy bound to their tools, and the engine that governs
+//! the calls.
+//!
+//! Start ([`Gateway::start`]): read the policy → start every upstream and list its tools →
+//! check the policy against them ([`Policy::bind`]) → one runtime [`Tool`] per governed
+//! upstream tool, whose handlers call the upstream → the engine, built with every tool in
+//! place (so that a restart settles what an earlier process left open with the same
+//! handlers). Sessions ([`crate::session`]) then drive turns on the engine.
+//!
+//! A governed tool's ledger name is `<upstream>.<tool>`; what it records as arguments is
+//! `{"arguments": <the agent's arguments>, "snapshot": <the snapshot, when the policy takes
+//! one>}`, so that a compensation run by a later process still has both.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tidegate_runtime::{CallCtx, Compensation, EffectClass, Tidegate, Tool, ToolError};
+
+use crate::error::GatewayError;
+use crate::policy::{CallSpec, Class, DefaultRule, Policy, Rule, SnapshotFailed};
+use crate::template::{Inputs, Template, answer_text, result_value};
+use crate::upstream::{Called, Upstream};
+
+/// The gateway's own tools.
+pub const COMMIT_TOOL: &str = "tidegate_commit";
+/// Ends the turn by aborting it.
+pub const ABORT_TOOL: &str = "tidegate_abort";
+/// Says what the open turn holds.
+pub const STATUS_TOOL: &str = "tidegate_status";
+
+/// What the gateway does with one agent-facing tool.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    /// Registers its scopes as reads, then calls the upstream.
+    Read {
+        /// Scope templates.
+        scopes: Vec<Template>,
+    },
+    /// An effect through the engine.
+    Effect(Box<EffectTool>),
+    /// Never called.
+    Refused(String),
+}
+
+/// A governed effect tool.
+#[derive(Debug, Clone)]
+pub struct EffectTool {
+    /// The runtime tool.
+    pub tool: Tool,
+    /// Its class.
+    pub class: EffectClass,
+    /// Scope templates (an undeclared tool held by `default = "gated"` has one fixed scope).
+    pub scopes: Vec<Template>,
+    /// Key template.
+    pub key: Option<Template>,
+    /// The snapshot taken before each call.
+    pub snapshot: Option<CallSpec>,
+    /// The compensation's upstream tool, for descriptions.
+    pub compensated_by: Option<String>,
+}
+
+/// One tool as the agent sees it.
+#[derive(Debug, Clone)]
+pub struct Exposed {
+    /// The name the agent calls.
+    pub name: String,
+    /// The upstream (index into [`Gateway::upstreams`]).
+    pub upstream: usize,
+    /// The upstream's name for it.
+    pub tool: String,
+    /// What the gateway does with it.
+    pub kind: Kind,
+    /// Its listing (the upstream's, renamed, with what the gateway does said in the
+    /// description).
+    pub listing: rmcp::model::Tool,
+}
+
+/// A started gateway.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The policy.
+    pub policy: Arc<Policy>,
+    /// The engine.
+    pub engine: Tidegate,
+    /// The upstreams, in policy order.
+    pub upstreams: Vec<Arc<Upstream>>,
+    /// The agent-facing tools.
+    pub exposed: Vec<Exposed>,
+    index: HashMap<String, usize>,
+    /// Start-up report: undeclared tools and rules that match nothing.
+    pub report: Vec<String>,
+    sessions: std::sync::atomic::AtomicU64,
+}
+
+/// A slot a call's handle carries: the upstream's answer to a held call when it is released
+/// at commit, for the commit's reply to the agent.
+#[derive(Debug, Default)]
+pub struct ReleaseSlot(pub Mutex<Option<Called>>);
+
+impl Gateway {
+    /// Starts the upstreams of `policy`, binds it and builds the engine.
+    pub async fn start(policy: Policy) -> Result<Arc<Gateway>, GatewayError> {
+        let policy = Arc::new(policy);
+        let timeout = Duration::from_millis(policy.gateway.call_timeout_ms);
+        let mut upstreams: Vec<Arc<Upstream>> = Vec::new();
+        for spec in &policy.upstreams {
+            let up = match Upstream::connect(spec, timeout).await {
+                Ok(u) => u,
+                Err(e) => {
+                    for u in &upstreams {
+                        u.close().await;
+                    }
+                    return Err(e);
+                }
+            };
+            upstreams.push(up);
+        }
+        match Gateway::bind(policy, upstreams.clone()) {
+            Ok(g) => Ok(Arc::new(g)),
+            Err(e) => {
+                for u in &upstreams {
+                    u.close().await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn bind(policy: Arc<Policy>, upstreams: Vec<Arc<Upstream>>) -> Result<Gateway, GatewayError> {
+        let mut lists = BTreeMap::new();
+        for u in &upstreams {
+            let tools = u
+                .tools
+                .iter()
+                .map(|t| (t.name.to_string(), serde_json::to_value(t).unwrap_or(Value::Null)))
+                .collect::<Vec<_>>();
+            lists.insert(u.name.clone(), tools);
+        }
+        let mut report = policy.bind(&lists)?;
+
+        // Agent-facing names: the upstream's, or `<upstream>__<tool>` where two upstreams
+        // (or the gateway's own tools) share one.
+        let mut count: HashMap<String, usize> = HashMap::new();
+        for u in &upstreams {
+            for t in &u.tools {
+                *count.entry(t.name.to_string()).or_default() += 1;
+            }
+        }
+        for own in [COMMIT_TOOL, ABORT_TOOL, STATUS_TOOL] {
+            *count.entry(own.to_string()).or_default() += 1;
+        }
+
+        let mut exposed = Vec::new();
+        let mut runtime_tools = Vec::new();
+        for (ui, u) in upstreams.iter().enumerate() {
+            for t in &u.tools {
+                let name = if count.get(t.name.as_ref()).copied().unwrap_or(0) > 1 {
+                    format!("{}__{}", u.name, t.name)
+                } else {
+                    t.name.to_string()
+                };
+                let rule = policy.rule_for(&u.name, &t.name);
+                let kind = match rule {
+                    Some(r) => kind_for(&policy, r, u, &t.name)?,
+                    None => match policy.default {
+                        DefaultRule::Refuse => {
+                            report.push(format!(
+                                "undeclared: `{}` of upstream `{}` (refused: default = \"refuse\")",
+                                t.name, u.name
+                            ));
+                            Kind::Refused(format!(
+                                "`{}` is not declared in the gateway's policy ({}), whose default is to refuse it",
+                                t.name,
+                                policy.file.display()
+                            ))
+                        }
+                        DefaultRule::Gated => {
+                            report.push(format!(
+                                "undeclared: `{}` of upstream `{}` (held until commit: default = \"gated\")",
+                                t.name, u.name
+                            ));
+                            let scope = Template::parse(&format!("mcp:{}:{}", u.name, escape_braces(&t.name)))
+                                .map_err(GatewayError::Serve)?;
+                            Kind::Effect(Box::new(EffectTool {
+                                tool: runtime_tool(&policy, u, &t.name, EffectClass::Gated, None)?,
+                                class: EffectClass::Gated,
+                                scopes: vec![scope],
+                                key: None,
+                                snapshot: None,
+                                compensated_by: None,
+                            }))
+                        }
+                    },
+                };
+                if let Kind::Effect(e) = &kind {
+                    runtime_tools.push(e.tool.clone());
+                }
+                let mut listing = t.clone();
+                listing.name = name.clone().into();
+                // A held call answers "queued" before the tool runs, and a refused one never
+                // runs: neither can return what the upstream's output schema promises.
+                if matches!(&kind, Kind::Refused(_)) || matches!(&kind, Kind::Effect(e) if !e.class.executes_eagerly())
+                {
+                    listing.output_schema = None;
+                }
+                let note = match &kind {
+                    Kind::Read { .. } => "[tidegate: read; the scopes it reads are checked at commit]".to_string(),
+                    Kind::Refused(_) => "[tidegate: refused by the gateway's policy]".to_string(),
+                    Kind::Effect(e) if !e.class.executes_eagerly() => {
+                        "[tidegate: held until the turn commits (tidegate_commit); the call answers \"queued\" at once]"
+                            .to_string()
+                    }
+                    Kind::Effect(e) => match &e.compensated_by {
+                        Some(c) => format!("[tidegate: runs now; undone by `{c}` if the turn aborts]"),
+                        None => "[tidegate: runs now; not undone if the turn aborts]".to_string(),
+                    },
+                };
+                let desc = listing.description.as_deref().unwrap_or("").trim().to_string();
+                listing.description = Some(if desc.is_empty() { note } else { format!("{desc}\n\n{note}") }.into());
+                exposed.push(Exposed { name, upstream: ui, tool: t.name.to_string(), kind, listing });
+            }
+        }
+
+        let opened = policy.gateway.store.open()?;
+        let engine = Tidegate::builder()
+            .store(opened.store)
+            .level(policy.gateway.level)
+            .tenant("mcp")
+            .tools(runtime_tools)
+            .build()?;
+        let index = exposed.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
+        Ok(Gateway { policy, engine, upstreams, exposed, index, report, sessions: Default::default() })
+    }
+
+    /// The agent-facing tool called `name`.
+    pub fn tool(&self, name: &str) -> Option<&Exposed> {
+        self.index.get(name).map(|i| &self.exposed[*i])
+    }
+
+    /// A new session's number.
+    pub fn next_session(&self) -> u64 {
+        self.sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
+
+    /// Closes every upstream.
+    pub async fn shutdown(&self) {
+        for u in &self.upstreams {
+            u.close().await;
+        }
+    }
+}
+
+fn escape_braces(s: &str) -> String {
+    s.replace('{', "{{").replace('}', "}}")
+}
+
+fn kind_for(policy: &Policy, r: &Rule, u: &Arc<Upstream>, tool: &str) -> Result<Kind, GatewayError> {
+    Ok(match r.class {
+        Class::Refuse => Kind::Refused(format!(
+            "`{tool}` is refused by the gateway's policy ({}, tools[{}])",
+            policy.file.display(),
+            r.index
+        )),
+        Class::Read => Kind::Read { scopes: r.scopes.clone() },
+        c => {
+            let class = c.effect().ok_or_else(|| GatewayError::Serve(format!("class {c:?} is not an effect")))?;
+            Kind::Effect(Box::new(EffectTool {
+                tool: runtime_tool(policy, u, tool, class, r.compensate.clone())?,
+                class,
+                scopes: r.scopes.clone(),
+                key: r.key.clone(),
+                snapshot: r.snapshot.clone(),
+                compensated_by: r.compensate.as_ref().map(|c| c.tool.clone()),
+            }))
+        }
+    })
+}
+
+/// What a handler dispatches: the agent's arguments out of the recorded envelope.
+fn arguments(recorded: &Value) -> Value {
+    recorded.get("arguments").cloned().unwrap_or(Value::Null)
+}
+
+fn runtime_tool(
+    policy: &Policy,
+    u: &Arc<Upstream>,
+    tool: &str,
+    class: EffectClass,
+    compensate: Option<CallSpec>,
+) -> Result<Tool, GatewayError> {
+    let call_up = u.clone();
+    let call_name = tool.to_string();
+    let mut b = Tool::builder(format!("{}.{}", u.name, tool), class).version(policy.version.clone()).call_ctx(
+        move |ctx: CallCtx, recorded: Arc<Value>| {
+            let up = call_up.clone();
+            let name = call_name.clone();
+            async move {
+                let called = up.call(&name, arguments(&recorded)).await;
+                if let Some(slot) = ctx.handle.as_ref().and_then(|h| h.downcast_ref::<ReleaseSlot>()) {
+                    *slot.0.lock() = Some(called.clone());
+                }
+                match called {
+                    Called::Done(v) => Ok(v),
+                    Called::Failed(m) => Err(ToolError::failed(m)),
+                    Called::Unknown(m) => Err(ToolError::unknown(m)),
+                }
+            }
+        },
+    );
+    match compensate {
+        Some(spec) => {
+            let up = u.clone();
+            let with_cost = class == EffectClass::ReversibleWithCost;
+            b = b.compensate(move |recorded: Arc<Value>, output: Arc<Value>| {
+                let up = up.clone();
+                let spec = spec.clone();
+                async move { compensate_call(&up, &spec, &recorded, &output, with_cost).await }
+            });
+        }
+        None if class.executes_eagerly() && class != EffectClass::Idempotent => b = b.without_compensation(),
+        None => {}
+    }
+    Ok(b.build()?)
+}
+
+/// The snapshot value a template's `snapshot` reads: `{"text": .., "value": .., "error": ..}`.
+pub fn snapshot_value(called: &Called) -> Value {
+    match called {
+        Called::Done(v) => json!({"text": answer_text(v), "value": result_value(v), "error": false}),
+        Called::Failed(m) | Called::Unknown(m) => json!({"text": "", "value": null, "error": true, "message": m}),
+    }
+}
+
+async fn compensate_call(
+    up: &Upstream,
+    spec: &CallSpec,
+    recorded: &Value,
+    output: &Value,
+    with_cost: bool,
+) -> Result<Compensation, ToolError> {
+    let args = arguments(recorded);
+    let snapshot = recorded.get("snapshot").filter(|s| !s.is_null());
+    if spec.if_snapshot_failed == SnapshotFailed::Skip
+        && snapshot.and_then(|s| s.get("error")).and_then(Value::as_bool) == Some(true)
+    {
+        return Ok(Compensation::with_residue(format!(
+            "not undone: the snapshot before the call had failed ({}), so `{}` had nothing to restore",
+            snapshot.and_then(|s| s.get("message")).and_then(Value::as_str).unwrap_or("no detail"),
+            spec.tool
+        )));
+    }
+    let result = result_value(output);
+    let inputs = Inputs { args: &args, result: (!output.is_null()).then_some(&result), snapshot };
+    let call_args = spec
+        .render(&inputs)
+        .map_err(|e| ToolError::failed(format!("the compensation `{}` cannot be built: {e}", spec.tool)))?;
+    match up.call(&spec.tool, call_args).await {
+        Called::Done(v) if with_cost => {
+            Ok(Compensation::with_residue(format!("undone by `{}`: {}", spec.tool, answer_text(&v))))
+        }
+        Called::Done(_) => Ok(Compensation::clean()),
+        Called::Failed(m) => Err(ToolError::failed(format!("`{}`: {m}", spec.tool))),
+        Called::Unknown(m) => Err(ToolError::unknown(m)),
+    }
+}

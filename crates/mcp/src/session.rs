@@ -1,0 +1,661 @@
+//! One agent session: the MCP server the agent talks to, and its turns.
+//!
+//! A turn is one transaction (docs/mcp.md). It begins with the first governed call after the
+//! previous turn ended, and ends with `tidegate_commit`, `tidegate_abort`, the idle timer
+//! (`turn.on_idle`), or the session's end (always an abort). Calls of one session are
+//! handled one at a time, in the order they arrive, so a turn's end never races one of its
+//! calls.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams, GetPromptResponse,
+    Implementation, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData as McpError, ServerHandler};
+use serde_json::{Map, Value, json};
+use tidegate_runtime::{
+    Ack, CallHandle, CallOptions, CommitOptions, Disposition, EffectClass, Error, Outcome, Tag, Transaction, TxOptions,
+    TxState,
+};
+
+use crate::gateway::{ABORT_TOOL, COMMIT_TOOL, EffectTool, Gateway, Kind, ReleaseSlot, STATUS_TOOL, snapshot_value};
+use crate::policy::{OnIdle, TurnMode};
+use crate::template::Inputs;
+use crate::upstream::Called;
+
+/// The largest arguments object the gateway forwards, in bytes of JSON.
+pub const MAX_ARGUMENTS_BYTES: usize = 1 << 20;
+
+struct Note {
+    tool: String,
+    class: Option<EffectClass>,
+    slot: Option<Arc<ReleaseSlot>>,
+}
+
+struct Turn {
+    tx: Transaction,
+    notes: Vec<Note>,
+}
+
+/// One agent session (one stdio connection, or one HTTP session).
+pub struct Session {
+    gw: Arc<Gateway>,
+    id: u64,
+    turn: tokio::sync::Mutex<Option<Turn>>,
+    last_call: parking_lot::Mutex<Instant>,
+    turns: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("id", &self.id).finish()
+    }
+}
+
+/// The MCP server handler of one session. Dropping the last handle of a session aborts its
+/// open turn.
+#[derive(Debug, Clone)]
+pub struct SessionHandler {
+    session: Arc<SessionGuard>,
+    http: bool,
+}
+
+#[derive(Debug)]
+struct SessionGuard(Arc<Session>);
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        let s = self.0.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { s.end("the agent's session ended").await });
+        }
+    }
+}
+
+impl SessionHandler {
+    /// A new session on `gw`, with its idle timer.
+    pub fn new(gw: Arc<Gateway>) -> SessionHandler {
+        let id = gw.next_session();
+        let session = Arc::new(Session {
+            gw,
+            id,
+            turn: tokio::sync::Mutex::new(None),
+            last_call: parking_lot::Mutex::new(Instant::now()),
+            turns: Default::default(),
+        });
+        if session.gw.policy.turn.mode == TurnMode::Turn {
+            tokio::spawn(idle_timer(Arc::downgrade(&session)));
+        }
+        SessionHandler { session: Arc::new(SessionGuard(session)), http: false }
+    }
+
+    /// This handler for an HTTP session: it negotiates only the revisions that have sessions.
+    pub fn http(mut self) -> SessionHandler {
+        self.http = true;
+        self
+    }
+
+    /// The session.
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session.0
+    }
+}
+
+async fn idle_timer(session: Weak<Session>) {
+    loop {
+        let (idle, last) = match session.upgrade() {
+            Some(s) => (Duration::from_millis(s.gw.policy.turn.idle_ms), *s.last_call.lock()),
+            None => return,
+        };
+        let due = last + idle;
+        tokio::time::sleep_until(due.into()).await;
+        let Some(s) = session.upgrade() else { return };
+        if *s.last_call.lock() + idle > Instant::now() {
+            continue;
+        }
+        let mut turn = s.turn.lock().await;
+        if turn.is_some() && *s.last_call.lock() + idle <= Instant::now() {
+            let t = turn.take().expect("checked");
+            match s.gw.policy.turn.on_idle {
+                OnIdle::Commit => {
+                    let _ = commit_turn(&s, t).await;
+                }
+                OnIdle::Abort => {
+                    let _ = abort_turn(t, &format!("idle for {} ms", idle.as_millis())).await;
+                }
+            }
+        }
+        drop(turn);
+        *s.last_call.lock() = Instant::now();
+    }
+}
+
+fn text(t: impl Into<String>) -> CallToolResult {
+    CallToolResult::success(vec![ContentBlock::text(t)])
+}
+
+fn tool_error(t: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(t)])
+}
+
+impl Session {
+    /// Aborts the open turn, if any (the session is going away).
+    pub async fn end(&self, why: &str) {
+        let t = self.turn.lock().await.take();
+        if let Some(t) = t {
+            let _ = abort_turn(t, why).await;
+        }
+    }
+
+    async fn call(&self, name: &str, args: Value) -> CallToolResult {
+        *self.last_call.lock() = Instant::now();
+        let mut guard = self.turn.lock().await;
+        let result = match name {
+            COMMIT_TOOL => match guard.take() {
+                Some(t) => commit_turn(self, t).await,
+                None => text("nothing to commit: no call was made since the last turn ended"),
+            },
+            ABORT_TOOL => {
+                let reason =
+                    args.get("reason").and_then(Value::as_str).unwrap_or("the agent aborted its turn").to_string();
+                match guard.take() {
+                    Some(t) => abort_turn(t, &reason).await,
+                    None => text("nothing to abort: no call was made since the last turn ended"),
+                }
+            }
+            STATUS_TOOL => text(status(&guard)),
+            _ => self.governed(&mut guard, name, args).await,
+        };
+        *self.last_call.lock() = Instant::now();
+        result
+    }
+
+    async fn governed(&self, guard: &mut Option<Turn>, name: &str, args: Value) -> CallToolResult {
+        let Some(exposed) = self.gw.tool(name) else {
+            return tool_error(format!("no tool `{name}`"));
+        };
+        let upstream = &self.gw.upstreams[exposed.upstream];
+        match &exposed.kind {
+            Kind::Refused(why) => tool_error(why.clone()),
+            Kind::Read { scopes } => {
+                let scopes = match render_scopes(scopes, &args) {
+                    Ok(s) => s,
+                    Err(e) => return tool_error(format!("`{name}`: {e}")),
+                };
+                let turn = match self.open_turn(guard) {
+                    Ok(t) => t,
+                    Err(e) => return tool_error(e),
+                };
+                for s in &scopes {
+                    if let Err(e) = turn.tx.read(s) {
+                        return self.failed(guard, name, e).await;
+                    }
+                }
+                turn.notes.push(Note { tool: name.to_string(), class: None, slot: None });
+                let result = match upstream.call(&exposed.tool, args).await {
+                    Called::Done(v) => serde_json::from_value(v).unwrap_or_else(|e| tool_error(format!("{e}"))),
+                    Called::Failed(m) => tool_error(m),
+                    Called::Unknown(m) => tool_error(format!("no answer from the upstream: {m}")),
+                };
+                self.per_call_end(guard, result).await
+            }
+            Kind::Effect(e) => {
+                let result = self.effect(guard, name, e, &upstream.name, args).await;
+                self.per_call_end(guard, result).await
+            }
+        }
+    }
+
+    async fn effect(
+        &self,
+        guard: &mut Option<Turn>,
+        name: &str,
+        e: &EffectTool,
+        upstream: &str,
+        args: Value,
+    ) -> CallToolResult {
+        let scopes = match render_scopes(&e.scopes, &args) {
+            Ok(s) => s,
+            Err(err) => return tool_error(format!("`{name}`: {err}; nothing was called")),
+        };
+        let key = match &e.key {
+            Some(k) => match k.render_one(&Inputs { args: &args, result: None, snapshot: None }) {
+                Ok(k) => Some(k),
+                Err(err) => return tool_error(format!("`{name}`: its key: {err}; nothing was called")),
+            },
+            None => None,
+        };
+        let snapshot = match &e.snapshot {
+            Some(spec) => {
+                let sargs = match spec.render(&Inputs { args: &args, result: None, snapshot: None }) {
+                    Ok(a) => a,
+                    Err(err) => return tool_error(format!("`{name}`: its snapshot: {err}; nothing was called")),
+                };
+                let up = self.gw.upstreams.iter().find(|u| u.name == upstream).expect("the tool's upstream");
+                match up.call(&spec.tool, sargs).await {
+                    Called::Unknown(m) => {
+                        return tool_error(format!(
+                            "`{name}`: the snapshot `{}` got no answer ({m}); nothing was called",
+                            spec.tool
+                        ));
+                    }
+                    c => snapshot_value(&c),
+                }
+            }
+            None => Value::Null,
+        };
+        let turn = match self.open_turn(guard) {
+            Ok(t) => t,
+            Err(err) => return tool_error(err),
+        };
+        let mut envelope = Map::new();
+        envelope.insert("arguments".into(), args);
+        if !snapshot.is_null() {
+            envelope.insert("snapshot".into(), snapshot);
+        }
+        let slot = Arc::new(ReleaseSlot::default());
+        let opts = CallOptions {
+            key,
+            scopes: Some(scopes),
+            handle: (!e.class.executes_eagerly()).then(|| CallHandle(slot.clone())),
+            ..CallOptions::default()
+        };
+        let tx = turn.tx.clone();
+        match tx.call_with(&e.tool, Value::Object(envelope), opts).await {
+            Ok(Ack::Executed { output, .. }) | Ok(Ack::Replayed { output, .. }) => {
+                turn.notes.push(Note { tool: name.to_string(), class: Some(e.class), slot: None });
+                serde_json::from_value((*output).clone()).unwrap_or_else(|err| tool_error(format!("{err}")))
+            }
+            Ok(Ack::Queued { .. }) | Ok(Ack::Staged { .. }) => {
+                turn.notes.push(Note { tool: name.to_string(), class: Some(e.class), slot: Some(slot) });
+                text(format!(
+                    "queued: `{name}` has not run yet; it runs when this turn commits (call `{COMMIT_TOOL}`), \
+                     and never if the turn aborts"
+                ))
+            }
+            Err(err) => self.failed(guard, name, err).await,
+        }
+    }
+
+    /// Begins a turn if none is open.
+    fn open_turn<'a>(&self, guard: &'a mut Option<Turn>) -> Result<&'a mut Turn, String> {
+        if guard.is_none() {
+            let n = self.turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let policy = &self.gw.policy;
+            let lease = Duration::from_millis(policy.turn.idle_ms + policy.gateway.call_timeout_ms + 30_000);
+            let tx = self
+                .gw
+                .engine
+                .begin_with(TxOptions::agent(format!("mcp-session-{}-turn-{n}", self.id)).lease(lease))
+                .map_err(|e| format!("the gateway could not begin a turn: {e}"))?;
+            *guard = Some(Turn { tx, notes: Vec::new() });
+        }
+        Ok(guard.as_mut().expect("set above"))
+    }
+
+    /// In per-call mode, ends the turn the call began.
+    async fn per_call_end(&self, guard: &mut Option<Turn>, result: CallToolResult) -> CallToolResult {
+        if self.gw.policy.turn.mode != TurnMode::PerCall {
+            return result;
+        }
+        let Some(t) = guard.take() else { return result };
+        if result.is_error == Some(true) {
+            let _ = abort_turn(t, "the call failed").await;
+            return result;
+        }
+        let held = t.notes.iter().any(|n| n.slot.is_some());
+        let committed = commit_turn(self, t).await;
+        if held || committed.is_error == Some(true) { committed } else { result }
+    }
+
+    /// A call the engine refused or that ended the turn.
+    async fn failed(&self, guard: &mut Option<Turn>, name: &str, err: Error) -> CallToolResult {
+        if let Error::Aborted(outcome) = &err {
+            guard.take();
+            return tool_error(aborted_text(outcome, Some(name)));
+        }
+        let open = guard.as_ref().is_some_and(|t| t.tx.state().is_ok_and(|s| matches!(s, TxState::Open)));
+        if open {
+            // Refused without deciding the turn (a bad scope, a key reused): the turn goes on.
+            return tool_error(format!("`{name}` was refused and did not run: {err}"));
+        }
+        if let Some(t) = guard.take() {
+            let _ = abort_turn(t, &format!("`{name}` failed: {err}")).await;
+        }
+        tool_error(format!("`{name}` failed and the turn was aborted: {err}"))
+    }
+}
+
+fn render_scopes(templates: &[crate::template::Template], args: &Value) -> Result<Vec<String>, String> {
+    let inputs = Inputs { args, result: None, snapshot: None };
+    let mut out = Vec::new();
+    for t in templates {
+        out.extend(t.render(&inputs)?);
+    }
+    Ok(out)
+}
+
+fn status(turn: &Option<Turn>) -> String {
+    match turn {
+        None => "no turn is open: the next call begins one".into(),
+        Some(t) => {
+            let mut s = format!("turn open (transaction {}), {} call(s):\n", t.tx.id(), t.notes.len());
+            for n in &t.notes {
+                let what = match n.class {
+                    None => "read",
+                    Some(c) if !c.executes_eagerly() => "queued until commit",
+                    Some(_) => "ran; undone if the turn aborts",
+                };
+                let _ = writeln!(s, "- {}: {what}", n.tool);
+            }
+            s
+        }
+    }
+}
+
+async fn commit_turn(_s: &Session, t: Turn) -> CallToolResult {
+    if let Err(e) = t.tx.seal() {
+        return match e {
+            Error::Aborted(o) => tool_error(aborted_text(&o, None)),
+            e => {
+                let _ = t.tx.abort(format!("seal failed: {e}")).await;
+                tool_error(format!("the turn could not be sealed and was aborted: {e}"))
+            }
+        };
+    }
+    match t.tx.commit_with(CommitOptions { wait_timeout: Some(Duration::from_secs(60)) }).await {
+        Ok(o) if o.committed => tool_success_commit(&o, &t.notes),
+        Ok(o) => tool_error(aborted_text(&o, None)),
+        Err(Error::Aborted(o)) => tool_error(aborted_text(&o, None)),
+        Err(e) => tool_error(format!("the commit did not complete: {e}")),
+    }
+}
+
+fn tool_success_commit(o: &Outcome, notes: &[Note]) -> CallToolResult {
+    let mut s = format!("committed ({} call(s)).", o.effects.len());
+    let mut structured = Vec::new();
+    let mut held = notes.iter().filter(|n| n.slot.is_some());
+    for e in &o.effects {
+        let released = matches!(e.disposition, Disposition::Fired | Disposition::Applied);
+        let mut answer = Value::Null;
+        if released
+            && let Some(n) = held.next()
+            && let Some(slot) = &n.slot
+            && let Some(c) = slot.0.lock().clone()
+        {
+            answer = match c {
+                Called::Done(v) => {
+                    let t = crate::template::answer_text(&v);
+                    let _ = write!(s, "\n- {} ran: {t}", n.tool);
+                    v
+                }
+                Called::Failed(m) | Called::Unknown(m) => {
+                    let _ = write!(s, "\n- {} failed: {m}", n.tool);
+                    json!({"error": m})
+                }
+            };
+        }
+        if e.tag != Tag::Clean {
+            let _ = write!(s, "\n- {} needs attention ({}): {}", e.tool, e.tag, e.detail.as_deref().unwrap_or(""));
+        }
+        structured.push(json!({
+            "tool": e.tool.as_ref(), "disposition": format!("{:?}", e.disposition).to_lowercase(),
+            "tag": e.tag.to_string(), "answer": answer,
+        }));
+    }
+    let mut r = text(s);
+    r.structured_content = Some(json!({"committed": true, "transaction": o.tx.to_string(), "effects": structured}));
+    r
+}
+
+async fn abort_turn(t: Turn, reason: &str) -> CallToolResult {
+    match t.tx.abort(reason.to_string()).await {
+        Ok(o) => {
+            let mut r = text(aborted_text(&o, None));
+            r.structured_content = Some(outcome_json(&o));
+            r
+        }
+        Err(Error::Aborted(o)) => text(aborted_text(&o, None)),
+        Err(e) => tool_error(format!("the abort did not complete: {e}")),
+    }
+}
+
+fn outcome_json(o: &Outcome) -> Value {
+    json!({
+        "committed": o.committed,
+        "transaction": o.tx.to_string(),
+        "reason": o.reason.as_ref().map(|r| r.to_string()),
+        "effects": o.effects.iter().map(|e| json!({
+            "tool": e.tool.as_ref(), "disposition": format!("{:?}", e.disposition).to_lowercase(),
+            "tag": e.tag.to_string(), "detail": e.detail,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// What an aborted turn says to the model.
+fn aborted_text(o: &Outcome, during: Option<&str>) -> String {
+    let mut s = String::from("this turn was aborted");
+    if let Some(n) = during {
+        let _ = write!(s, " during `{n}`");
+    }
+    if let Some(r) = &o.reason {
+        let _ = write!(s, ": {r}");
+        if let tidegate_runtime::AbortReason::StaleRead { scope, .. } = r {
+            let _ = write!(
+                s,
+                ". Another agent changed `{scope}` after this turn read it: read it again and retry the turn"
+            );
+        }
+    }
+    s.push('.');
+    let undone: Vec<&str> =
+        o.effects.iter().filter(|e| e.disposition == Disposition::Compensated).map(|e| e.tool.as_ref()).collect();
+    let dropped: Vec<&str> =
+        o.effects.iter().filter(|e| e.disposition == Disposition::Discarded).map(|e| e.tool.as_ref()).collect();
+    if !undone.is_empty() {
+        let _ = write!(s, " Undone: {}.", undone.join(", "));
+    }
+    if !dropped.is_empty() {
+        let _ = write!(s, " Never run: {}.", dropped.join(", "));
+    }
+    for e in o.effects.iter().filter(|e| e.tag != Tag::Clean) {
+        let _ = write!(s, " `{}` needs attention ({}): {}.", e.tool, e.tag, e.detail.as_deref().unwrap_or(""));
+    }
+    s.push_str(" Nothing of this turn stands; the next call begins a new turn.");
+    s
+}
+
+fn own_tools() -> Vec<rmcp::model::Tool> {
+    let schema = |props: Value| -> Arc<Map<String, Value>> {
+        match json!({"type": "object", "properties": props}) {
+            Value::Object(m) => Arc::new(m),
+            _ => Arc::new(Map::new()),
+        }
+    };
+    vec![
+        rmcp::model::Tool::new(
+            COMMIT_TOOL,
+            "Ends the current turn and makes it permanent: the calls marked \"held until the turn commits\" run now, \
+             in order. Call it when the task is done.",
+            schema(json!({})),
+        ),
+        rmcp::model::Tool::new(
+            ABORT_TOOL,
+            "Ends the current turn and undoes it: calls that ran are compensated (newest first) and held calls never run.",
+            schema(json!({"reason": {"type": "string", "description": "Why (recorded in the ledger)."}})),
+        ),
+        rmcp::model::Tool::new(STATUS_TOOL, "Says what the current turn has done and holds.", schema(json!({}))),
+    ]
+}
+
+impl ServerHandler for SessionHandler {
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
+        if self.http {
+            std::borrow::Cow::Borrowed(rmcp::model::ProtocolVersion::known_up_to(
+                &rmcp::model::ProtocolVersion::V_2025_11_25,
+            ))
+        } else {
+            std::borrow::Cow::Borrowed(rmcp::model::ProtocolVersion::KNOWN_VERSIONS)
+        }
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        let gw = &self.session().gw;
+        let any = |f: &dyn Fn(&ServerCapabilities) -> bool| {
+            gw.upstreams.iter().any(|u| u.peer().peer_info().is_some_and(|i| f(&i.capabilities)))
+        };
+        let mut built = ServerCapabilities::builder().enable_tools().build();
+        if any(&|c| c.resources.is_some()) {
+            built.resources = ServerCapabilities::builder().enable_resources().build().resources;
+        }
+        if any(&|c| c.prompts.is_some()) {
+            built.prompts = ServerCapabilities::builder().enable_prompts().build().prompts;
+        }
+        ServerConfig::new(built)
+            .with_server_info(Implementation::new("tidegate-mcp", env!("CARGO_PKG_VERSION")))
+            .with_instructions(format!(
+                "Tool calls go through Tidegate (policy {}). A turn is one transaction: some tools run at once and \
+                 are undone if the turn aborts, some are held until you call `{COMMIT_TOOL}`. Call `{COMMIT_TOOL}` \
+                 when the task is done, or `{ABORT_TOOL}` to undo it.",
+                gw.policy.version
+            ))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let mut tools: Vec<rmcp::model::Tool> = self.session().gw.exposed.iter().map(|e| e.listing.clone()).collect();
+        tools.extend(own_tools());
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = request.name.to_string();
+        let known =
+            matches!(name.as_str(), COMMIT_TOOL | ABORT_TOOL | STATUS_TOOL) || self.session().gw.tool(&name).is_some();
+        if !known {
+            return Err(McpError::invalid_params(format!("no tool `{name}`: tools/list names the tools"), None));
+        }
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        let size = serde_json::to_vec(&args).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size > MAX_ARGUMENTS_BYTES {
+            return Ok(tool_error(format!(
+                "the arguments of `{name}` are {size} bytes; the gateway forwards at most {MAX_ARGUMENTS_BYTES}"
+            ))
+            .into());
+        }
+        let session = self.session().clone();
+        // The call runs to its end even if the agent stops waiting for it: a turn is never left
+        // between recording an effect and learning its outcome.
+        let handle = tokio::spawn(async move { session.call(&name, args).await });
+        match handle.await {
+            Ok(r) => Ok(r.into()),
+            Err(e) => Err(McpError::internal_error(format!("the gateway's call handler failed: {e}"), None)),
+        }
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let mut all = Vec::new();
+        for u in &self.session().gw.upstreams {
+            if u.peer().peer_info().is_some_and(|i| i.capabilities.resources.is_some())
+                && let Ok(r) = u.peer().list_resources(request.clone()).await
+            {
+                all.extend(r.resources);
+            }
+        }
+        Ok(ListResourcesResult::with_all_items(all))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        let mut all = Vec::new();
+        for u in &self.session().gw.upstreams {
+            if u.peer().peer_info().is_some_and(|i| i.capabilities.resources.is_some())
+                && let Ok(r) = u.peer().list_resource_templates(request.clone()).await
+            {
+                all.extend(r.resource_templates);
+            }
+        }
+        Ok(ListResourceTemplatesResult::with_all_items(all))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let mut last = None;
+        for u in &self.session().gw.upstreams {
+            if u.peer().peer_info().is_none_or(|i| i.capabilities.resources.is_none()) {
+                continue;
+            }
+            match u.peer().read_resource(request.clone()).await {
+                Ok(r) => return Ok(r.into()),
+                Err(e) => last = Some(e.to_string()),
+            }
+        }
+        Err(McpError::resource_not_found(
+            format!("no upstream has `{}`{}", request.uri, last.map(|l| format!(" ({l})")).unwrap_or_default()),
+            None,
+        ))
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        let mut all = Vec::new();
+        for u in &self.session().gw.upstreams {
+            if u.peer().peer_info().is_some_and(|i| i.capabilities.prompts.is_some())
+                && let Ok(r) = u.peer().list_prompts(request.clone()).await
+            {
+                all.extend(r.prompts);
+            }
+        }
+        Ok(ListPromptsResult::with_all_items(all))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        let mut last = None;
+        for u in &self.session().gw.upstreams {
+            if u.peer().peer_info().is_none_or(|i| i.capabilities.prompts.is_none()) {
+                continue;
+            }
+            match u.peer().get_prompt(request.clone()).await {
+                Ok(r) => return Ok(r.into()),
+                Err(e) => last = Some(e.to_string()),
+            }
+        }
+        Err(McpError::invalid_params(
+            format!(
+                "no upstream has the prompt `{}`{}",
+                request.name,
+                last.map(|l| format!(" ({l})")).unwrap_or_default()
+            ),
+            None,
+        ))
+    }
+}
