@@ -146,9 +146,12 @@ fn tool_error(t: impl Into<String>) -> CallToolResult {
 impl Session {
     /// Aborts the open turn, if any (the session is going away).
     pub async fn end(&self, why: &str) {
-        let t = self.turn.lock().await.take();
-        if let Some(t) = t {
-            let _ = abort_turn(t, why).await;
+        // The lock is held until the abort is done, so that whoever else ends the session
+        // (its handler's drop, the stdio loop) returns only once the turn is settled.
+        let mut guard = self.turn.lock().await;
+        if let Some(t) = guard.take() {
+            let r = abort_turn(t, why).await;
+            tracing::info!(session = self.id, outcome = %crate::upstream::summary(&r), "session ended: its open turn aborted");
         }
     }
 

@@ -124,3 +124,8 @@ fn classify(result: CallToolResult) -> Called {
         Called::Done(json)
     }
 }
+
+/// A tool result's text, for logs.
+pub fn summary(r: &CallToolResult) -> String {
+    answer_text(&serde_json::to_value(r).unwrap_or(Value::Null))
+}

@@ -1,0 +1,64 @@
+"""An upstream MCP server written for the gateway's tests (stdio), built on the official SDK.
+
+Its append-only log (the file named by LOG_UPSTREAM_FILE, one JSON object per line) is the
+ground truth of what reached it: every tool call appends a line *before* it answers.
+
+Tools: put(key, value) and unput(key) (a reversible pair), send(to, text) (for a gated tool),
+fail(key) (answers a tool error, having done nothing), die(key) (logs that it started, then
+the process exits without answering: an upstream that dies mid-call).
+"""
+
+import json
+import os
+import sys
+
+from mcp.server.mcpserver import MCPServer
+
+LOG = os.environ["LOG_UPSTREAM_FILE"]
+server = MCPServer("log-upstream")
+
+
+def log(**entry) -> None:
+    with open(LOG, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@server.tool()
+def put(key: str, value: str) -> dict:
+    """Stores value under key."""
+    log(op="put", key=key, value=value)
+    return {"key": key, "stored": value}
+
+
+@server.tool()
+def unput(key: str) -> dict:
+    """Removes key."""
+    log(op="unput", key=key)
+    return {"key": key, "removed": True}
+
+
+@server.tool()
+def send(to: str, text: str) -> dict:
+    """Sends a message (irreversible)."""
+    log(op="send", to=to, text=text)
+    return {"sent": True, "to": to}
+
+
+@server.tool()
+def fail(key: str) -> str:
+    """Always fails, having done nothing."""
+    raise ValueError(f"refusing {key}")
+
+
+@server.tool()
+def die(key: str) -> str:
+    """Starts, then the process dies before answering."""
+    log(op="die", key=key)
+    sys.stdout.flush()
+    os._exit(3)
+
+
+if __name__ == "__main__":
+    server.run("stdio")
