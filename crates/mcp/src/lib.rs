@@ -15,6 +15,7 @@ pub mod init;
 pub mod policy;
 pub mod serve;
 pub mod session;
+pub mod stdio;
 pub mod template;
 pub mod upstream;
 

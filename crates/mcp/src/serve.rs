@@ -24,7 +24,7 @@ pub async fn stdio(gw: Arc<Gateway>) -> Result<(), GatewayError> {
     let handler = SessionHandler::new(gw.clone());
     let session = handler.session().clone();
     let running = handler
-        .serve(rmcp::transport::stdio())
+        .serve(crate::stdio::transport(tokio::io::stdin(), tokio::io::stdout()))
         .await
         .map_err(|e| GatewayError::Serve(format!("the agent's initialize failed: {e}")))?;
     let quit = running.waiting().await;

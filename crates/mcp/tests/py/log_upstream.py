@@ -13,6 +13,7 @@ import os
 import sys
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 LOG = os.environ["LOG_UPSTREAM_FILE"]
 server = MCPServer("log-upstream")
@@ -49,7 +50,7 @@ def send(to: str, text: str) -> dict:
 @server.tool()
 def fail(key: str) -> str:
     """Always fails, having done nothing."""
-    raise ValueError(f"refusing {key}")
+    raise ToolError(f"refusing {key}")
 
 
 @server.tool()

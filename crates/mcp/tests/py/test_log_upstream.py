@@ -1,0 +1,126 @@
+"""The gateway in front of an upstream written for the tests (log_upstream.py), whose
+append-only log is the ground truth of what reached it."""
+
+import subprocess
+
+import pytest
+
+from conftest import BIN, log_upstream, read_log, stdio_session, text, write_policy
+
+pytestmark = pytest.mark.anyio
+
+RULES = """
+[[tools]]
+upstream = "log"
+match = "put"
+class = "reversible"
+scopes = ["kv:{args.key}"]
+compensate = { tool = "unput", args = { key = "{args.key}" } }
+
+[[tools]]
+upstream = "log"
+match = "{fail,die}"
+class = "reversible"
+scopes = ["kv:{args.key}"]
+compensate = { tool = "unput", args = { key = "{args.key}" } }
+
+[[tools]]
+upstream = "log"
+match = "send"
+class = "gated"
+scopes = ["mail:{args.to}"]
+"""
+
+
+async def test_an_abort_compensates_newest_first(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES)
+    async with stdio_session(policy) as s:
+        for k in ("a", "b", "c"):
+            assert not (await s.call_tool("put", {"key": k, "value": k.upper()})).is_error
+        await s.call_tool("send", {"to": "ops", "text": "done"})
+        r = await s.call_tool("tidegate_abort", {})
+        assert not r.is_error, text(r)
+    ops = [(e["op"], e.get("key")) for e in read_log(log)]
+    assert ops == [("put", "a"), ("put", "b"), ("put", "c"), ("unput", "c"), ("unput", "b"), ("unput", "a")]
+
+
+async def test_held_calls_fire_once_in_order_at_commit(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES)
+    async with stdio_session(policy) as s:
+        await s.call_tool("send", {"to": "a", "text": "1"})
+        await s.call_tool("put", {"key": "k", "value": "v"})
+        await s.call_tool("send", {"to": "b", "text": "2"})
+        assert [e["op"] for e in read_log(log)] == ["put"]
+        r = await s.call_tool("tidegate_commit", {})
+        assert not r.is_error, text(r)
+        assert [(e["op"], e.get("to")) for e in read_log(log)] == [("put", None), ("send", "a"), ("send", "b")]
+        # A second commit has nothing to release.
+        await s.call_tool("tidegate_commit", {})
+    assert len([e for e in read_log(log) if e["op"] == "send"]) == 2
+
+
+async def test_a_failing_call_aborts_the_turn_and_says_so(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES)
+    async with stdio_session(policy) as s:
+        await s.call_tool("put", {"key": "a", "value": "1"})
+        await s.call_tool("send", {"to": "x", "text": "never"})
+        r = await s.call_tool("fail", {"key": "z"})
+        assert r.is_error
+        assert "this turn was aborted" in text(r) and "refusing z" in text(r)
+        assert "Undone: log.put" in text(r) and "Never run: log.send" in text(r)
+    ops = [e["op"] for e in read_log(log)]
+    assert ops == ["put", "unput"], "the failed call did nothing, the put is undone, the send never ran"
+
+
+async def test_an_upstream_that_dies_mid_call_is_a_tool_error_and_the_turn_settles(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES)
+    async with stdio_session(policy) as s:
+        await s.call_tool("put", {"key": "a", "value": "1"})
+        r = await s.call_tool("die", {"key": "d"})
+        assert r.is_error
+        t = text(r)
+        assert "this turn was aborted" in t, t
+        # The upstream is gone, so neither the unknown call nor the put can be undone: the
+        # gateway says so instead of claiming they were.
+        assert "needs attention" in t and "unresolved" in t, t
+        # The gateway itself is still serving.
+        r = await s.call_tool("tidegate_status", {})
+        assert "no turn is open" in text(r)
+    assert [e["op"] for e in read_log(log)] == ["put", "die"]
+
+
+def run_check(policy):
+    return subprocess.run([BIN, "check", "--policy", str(policy)], capture_output=True, text=True, timeout=60)
+
+
+def test_a_policy_with_an_unknown_key_is_refused_with_file_line_and_key(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES.replace('match = "send"', 'match = "send"\nheld = true'))
+    out = run_check(policy)
+    assert out.returncode != 0
+    line = policy.read_text().splitlines().index("held = true") + 1
+    assert f"policy.toml:{line}" in out.stderr and "held" in out.stderr, out.stderr
+
+
+def test_a_template_naming_a_missing_argument_is_refused_at_start(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES.replace("kv:{args.key}", "kv:{args.name}", 1))
+    out = run_check(policy)
+    assert out.returncode != 0
+    line = next(i for i, l in enumerate(policy.read_text().splitlines(), 1) if "args.name" in l)
+    assert f"policy.toml:{line}" in out.stderr and "tools[0].scopes[0]" in out.stderr, out.stderr
+    assert "`name`" in out.stderr and "key" in out.stderr, out.stderr
+
+
+def test_check_lists_every_tool_with_what_the_gateway_does(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES)
+    out = run_check(policy)
+    assert out.returncode == 0, out.stderr
+    rows = dict(line.split("\t")[1:] for line in out.stdout.splitlines())
+    assert rows == {"put": "reversible", "unput": "refused", "send": "gated", "fail": "reversible", "die": "reversible"}
+    assert "undeclared: `unput`" in out.stderr
