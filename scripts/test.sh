@@ -12,6 +12,13 @@ if [ -f python/run-tests.sh ]; then
     (cd python && CARGO_TARGET_DIR=../target cargo test --lib --quiet)
     bash python/run-tests.sh
 fi
+# The MCP gateway: the official Python SDK (`mcp`, into .venv/mcp/) as the client of a real
+# `tidegate-mcp` in front of @modelcontextprotocol/server-memory and server-filesystem (npm,
+# into crates/mcp/tests/npm/) and the suite's own upstream (about 20 s).
+bash scripts/mcp-test.sh
+# The MCP conformance suite's server scenarios against the gateway (npm, into
+# crates/mcp/tests/conformance/; under 10 s once installed).
+bash scripts/mcp-conformance.sh
 # API fuzzing against a real `tidegate serve --memory` (about 50 s; the longer run is in the
 # script's header).
 TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/fuzz-api.sh

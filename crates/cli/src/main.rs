@@ -79,6 +79,14 @@ enum Command {
         #[command(subcommand)]
         cmd: plans::Cmd,
     },
+    /// The MCP gateway (docs/mcp.md): runs `tidegate-mcp` with these arguments. It is its own
+    /// binary so that this one stays small: `cargo build --release -p tidegate-mcp`.
+    #[command(disable_help_flag = true)]
+    Mcp {
+        /// Arguments for `tidegate-mcp` (`serve --policy FILE`, `check`, `init`, `--help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Review LLM-generated database transactions on a running server (docs/review.md).
     Review {
         #[command(flatten)]
@@ -101,11 +109,30 @@ fn main() -> std::process::ExitCode {
         Command::Key { cmd } => key::run(cmd),
         Command::Review { conn, cmd } => review::run(conn, cmd),
         Command::Plans { conn, cmd } => plans::run(conn, cmd),
+        Command::Mcp { args } => return mcp(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", render_chain(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tidegate mcp ARGS`: runs `tidegate-mcp ARGS` (beside this binary, else on `PATH`) with
+/// this process's stdin, stdout and stderr, and exits with its status.
+fn mcp(args: &[String]) -> std::process::ExitCode {
+    let beside = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("tidegate-mcp")));
+    let program =
+        beside.filter(|p| p.is_file()).map(std::path::PathBuf::into_os_string).unwrap_or_else(|| "tidegate-mcp".into());
+    match std::process::Command::new(&program).args(args).status() {
+        Ok(status) => std::process::ExitCode::from(status.code().map_or(1, |c| u8::try_from(c).unwrap_or(1))),
+        Err(e) => {
+            eprintln!(
+                "error: cannot run `tidegate-mcp` ({e}); the MCP gateway is its own binary: build it with \
+                 `cargo build --release -p tidegate-mcp` (it is then found beside `tidegate`)"
+            );
             std::process::ExitCode::FAILURE
         }
     }

@@ -105,9 +105,10 @@ impl Gateway {
     pub async fn start(policy: Policy) -> Result<Arc<Gateway>, GatewayError> {
         let policy = Arc::new(policy);
         let timeout = Duration::from_millis(policy.gateway.call_timeout_ms);
+        let relay = Arc::new(crate::relay::Relay::default());
         let mut upstreams: Vec<Arc<Upstream>> = Vec::new();
         for spec in &policy.upstreams {
-            let up = match Upstream::connect(spec, timeout).await {
+            let up = match Upstream::connect(spec, timeout, relay.clone()).await {
                 Ok(u) => u,
                 Err(e) => {
                     for u in &upstreams {

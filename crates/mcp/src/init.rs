@@ -17,7 +17,7 @@ fn toml_str(s: &str) -> String {
 
 /// The starter policy for `spec`.
 pub async fn starter(spec: &UpstreamSpec) -> Result<String, crate::GatewayError> {
-    let up = Upstream::connect(spec, std::time::Duration::from_secs(30)).await?;
+    let up = Upstream::connect(spec, std::time::Duration::from_secs(30), Default::default()).await?;
     let mut out = String::new();
     let _ = writeln!(out, "# A starter policy for upstream `{}`, written by `tidegate-mcp init`.", spec.name);
     let _ = writeln!(out, "# Tool annotations only suggested the classes below; check every entry: narrow each");

@@ -13,6 +13,7 @@ pub mod error;
 pub mod gateway;
 pub mod init;
 pub mod policy;
+pub mod relay;
 pub mod serve;
 pub mod session;
 pub mod stdio;

@@ -506,6 +506,7 @@ impl Policy {
                     Template::parse(s.get_ref()).map_err(|e| at(&s.span(), format!("tools[{i}].scopes[{j}]"), e))?;
                 check_roots(&tpl.paths().collect::<Vec<_>>(), false, false)
                     .map_err(|e| at(&s.span(), format!("tools[{i}].scopes[{j}]"), e))?;
+                check_scope_type(s.get_ref()).map_err(|e| at(&s.span(), format!("tools[{i}].scopes[{j}]"), e))?;
                 scopes.push(tpl);
                 scope_spans.push(s.span());
             }
@@ -721,6 +722,23 @@ fn err_at_key(file: &FsPath, source: &str, key: &str, message: String) -> Policy
     PolicyError { file: file.to_path_buf(), line, key: Some(key.to_string()), message }
 }
 
+/// A scope template starts with its type, written out: `kind:` before any placeholder.
+fn check_scope_type(text: &str) -> Result<(), String> {
+    let head = text.split('{').next().unwrap_or("");
+    match head.split_once(':') {
+        Some((ty, _))
+            if (1..=64).contains(&ty.trim().len())
+                && ty.trim().bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "{text:?} does not start with a scope type: a scope is `type:path` with the type written out \
+             (1-64 letters, digits, `_` or `-`), as in \"kg:entity:{{args.name}}\""
+        )),
+    }
+}
+
 fn parse_level(s: &str) -> Option<Level> {
     Level::ALL.iter().copied().find(|l| format!("{l:?}").eq_ignore_ascii_case(s.trim()))
 }
@@ -868,6 +886,10 @@ scopes = ["kg:entity"]
         assert!(e.message.contains("known before the call"), "{e}");
         let e = parse(&GOOD.replace("compensate = {", "#")).unwrap_err();
         assert_eq!(e.key.as_deref(), Some("tools[0].compensate"), "{e}");
+        let e = parse(&GOOD.replace("scopes = [\"kg:entity\"]", "scopes = [\"entity\"]")).unwrap_err();
+        assert_eq!((e.line, e.key.as_deref()), (Some(18), Some("tools[1].scopes[0]")), "{e}");
+        let e = parse(&GOOD.replace("kg:entity:{args", "{args")).unwrap_err();
+        assert!(e.message.contains("scope type"), "{e}");
         let e = parse(&GOOD.replace("class = \"read\"", "class = \"readonly\"")).unwrap_err();
         assert_eq!(e.line, Some(17), "{e}");
     }

@@ -11,9 +11,10 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams, GetPromptResponse,
-    Implementation, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult, ContentBlock,
+    GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
@@ -519,6 +520,9 @@ impl ServerHandler for SessionHandler {
         if any(&|c| c.prompts.is_some()) {
             built.prompts = ServerCapabilities::builder().enable_prompts().build().prompts;
         }
+        if any(&|c| c.completions.is_some()) {
+            built.completions = ServerCapabilities::builder().enable_completions().build().completions;
+        }
         ServerConfig::new(built)
             .with_server_info(Implementation::new("tidegate-mcp", env!("CARGO_PKG_VERSION")))
             .with_instructions(format!(
@@ -542,7 +546,7 @@ impl ServerHandler for SessionHandler {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
         let known =
@@ -559,12 +563,41 @@ impl ServerHandler for SessionHandler {
             .into());
         }
         let session = self.session().clone();
+        let progress = context.meta.get_progress_token().map(|t| (t, context.peer.clone()));
         // The call runs to its end even if the agent stops waiting for it: a turn is never left
         // between recording an effect and learning its outcome.
-        let handle = tokio::spawn(async move { session.call(&name, args).await });
+        let handle = tokio::spawn(async move {
+            match progress {
+                Some(route) => crate::relay::ROUTE.scope(route, session.call(&name, args)).await,
+                None => session.call(&name, args).await,
+            }
+        });
         match handle.await {
             Ok(r) => Ok(r.into()),
             Err(e) => Err(McpError::internal_error(format!("the gateway's call handler failed: {e}"), None)),
+        }
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
+        let mut last = None;
+        for u in &self.session().gw.upstreams {
+            if u.peer().peer_info().is_none_or(|i| i.capabilities.completions.is_none()) {
+                continue;
+            }
+            match u.peer().complete(request.clone()).await {
+                Ok(r) if !r.completion.values.is_empty() => return Ok(r),
+                Ok(r) => last = Some(Ok(r)),
+                Err(e) => last = Some(Err(e.to_string())),
+            }
+        }
+        match last {
+            Some(Ok(r)) => Ok(r),
+            Some(Err(e)) => Err(McpError::invalid_params(format!("completion/complete: {e}"), None)),
+            None => Err(McpError::method_not_found::<rmcp::model::CompleteRequestMethod>()),
         }
     }
 

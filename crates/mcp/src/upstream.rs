@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
-use rmcp::service::{Peer, RoleClient, RunningService, ServiceError};
+use rmcp::model::{CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, ServerResult, Tool};
+use rmcp::service::{Peer, PeerRequestOptions, RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
 use serde_json::Value;
 
 use crate::error::GatewayError;
 use crate::policy::{Transport, UpstreamSpec};
+use crate::relay::{Relay, UpstreamHandler};
 use crate::template::answer_text;
 
 /// How long starting and initialising an upstream may take.
@@ -38,7 +39,8 @@ pub struct Upstream {
     /// Its name in the policy.
     pub name: String,
     peer: Peer<RoleClient>,
-    service: Mutex<Option<RunningService<RoleClient, ()>>>,
+    service: Mutex<Option<RunningService<RoleClient, UpstreamHandler>>>,
+    relay: Arc<Relay>,
     /// Its tools, as it listed them at start.
     pub tools: Vec<Tool>,
     timeout: Duration,
@@ -46,7 +48,12 @@ pub struct Upstream {
 
 impl Upstream {
     /// Starts and initialises `spec`, and lists its tools.
-    pub async fn connect(spec: &UpstreamSpec, timeout: Duration) -> Result<Arc<Upstream>, GatewayError> {
+    pub async fn connect(
+        spec: &UpstreamSpec,
+        timeout: Duration,
+        relay: Arc<Relay>,
+    ) -> Result<Arc<Upstream>, GatewayError> {
+        let handler = UpstreamHandler { relay: relay.clone(), upstream: spec.name.clone() };
         let fail = |why: String| GatewayError::Upstream { upstream: spec.name.clone(), message: why };
         let service = match &spec.transport {
             Transport::Stdio { command, args, env, cwd } => {
@@ -59,7 +66,7 @@ impl Upstream {
                     .stderr(Stdio::inherit())
                     .spawn()
                     .map_err(|e| fail(format!("cannot start `{command}`: {e}")))?;
-                tokio::time::timeout(START_TIMEOUT, ().serve(proc))
+                tokio::time::timeout(START_TIMEOUT, handler.serve(proc))
                     .await
                     .map_err(|_| fail(format!("did not initialise within {} s", START_TIMEOUT.as_secs())))?
                     .map_err(|e| fail(format!("initialisation failed: {e}")))?
@@ -75,7 +82,14 @@ impl Upstream {
             .await
             .map_err(|_| fail("did not list its tools in time".into()))?
             .map_err(|e| fail(format!("tools/list failed: {e}")))?;
-        Ok(Arc::new(Upstream { name: spec.name.clone(), peer, service: Mutex::new(Some(service)), tools, timeout }))
+        Ok(Arc::new(Upstream {
+            name: spec.name.clone(),
+            peer,
+            service: Mutex::new(Some(service)),
+            relay,
+            tools,
+            timeout,
+        }))
     }
 
     /// The peer, for passing through what the gateway does not govern.
@@ -92,7 +106,19 @@ impl Upstream {
         };
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = arguments;
-        match tokio::time::timeout(self.timeout, self.peer.call_tool(params)).await {
+        let call = async {
+            let Some(route) = Relay::current() else { return self.peer.call_tool(params).await };
+            // The agent asked for progress: learn the token rmcp sends with the request, and
+            // route the upstream's progress for it back to the agent while the call runs.
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+            let handle = self.peer.send_request_with_option(request, PeerRequestOptions::no_options()).await?;
+            let _route = self.relay.register(handle.progress_token.clone(), route);
+            match handle.await_response().await? {
+                ServerResult::CallToolResult(r) => Ok(r),
+                _ => Err(ServiceError::UnexpectedResponse),
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
             Err(_) => Called::Unknown(format!(
                 "upstream `{}` did not answer `{tool}` within {} ms",
                 self.name,
