@@ -453,7 +453,7 @@ impl Policy {
                     env: u.env.clone(),
                     cwd: u.cwd.as_ref().map(PathBuf::from),
                 },
-                (None, Some(url)) if url.get_ref().starts_with("http://") || url.get_ref().starts_with("https://") => {
+                (None, Some(url)) if url.get_ref().starts_with("http://") => {
                     if !u.args.is_empty() || !u.env.is_empty() || u.cwd.is_some() {
                         return Err(at(
                             &url.span(),
@@ -467,7 +467,11 @@ impl Policy {
                     return Err(at(
                         &url.span(),
                         format!("{key}.url"),
-                        format!("{:?}; expected an http:// or https:// URL", url.get_ref()),
+                        format!(
+                            "{:?}; expected an http:// URL (this build has no TLS client: reach an https upstream \
+                             through a local proxy, or over stdio)",
+                            url.get_ref()
+                        ),
                     ));
                 }
                 (Some(c), _) if c.get_ref().trim().is_empty() => {

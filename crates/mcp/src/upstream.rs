@@ -72,9 +72,11 @@ impl Upstream {
                     .map_err(|e| fail(format!("initialisation failed: {e}")))?
             }
             Transport::Http { url } => {
-                return Err(fail(format!(
-                    "{url}: Streamable HTTP upstreams are not supported by this build yet; run the server over stdio (`command`)"
-                )));
+                let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
+                tokio::time::timeout(START_TIMEOUT, handler.serve(transport))
+                    .await
+                    .map_err(|_| fail(format!("{url} did not initialise within {} s", START_TIMEOUT.as_secs())))?
+                    .map_err(|e| fail(format!("{url}: initialisation failed: {e}")))?
             }
         };
         let peer = service.peer().clone();

@@ -71,12 +71,14 @@ async def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--store", default="sqlite", help="the gateway's ledger: sqlite (durable, the default) or memory")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         log = d / "log.jsonl"
         policy = d / "policy.toml"
-        policy.write_text(f'[gateway]\nstore = {toml_str("sqlite:" + str(d / "ledger"))}\n' + log_upstream(log) + RULES)
+        store = "memory:" if a.store == "memory" else "sqlite:" + str(d / "ledger")
+        policy.write_text(f"[gateway]\nstore = {toml_str(store)}\n" + log_upstream(log) + RULES)
         direct = StdioServerParameters(command=sys.executable, args=[str(HERE / "log_upstream.py")],
                                        env={"LOG_UPSTREAM_FILE": str(log)})
         via = StdioServerParameters(command=a.bin, args=["serve", "--policy", str(policy)])
@@ -97,6 +99,7 @@ async def main():
             gw.stop()
         out = {
             "calls": a.calls,
+            "store": a.store,
             "direct_p50_ms": statistics.median(d_lat) * 1e3,
             "direct_p99_ms": pct(d_lat, 99) * 1e3,
             "gateway_p50_ms": statistics.median(g_lat) * 1e3,

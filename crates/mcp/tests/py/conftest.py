@@ -156,3 +156,43 @@ async def http_session(url: str):
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HttpLogUpstream:
+    """log_upstream.py over Streamable HTTP on 127.0.0.1, started for one test."""
+
+    def __init__(self, log_file: Path):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "log_upstream.py"), "--http", str(self.port)],
+            env={**os.environ, "LOG_UPSTREAM_FILE": str(log_file)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        import socket
+
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            self.proc.kill()
+            raise RuntimeError("log_upstream.py --http did not start")
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+
+    def policy(self) -> str:
+        return f"[upstreams.log]\nurl = {toml_str(self.url)}\n"
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(timeout=10)

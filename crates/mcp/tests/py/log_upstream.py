@@ -1,4 +1,5 @@
-"""An upstream MCP server written for the gateway's tests (stdio), built on the official SDK.
+"""An upstream MCP server written for the gateway's tests (stdio, or Streamable HTTP with
+`--http PORT`), built on the official SDK.
 
 Its append-only log (the file named by LOG_UPSTREAM_FILE, one JSON object per line) is the
 ground truth of what reached it: every tool call appends a line *before* it answers.
@@ -62,4 +63,8 @@ def die(key: str) -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    # `--http PORT`: Streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio.
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

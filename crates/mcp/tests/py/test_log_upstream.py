@@ -124,3 +124,47 @@ def test_check_lists_every_tool_with_what_the_gateway_does(workdir):
     rows = dict(line.split("\t")[1:] for line in out.stdout.splitlines())
     assert rows == {"put": "reversible", "unput": "refused", "send": "gated", "fail": "reversible", "die": "reversible"}
     assert "undeclared: `unput`" in out.stderr
+
+
+async def test_an_upstream_over_streamable_http(workdir):
+    from conftest import HttpLogUpstream
+
+    log = workdir / "log.jsonl"
+    up = HttpLogUpstream(log)
+    try:
+        policy = write_policy(workdir, up.policy() + RULES)
+        async with stdio_session(policy) as s:
+            for k in ("a", "b"):
+                assert not (await s.call_tool("put", {"key": k, "value": k})).is_error
+            await s.call_tool("send", {"to": "ops", "text": "held"})
+            r = await s.call_tool("tidegate_abort", {})
+            assert not r.is_error, text(r)
+            await s.call_tool("put", {"key": "c", "value": "c"})
+            await s.call_tool("send", {"to": "ops", "text": "once"})
+            r = await s.call_tool("tidegate_commit", {})
+            assert not r.is_error, text(r)
+        ops = [(e["op"], e.get("key") or e.get("text")) for e in read_log(log)]
+        assert ops == [("put", "a"), ("put", "b"), ("unput", "b"), ("unput", "a"), ("put", "c"), ("send", "once")]
+    finally:
+        up.kill()
+
+
+async def test_an_http_upstream_that_dies_mid_turn(workdir):
+    from conftest import HttpLogUpstream
+
+    log = workdir / "log.jsonl"
+    up = HttpLogUpstream(log)
+    policy = write_policy(workdir, up.policy() + RULES)
+    async with stdio_session(policy) as s:
+        await s.call_tool("put", {"key": "a", "value": "1"})
+        await s.call_tool("send", {"to": "x", "text": "never"})
+        up.kill()
+        r = await s.call_tool("put", {"key": "b", "value": "2"})
+        assert r.is_error
+        t = text(r)
+        # Nothing can reach the dead upstream: the turn ends, the put of `a` cannot be undone
+        # and is reported, the held send never runs.
+        assert "this turn was aborted" in t and "needs attention" in t and "Never run" in t, t
+        r = await s.call_tool("tidegate_status", {})
+        assert "no turn is open" in text(r)
+    assert [e["op"] for e in read_log(log)] == ["put"]
