@@ -60,6 +60,8 @@ pub struct EffectTool {
     pub snapshot: Option<CallSpec>,
     /// The compensation's upstream tool, for descriptions.
     pub compensated_by: Option<String>,
+    /// Whether each call waits for a person's approval first.
+    pub approval: bool,
 }
 
 /// One tool as the agent sees it.
@@ -192,6 +194,7 @@ impl Gateway {
                                 key: None,
                                 snapshot: None,
                                 compensated_by: None,
+                                approval: false,
                             }))
                         }
                     },
@@ -219,6 +222,12 @@ impl Gateway {
                         None => "[tidegate: runs now; not undone if the turn aborts]".to_string(),
                     },
                 };
+                let note = match &kind {
+                    Kind::Effect(e) if e.approval => {
+                        format!("{note} [tidegate: each call waits for a person's approval]")
+                    }
+                    _ => note,
+                };
                 let desc = listing.description.as_deref().unwrap_or("").trim().to_string();
                 listing.description = Some(if desc.is_empty() { note } else { format!("{desc}\n\n{note}") }.into());
                 exposed.push(Exposed { name, upstream: ui, tool: t.name.to_string(), kind, listing });
@@ -230,8 +239,12 @@ impl Gateway {
             .store(opened.store)
             .level(policy.gateway.level)
             .tenant("mcp")
+            .lease(turn_lease(&policy))
             .tools(runtime_tools)
             .build()?;
+        // Turns a crashed gateway left open are aborted (and compensated) once their lease
+        // ends; so is a turn whose session stopped calling and whose idle timer could not run.
+        engine.spawn_reaper();
         let index = exposed.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
         Ok(Gateway { policy, engine, upstreams, exposed, index, report, sessions: Default::default() })
     }
@@ -252,6 +265,13 @@ impl Gateway {
             u.close().await;
         }
     }
+}
+
+/// A turn's lease: its idle limit, one upstream call, and a margin. The idle timer ends a
+/// quiet turn first; the lease ends the turns of a gateway that died (after a restart, the
+/// engine's reaper aborts them and runs their compensations).
+pub fn turn_lease(policy: &Policy) -> Duration {
+    Duration::from_millis(policy.turn.idle_ms + policy.gateway.call_timeout_ms + 5_000)
 }
 
 fn escape_braces(s: &str) -> String {
@@ -275,6 +295,7 @@ fn kind_for(policy: &Policy, r: &Rule, u: &Arc<Upstream>, tool: &str) -> Result<
                 key: r.key.clone(),
                 snapshot: r.snapshot.clone(),
                 compensated_by: r.compensate.as_ref().map(|c| c.tool.clone()),
+                approval: r.approval,
             }))
         }
     })

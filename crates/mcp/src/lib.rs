@@ -24,3 +24,8 @@ pub use error::GatewayError;
 pub use gateway::Gateway;
 pub use policy::{Policy, PolicyError};
 pub use session::SessionHandler;
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn time_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}

@@ -8,6 +8,7 @@
 //! store = "sqlite:.tidegate-mcp"  # the ledger: "memory:", "sqlite:DIR" or a directory
 //! level = "L4"                    # the engine's level, L0..L4
 //! call_timeout_ms = 30000         # one upstream call, at most
+//! approval_timeout_ms = 120000    # an approval request expires after this
 //!
 //! [turn]
 //! mode = "turn"                   # "turn": one transaction per turn; "per_call"
@@ -24,6 +25,7 @@
 //! class = "reversible"
 //! scopes = ["kg:entity:{args.entities[*].name}"]
 //! compensate = { tool = "delete_entities", args = { entityNames = "{result.entities[*].name}" } }
+//! approval = false                # true: each call waits for a person's approval first
 //! ```
 //!
 //! Every table refuses keys it does not know. Every error names the file, the line and the
@@ -173,6 +175,7 @@ struct RawGateway {
     store: Option<Spanned<String>>,
     level: Option<Spanned<String>>,
     call_timeout_ms: Option<u64>,
+    approval_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -209,6 +212,8 @@ struct RawTool {
     key: Option<Spanned<String>>,
     compensate: Option<Spanned<RawCall>>,
     snapshot: Option<Spanned<RawCall>>,
+    #[serde(default)]
+    approval: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -307,6 +312,8 @@ pub struct Rule {
     pub compensate: Option<CallSpec>,
     /// Snapshot taken before the call.
     pub snapshot: Option<CallSpec>,
+    /// Whether each call waits for a person's approval first.
+    pub approval: bool,
     spans: RuleSpans,
 }
 
@@ -328,6 +335,8 @@ pub struct GatewaySettings {
     pub level: Level,
     /// One upstream call, at most.
     pub call_timeout_ms: u64,
+    /// How long an approval request stays open before it expires.
+    pub approval_timeout_ms: u64,
 }
 
 /// Turn settings.
@@ -365,6 +374,8 @@ pub struct Policy {
 pub const DEFAULT_STORE: &str = "sqlite:.tidegate-mcp";
 /// The default idle limit of a turn.
 pub const DEFAULT_IDLE_MS: u64 = 300_000;
+/// The default time an approval request stays open.
+pub const DEFAULT_APPROVAL_TIMEOUT_MS: u64 = 120_000;
 /// The default limit of one upstream call.
 pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
 
@@ -429,6 +440,15 @@ impl Policy {
                 source,
                 "call_timeout_ms",
                 format!("{call_timeout_ms}; expected 1 to 3600000 (ms)"),
+            ));
+        }
+        let approval_timeout_ms = raw.gateway.approval_timeout_ms.unwrap_or(DEFAULT_APPROVAL_TIMEOUT_MS);
+        if !(1..=86_400_000).contains(&approval_timeout_ms) {
+            return Err(err_at_key(
+                file,
+                source,
+                "approval_timeout_ms",
+                format!("{approval_timeout_ms}; expected 1 to 86400000 (ms)"),
             ));
         }
         let idle_ms = raw.turn.idle_ms.unwrap_or(DEFAULT_IDLE_MS);
@@ -575,6 +595,17 @@ impl Policy {
                     None
                 }
             };
+            let approval = match &t.approval {
+                Some(a) if *a.get_ref() && matches!(class, Class::Read | Class::Refuse) => {
+                    return Err(at(
+                        &a.span(),
+                        key("approval"),
+                        format!("a {} tool is never approved: it changes nothing", class.as_str()),
+                    ));
+                }
+                Some(a) => *a.get_ref(),
+                None => false,
+            };
             rules.push(Rule {
                 index: i,
                 upstream: t.upstream.get_ref().clone(),
@@ -585,6 +616,7 @@ impl Policy {
                 key: key_tpl.as_ref().map(|(k, _)| k.clone()),
                 compensate,
                 snapshot,
+                approval,
                 spans: RuleSpans {
                     upstream: t.upstream.span(),
                     pattern: t.pattern.span(),
@@ -600,7 +632,7 @@ impl Policy {
             source: source.to_string(),
             version,
             default: raw.default,
-            gateway: GatewaySettings { store, level, call_timeout_ms },
+            gateway: GatewaySettings { store, level, call_timeout_ms, approval_timeout_ms },
             turn: TurnSettings { mode: raw.turn.mode, idle_ms, on_idle: raw.turn.on_idle },
             upstreams,
             rules,

@@ -16,7 +16,7 @@ use rmcp::model::{
     ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
     ServerCapabilities, ServerConfig,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{ElicitationError, RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
 use serde_json::{Map, Value, json};
 use tidegate_runtime::{
@@ -46,6 +46,8 @@ struct Turn {
 /// One agent session (one stdio connection, or one HTTP session).
 pub struct Session {
     gw: Arc<Gateway>,
+    /// The agent's connection, for asking it (approvals).
+    peer: parking_lot::Mutex<Option<rmcp::Peer<RoleServer>>>,
     id: u64,
     turn: tokio::sync::Mutex<Option<Turn>>,
     last_call: parking_lot::Mutex<Instant>,
@@ -84,6 +86,7 @@ impl SessionHandler {
         let id = gw.next_session();
         let session = Arc::new(Session {
             gw,
+            peer: parking_lot::Mutex::new(None),
             id,
             turn: tokio::sync::Mutex::new(None),
             last_call: parking_lot::Mutex::new(Instant::now()),
@@ -234,6 +237,14 @@ impl Session {
             },
             None => None,
         };
+        let approval = if e.approval {
+            match self.approve(name, &args).await {
+                Ok(record) => Some(record),
+                Err(why) => return tool_error(format!("{why}; nothing was called")),
+            }
+        } else {
+            None
+        };
         let snapshot = match &e.snapshot {
             Some(spec) => {
                 let sargs = match spec.render(&Inputs { args: &args, result: None, snapshot: None }) {
@@ -262,6 +273,9 @@ impl Session {
         if !snapshot.is_null() {
             envelope.insert("snapshot".into(), snapshot);
         }
+        if let Some(a) = approval {
+            envelope.insert("approval".into(), a);
+        }
         let slot = Arc::new(ReleaseSlot::default());
         let opts = CallOptions {
             key,
@@ -286,12 +300,61 @@ impl Session {
         }
     }
 
+    /// Asks the agent's user to approve this exact call (the protocol's elicitation). The
+    /// request names the tool, its arguments, their digest, the policy's version and when it
+    /// expires; the record of the approval goes into the ledger with the call.
+    async fn approve(&self, name: &str, args: &Value) -> Result<Value, String> {
+        use sha2::Digest;
+        let Some(peer) = self.peer.lock().clone() else {
+            return Err(format!("`{name}` needs a person's approval, and there is no client connection to ask"));
+        };
+        let policy = &self.gw.policy;
+        let mut h = sha2::Sha256::new();
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(args.to_string().as_bytes());
+        h.update([0]);
+        h.update(policy.version.as_bytes());
+        let digest: String = h.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect();
+        let timeout = Duration::from_millis(policy.gateway.approval_timeout_ms);
+        let shown = {
+            let t = serde_json::to_string_pretty(args).unwrap_or_default();
+            if t.len() > 4000 { format!("{}… ({} bytes)", &t[..t.floor_char_boundary(4000)], t.len()) } else { t }
+        };
+        let message = format!(
+            "Approve `{name}` with exactly these arguments?\n{shown}\n(digest {digest}, policy {}; this request \
+             expires in {} s)",
+            policy.version,
+            timeout.as_secs()
+        );
+        let asked = crate::time_ms();
+        let why = match peer.elicit_with_timeout::<Approval>(message, Some(timeout)).await {
+            Ok(Some(Approval { approve: true })) => {
+                return Ok(json!({
+                    "digest": digest, "policy": policy.version, "asked_at_ms": asked, "approved_at_ms": crate::time_ms(),
+                }));
+            }
+            Ok(_) => "was not approved".to_string(),
+            Err(ElicitationError::UserDeclined) => "was declined".to_string(),
+            Err(ElicitationError::UserCancelled) => "was cancelled by the user".to_string(),
+            Err(ElicitationError::CapabilityNotSupported) => {
+                "needs a person's approval, and this client cannot be asked (it does not support elicitation)"
+                    .to_string()
+            }
+            Err(ElicitationError::Service(rmcp::service::ServiceError::Timeout { .. })) => {
+                format!("was not approved within {} s (the request expired)", timeout.as_secs())
+            }
+            Err(e) => format!("could not be approved: {e}"),
+        };
+        Err(format!("`{name}` {why} (digest {digest})"))
+    }
+
     /// Begins a turn if none is open.
     fn open_turn<'a>(&self, guard: &'a mut Option<Turn>) -> Result<&'a mut Turn, String> {
         if guard.is_none() {
             let n = self.turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             let policy = &self.gw.policy;
-            let lease = Duration::from_millis(policy.turn.idle_ms + policy.gateway.call_timeout_ms + 30_000);
+            let lease = crate::gateway::turn_lease(policy);
             let tx = self
                 .gw
                 .engine
@@ -334,6 +397,15 @@ impl Session {
         tool_error(format!("`{name}` failed and the turn was aborted: {err}"))
     }
 }
+
+/// A person's answer to an approval request.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct Approval {
+    /// Approve this exact call?
+    approve: bool,
+}
+
+rmcp::elicit_safe!(Approval);
 
 fn render_scopes(templates: &[crate::template::Template], args: &Value) -> Result<Vec<String>, String> {
     let inputs = Inputs { args, result: None, snapshot: None };
@@ -563,6 +635,7 @@ impl ServerHandler for SessionHandler {
             .into());
         }
         let session = self.session().clone();
+        *session.peer.lock() = Some(context.peer.clone());
         let progress = context.meta.get_progress_token().map(|t| (t, context.peer.clone()));
         // The call runs to its end even if the agent stops waiting for it: a turn is never left
         // between recording an effect and learning its outcome.

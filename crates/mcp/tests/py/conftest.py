@@ -96,18 +96,20 @@ def workdir(tmp_path):
     return tmp_path
 
 
-def write_policy(dir: Path, body: str, store: str | None = None) -> Path:
+def write_policy(dir: Path, body: str, store: str | None = None, call_timeout_ms: int = 10000) -> Path:
     store = store or f"sqlite:{dir / 'ledger'}"
     p = dir / "policy.toml"
-    p.write_text(f'version = "test"\n[gateway]\nstore = {toml_str(store)}\ncall_timeout_ms = 10000\n\n' + body)
+    p.write_text(
+        f'version = "test"\n[gateway]\nstore = {toml_str(store)}\ncall_timeout_ms = {call_timeout_ms}\n\n' + body
+    )
     return p
 
 
 @contextlib.asynccontextmanager
-async def stdio_session(policy: Path):
+async def stdio_session(policy: Path, **session_kwargs):
     params = StdioServerParameters(command=BIN, args=["serve", "--policy", str(policy)])
     async with stdio_client(params) as (r, w):
-        async with ClientSession(r, w) as s:
+        async with ClientSession(r, w, **session_kwargs) as s:
             await s.initialize()
             yield s
 

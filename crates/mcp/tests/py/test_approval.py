@@ -1,0 +1,76 @@
+"""Calls that wait for a person's approval, asked through the protocol's elicitation and bound
+to a digest of the exact arguments, the policy's version and an expiry."""
+
+import re
+import anyio
+import mcp_types as types
+import pytest
+
+from conftest import log_upstream, read_log, stdio_session, text, write_policy
+from test_log_upstream import RULES
+
+pytestmark = pytest.mark.anyio
+
+APPROVED = RULES.replace('match = "send"\nclass = "gated"', 'match = "send"\nclass = "gated"\napproval = true')
+
+
+def answering(action, approve=True, delay=0.0, asked=None):
+    async def callback(context, params):
+        if asked is not None:
+            asked.append(params.message)
+        if delay:
+            await anyio.sleep(delay)
+        content = {"approve": approve} if action == "accept" else None
+        return types.ElicitResult(action=action, content=content)
+
+    return callback
+
+
+async def test_an_approved_call_is_held_and_fires_at_commit(workdir):
+    log = workdir / "log.jsonl"
+    asked = []
+    policy = write_policy(workdir, log_upstream(log) + APPROVED)
+    async with stdio_session(policy, elicitation_callback=answering("accept", asked=asked)) as s:
+        tools = {t.name: t for t in (await s.list_tools()).tools}
+        assert "approval" in tools["send"].description
+        r = await s.call_tool("send", {"to": "cfo", "text": "wire 10k"})
+        assert not r.is_error and text(r).startswith("queued"), text(r)
+        assert len(asked) == 1
+        assert "`send`" in asked[0] and "wire 10k" in asked[0] and "policy test" in asked[0]
+        digest = re.search(r"digest ([0-9a-f]{32})", asked[0]).group(1)
+        assert not (await s.call_tool("tidegate_commit", {})).is_error
+    assert [(e["op"], e["text"]) for e in read_log(log)] == [("send", "wire 10k")]
+    # The approval (its digest) is recorded in the ledger with the call.
+    stored = b"".join(p.read_bytes() for p in (workdir / "ledger").rglob("*") if p.is_file())
+    assert digest.encode() in stored
+
+
+@pytest.mark.parametrize("action,approve", [("decline", True), ("cancel", True), ("accept", False)])
+async def test_a_call_that_is_not_approved_never_runs(workdir, action, approve):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + APPROVED)
+    async with stdio_session(policy, elicitation_callback=answering(action, approve)) as s:
+        r = await s.call_tool("send", {"to": "cfo", "text": "wire 10k"})
+        assert r.is_error and "nothing was called" in text(r), text(r)
+        r = await s.call_tool("tidegate_commit", {})
+        assert "nothing to commit" in text(r)
+    assert read_log(log) == []
+
+
+async def test_an_approval_request_expires(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + APPROVED)
+    policy.write_text(policy.read_text().replace("call_timeout_ms = 10000", "call_timeout_ms = 10000\napproval_timeout_ms = 300"))
+    async with stdio_session(policy, elicitation_callback=answering("accept", delay=2.0)) as s:
+        r = await s.call_tool("send", {"to": "cfo", "text": "late"})
+        assert r.is_error and "expired" in text(r), text(r)
+    assert read_log(log) == []
+
+
+async def test_a_client_that_cannot_be_asked_is_told_so(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + APPROVED)
+    async with stdio_session(policy) as s:  # no elicitation callback: the capability is not declared
+        r = await s.call_tool("send", {"to": "cfo", "text": "x"})
+        assert r.is_error and "cannot be asked" in text(r), text(r)
+    assert read_log(log) == []

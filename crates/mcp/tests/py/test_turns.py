@@ -1,0 +1,88 @@
+"""How turns end besides tidegate_commit and tidegate_abort: the idle timer, per-call mode,
+and a gateway killed mid-turn (its successor aborts the turn when its lease ends)."""
+
+import os
+import signal
+import subprocess
+import time
+
+import anyio
+import pytest
+
+from conftest import BIN, log_upstream, read_log, stdio_session, text, write_policy
+from test_log_upstream import RULES
+
+pytestmark = pytest.mark.anyio
+
+
+async def wait_for(pred, seconds):
+    for _ in range(int(seconds * 10)):
+        if pred():
+            return True
+        await anyio.sleep(0.1)
+    return pred()
+
+
+@pytest.mark.parametrize("on_idle", ["abort", "commit"])
+async def test_an_idle_turn_ends_by_its_policy(workdir, on_idle):
+    log = workdir / "log.jsonl"
+    turn = f'[turn]\nidle_ms = 300\non_idle = "{on_idle}"\n'
+    policy = write_policy(workdir, turn + log_upstream(log) + RULES)
+    async with stdio_session(policy) as s:
+        await s.call_tool("put", {"key": "a", "value": "1"})
+        await s.call_tool("send", {"to": "ops", "text": "held"})
+        expected = ["put", "unput"] if on_idle == "abort" else ["put", "send"]
+        assert await wait_for(lambda: [e["op"] for e in read_log(log)] == expected, 10), read_log(log)
+        r = await s.call_tool("tidegate_status", {})
+        assert "no turn is open" in text(r)
+
+
+async def test_per_call_mode_commits_each_call(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, '[turn]\nmode = "per_call"\n' + log_upstream(log) + RULES)
+    async with stdio_session(policy) as s:
+        r = await s.call_tool("put", {"key": "a", "value": "1"})
+        assert not r.is_error and "stored" in text(r), text(r)
+        r = await s.call_tool("send", {"to": "ops", "text": "now"})
+        assert not r.is_error and r.structured_content["committed"] is True, text(r)
+        assert [e["op"] for e in read_log(log)] == ["put", "send"], "the held call ran at its own commit"
+        r = await s.call_tool("fail", {"key": "z"})
+        assert r.is_error
+        r = await s.call_tool("tidegate_abort", {})
+        assert "nothing to abort" in text(r)
+    assert [e["op"] for e in read_log(log)] == ["put", "send"]
+
+
+async def test_a_gateway_killed_mid_turn_is_settled_by_the_next_one(workdir):
+    log = workdir / "log.jsonl"
+    body = "[turn]\nidle_ms = 100\n" + log_upstream(log) + RULES
+    policy = write_policy(workdir, body, call_timeout_ms=1000)
+    # The first gateway runs a put and holds a send, then dies without a word (SIGKILL).
+    proc = subprocess.Popen([BIN, "serve", "--policy", str(policy)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    import json
+
+    def rpc(i, method, params=None):
+        msg = {"jsonrpc": "2.0", "id": i, "method": method}
+        if params is not None:
+            msg["params"] = params
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+        return json.loads(proc.stdout.readline())
+
+    rpc(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+    proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+    assert "result" in rpc(2, "tools/call", {"name": "put", "arguments": {"key": "a", "value": "1"}})
+    assert "queued" in json.dumps(rpc(3, "tools/call", {"name": "send", "arguments": {"to": "x", "text": "never"}}))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert [e["op"] for e in read_log(log)] == ["put"]
+
+    # The next gateway on the same ledger finds the turn open; when its lease ends the turn is
+    # aborted: the put is compensated through the (new) upstream, the send never runs.
+    started = time.time()
+    async with stdio_session(policy) as s:
+        assert await wait_for(lambda: [e["op"] for e in read_log(log)] == ["put", "unput"], 20), read_log(log)
+        r = await s.call_tool("tidegate_status", {})
+        assert "no turn is open" in text(r)
+    assert time.time() - started < 20
