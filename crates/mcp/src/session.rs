@@ -319,7 +319,12 @@ impl Session {
         let timeout = Duration::from_millis(policy.gateway.approval_timeout_ms);
         let shown = {
             let t = serde_json::to_string_pretty(args).unwrap_or_default();
-            if t.len() > 4000 { format!("{}… ({} bytes)", &t[..t.floor_char_boundary(4000)], t.len()) } else { t }
+            if t.len() > 4000 {
+                let cut: String = t.chars().take(4000).collect();
+                format!("{cut}… ({} bytes)", t.len())
+            } else {
+                t
+            }
         };
         let message = format!(
             "Approve `{name}` with exactly these arguments?\n{shown}\n(digest {digest}, policy {}; this request \
