@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tidegate_runtime::{CallCtx, Compensation, EffectClass, Tidegate, Tool, ToolError};
+use tidegate_runtime::{CallCtx, Compensation, EffectClass, Probe, Tidegate, Tool, ToolError};
 
 use crate::error::GatewayError;
 use crate::policy::{CallSpec, Class, DefaultRule, Policy, Rule, SnapshotFailed};
@@ -188,7 +188,7 @@ impl Gateway {
                             let scope = Template::parse(&format!("mcp:{}:{}", u.name, escape_braces(&t.name)))
                                 .map_err(GatewayError::Serve)?;
                             Kind::Effect(Box::new(EffectTool {
-                                tool: runtime_tool(&policy, u, &t.name, EffectClass::Gated, None)?,
+                                tool: runtime_tool(&policy, u, &t.name, EffectClass::Gated, None, None)?,
                                 class: EffectClass::Gated,
                                 scopes: vec![scope],
                                 key: None,
@@ -289,7 +289,7 @@ fn kind_for(policy: &Policy, r: &Rule, u: &Arc<Upstream>, tool: &str) -> Result<
         c => {
             let class = c.effect().ok_or_else(|| GatewayError::Serve(format!("class {c:?} is not an effect")))?;
             Kind::Effect(Box::new(EffectTool {
-                tool: runtime_tool(policy, u, tool, class, r.compensate.clone())?,
+                tool: runtime_tool(policy, u, tool, class, r.compensate.clone(), r.probe.clone())?,
                 class,
                 scopes: r.scopes.clone(),
                 key: r.key.clone(),
@@ -312,6 +312,7 @@ fn runtime_tool(
     tool: &str,
     class: EffectClass,
     compensate: Option<CallSpec>,
+    probe: Option<CallSpec>,
 ) -> Result<Tool, GatewayError> {
     let call_up = u.clone();
     let call_name = tool.to_string();
@@ -345,6 +346,14 @@ fn runtime_tool(
         None if class.executes_eagerly() && class != EffectClass::Idempotent => b = b.without_compensation(),
         None => {}
     }
+    if let Some(spec) = probe {
+        let up = u.clone();
+        b = b.probe(move |recorded: Arc<Value>| {
+            let up = up.clone();
+            let spec = spec.clone();
+            async move { probe_call(&up, &spec, &recorded).await }
+        });
+    }
     Ok(b.build()?)
 }
 
@@ -353,6 +362,27 @@ pub fn snapshot_value(called: &Called) -> Value {
     match called {
         Called::Done(v) => json!({"text": answer_text(v), "value": result_value(v), "error": false}),
         Called::Failed(m) | Called::Unknown(m) => json!({"text": "", "value": null, "error": true, "message": m}),
+    }
+}
+
+/// Asks the upstream whether a call whose outcome is unknown took effect: the probe's answer
+/// holds a value at `found` (it did: the answer stands in for the call's), or not (it did not),
+/// or the probe got no answer (still unknown).
+async fn probe_call(up: &Upstream, spec: &CallSpec, recorded: &Value) -> Probe {
+    let args = arguments(recorded);
+    let inputs = Inputs { args: &args, result: None, snapshot: recorded.get("snapshot").filter(|s| !s.is_null()) };
+    let Ok(call_args) = spec.render(&inputs) else { return Probe::Unknown };
+    let Some(found) = &spec.found else { return Probe::Unknown };
+    match up.call(&spec.tool, call_args).await {
+        Called::Done(answer) => {
+            let result = result_value(&answer);
+            let probe_inputs = Inputs { args: &args, result: Some(&result), snapshot: None };
+            match found.eval(&probe_inputs) {
+                Ok(values) if values.iter().any(|v| !v.is_null()) => Probe::Happened(answer),
+                _ => Probe::DidNotHappen,
+            }
+        }
+        Called::Failed(_) | Called::Unknown(_) => Probe::Unknown,
     }
 }
 

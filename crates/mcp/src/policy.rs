@@ -25,6 +25,7 @@
 //! class = "reversible"
 //! scopes = ["kg:entity:{args.entities[*].name}"]
 //! compensate = { tool = "delete_entities", args = { entityNames = "{result.entities[*].name}" } }
+//! probe = { tool = "open_nodes", args = { names = "{args.entities[*].name}" }, found = "result.entities[*]" }
 //! approval = false                # true: each call waits for a person's approval first
 //! ```
 //!
@@ -131,6 +132,11 @@ pub enum Class {
 }
 
 impl Class {
+    /// Whether its calls run at once (and so can end with an unknown outcome).
+    pub fn executes_eagerly_class(self) -> bool {
+        self.effect().is_some_and(EffectClass::executes_eagerly)
+    }
+
     /// The engine's effect class, for effects.
     pub fn effect(self) -> Option<EffectClass> {
         Some(match self {
@@ -212,6 +218,7 @@ struct RawTool {
     key: Option<Spanned<String>>,
     compensate: Option<Spanned<RawCall>>,
     snapshot: Option<Spanned<RawCall>>,
+    probe: Option<Spanned<RawCall>>,
     #[serde(default)]
     approval: Option<Spanned<bool>>,
 }
@@ -224,6 +231,7 @@ struct RawCall {
     args: BTreeMap<Spanned<String>, toml::Value>,
     #[serde(default)]
     if_snapshot_failed: Option<SnapshotFailed>,
+    found: Option<Spanned<String>>,
 }
 
 /// What a compensation does when the snapshot it reads had failed (a file that did not
@@ -277,6 +285,9 @@ pub struct CallSpec {
     pub args: Vec<(String, ValueTemplate)>,
     /// For a compensation: what to do when the snapshot had failed.
     pub if_snapshot_failed: SnapshotFailed,
+    /// For a probe: the path over its answer (`result.…`) that holds a value when the call
+    /// took effect.
+    pub found: Option<crate::template::Path>,
     span: Range<usize>,
     arg_spans: Vec<Range<usize>>,
 }
@@ -312,6 +323,8 @@ pub struct Rule {
     pub compensate: Option<CallSpec>,
     /// Snapshot taken before the call.
     pub snapshot: Option<CallSpec>,
+    /// How to learn whether a call whose outcome is unknown took effect.
+    pub probe: Option<CallSpec>,
     /// Whether each call waits for a person's approval first.
     pub approval: bool,
     spans: RuleSpans,
@@ -595,6 +608,26 @@ impl Policy {
                     None
                 }
             };
+            let probe = match &t.probe {
+                Some(p) => {
+                    if !class.executes_eagerly_class() {
+                        return Err(at(
+                            &p.span(),
+                            key("probe"),
+                            format!(
+                                "a {} tool is not probed: only a call that runs at once can have an unknown outcome",
+                                class.as_str()
+                            ),
+                        ));
+                    }
+                    let spec = call_spec(p, &key("probe"), false, false, &at)?;
+                    if spec.found.is_none() {
+                        return Err(at(&p.span(), key("probe.found"), "missing; a probe names the path of its answer that holds a value when the call took effect (`found = \"result.entities[*]\"`)".into()));
+                    }
+                    Some(spec)
+                }
+                None => None,
+            };
             let approval = match &t.approval {
                 Some(a) if *a.get_ref() && matches!(class, Class::Read | Class::Refuse) => {
                     return Err(at(
@@ -616,6 +649,7 @@ impl Policy {
                 key: key_tpl.as_ref().map(|(k, _)| k.clone()),
                 compensate,
                 snapshot,
+                probe,
                 approval,
                 spans: RuleSpans {
                     upstream: t.upstream.span(),
@@ -690,7 +724,7 @@ impl Policy {
                         self.at(&r.spans.key, format!("tools[{}].key", r.index), format!("for tool `{name}`: {e}"))
                     })?;
                 }
-                for (what, spec) in [("compensate", &r.compensate), ("snapshot", &r.snapshot)] {
+                for (what, spec) in [("compensate", &r.compensate), ("snapshot", &r.snapshot), ("probe", &r.probe)] {
                     let Some(spec) = spec else { continue };
                     let key = format!("tools[{}].{what}", r.index);
                     let Some((_, target)) = list.iter().find(|(n, _)| *n == spec.tool) else {
@@ -815,6 +849,23 @@ fn call_spec(
         args.push((k.get_ref().clone(), t));
         arg_spans.push(k.span());
     }
+    let found = match &raw.found {
+        Some(f) if !key.ends_with("probe") => {
+            return Err(at(&f.span(), format!("{key}.found"), "only a probe has `found`".into()));
+        }
+        Some(f) => {
+            let p = crate::template::Path::parse(f.get_ref()).map_err(|e| at(&f.span(), format!("{key}.found"), e))?;
+            if p.root != Root::Result {
+                return Err(at(
+                    &f.span(),
+                    format!("{key}.found"),
+                    format!("`{p}`: a probe's `found` reads its answer: `result.…`"),
+                ));
+            }
+            Some(p)
+        }
+        None => None,
+    };
     if raw.if_snapshot_failed.is_some() && !snapshot {
         return Err(at(&c.span(), format!("{key}.if_snapshot_failed"), "no snapshot is declared for this tool".into()));
     }
@@ -822,6 +873,7 @@ fn call_spec(
         tool: raw.tool.get_ref().clone(),
         args,
         if_snapshot_failed: raw.if_snapshot_failed.unwrap_or_default(),
+        found,
         span: raw.tool.span(),
         arg_spans,
     })

@@ -4,7 +4,9 @@
 Its append-only log (the file named by LOG_UPSTREAM_FILE, one JSON object per line) is the
 ground truth of what reached it: every tool call appends a line *before* it answers.
 
-Tools: put(key, value) and unput(key) (a reversible pair), send(to, text) (for a gated tool),
+Tools: put(key, value) and unput(key) (a reversible pair), get(key) (a probe), slow(key,
+value, seconds) (stores at once, answers late: a call whose outcome the gateway does not
+learn in time), send(to, text) (for a gated tool),
 fail(key) (answers a tool error, having done nothing), die(key) (logs that it started, then
 the process exits without answering: an upstream that dies mid-call).
 """
@@ -46,6 +48,33 @@ def send(to: str, text: str) -> dict:
     """Sends a message (irreversible)."""
     log(op="send", to=to, text=text)
     return {"sent": True, "to": to}
+
+
+@server.tool()
+def get(key: str) -> dict:
+    """The value under key (from the log: the last put not undone), or null."""
+    value = None
+    try:
+        with open(LOG, encoding="utf-8") as f:
+            for line in f:
+                e = json.loads(line)
+                if e.get("key") == key and e["op"] == "put":
+                    value = e["value"]
+                elif e.get("key") == key and e["op"] == "unput":
+                    value = None
+    except FileNotFoundError:
+        pass
+    return {"key": key, "value": value}
+
+
+@server.tool()
+async def slow(key: str, value: str, seconds: float) -> dict:
+    """Stores value under key at once, then answers only after `seconds`."""
+    import anyio
+
+    log(op="put", key=key, value=value)
+    await anyio.sleep(seconds)
+    return {"key": key, "stored": value}
 
 
 @server.tool()

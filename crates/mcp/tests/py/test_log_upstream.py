@@ -122,7 +122,8 @@ def test_check_lists_every_tool_with_what_the_gateway_does(workdir):
     out = run_check(policy)
     assert out.returncode == 0, out.stderr
     rows = dict(line.split("\t")[1:] for line in out.stdout.splitlines())
-    assert rows == {"put": "reversible", "unput": "refused", "send": "gated", "fail": "reversible", "die": "reversible"}
+    assert rows == {"put": "reversible", "unput": "refused", "send": "gated", "fail": "reversible", "die": "reversible",
+                    "get": "refused", "slow": "refused"}
     assert "undeclared: `unput`" in out.stderr
 
 
@@ -168,3 +169,40 @@ async def test_an_http_upstream_that_dies_mid_turn(workdir):
         r = await s.call_tool("tidegate_status", {})
         assert "no turn is open" in text(r)
     assert [e["op"] for e in read_log(log)] == ["put"]
+
+
+PROBED = """
+[[tools]]
+upstream = "log"
+match = "slow"
+class = "reversible"
+scopes = ["kv:{args.key}"]
+compensate = { tool = "unput", args = { key = "{args.key}" } }
+probe = { tool = "get", args = { key = "{args.key}" }, found = "result.value" }
+"""
+
+
+async def test_an_unknown_outcome_is_probed_and_what_happened_is_compensated(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES + PROBED, call_timeout_ms=1000)
+    async with stdio_session(policy) as s:
+        # The upstream stores at once but answers after 3 s; the gateway gives up after 1 s,
+        # asks the probe, learns the value is there, and counts the call as done.
+        r = await s.call_tool("slow", {"key": "k", "value": "v", "seconds": 3})
+        assert not r.is_error, text(r)
+        assert '"value": "v"' in text(r) or "'value': 'v'" in text(r) or '"v"' in text(r), text(r)
+        r = await s.call_tool("tidegate_status", {})
+        assert "slow: ran" in text(r), text(r)
+        r = await s.call_tool("tidegate_abort", {})
+        assert [e["disposition"] for e in r.structured_content["effects"]] == ["compensated"], text(r)
+    assert [(e["op"], e["key"]) for e in read_log(log)] == [("put", "k"), ("unput", "k")]
+
+
+def test_a_probe_needs_found_and_reads_its_answer(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES + PROBED.replace(', found = "result.value"', ""))
+    out = run_check(policy)
+    assert out.returncode != 0 and "probe.found" in out.stderr, out.stderr
+    policy = write_policy(workdir, log_upstream(log) + RULES + PROBED.replace("result.value", "args.key"))
+    out = run_check(policy)
+    assert out.returncode != 0 and "result." in out.stderr, out.stderr
