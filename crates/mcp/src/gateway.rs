@@ -95,6 +95,7 @@ pub struct Gateway {
     /// Start-up report: undeclared tools and rules that match nothing.
     pub report: Vec<String>,
     sessions: std::sync::atomic::AtomicU64,
+    live: Mutex<Vec<std::sync::Weak<crate::session::Session>>>,
 }
 
 /// A slot a call's handle carries: the upstream's answer to a held call when it is released
@@ -246,7 +247,16 @@ impl Gateway {
         // ends; so is a turn whose session stopped calling and whose idle timer could not run.
         engine.spawn_reaper();
         let index = exposed.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
-        Ok(Gateway { policy, engine, upstreams, exposed, index, report, sessions: Default::default() })
+        Ok(Gateway {
+            policy,
+            engine,
+            upstreams,
+            exposed,
+            index,
+            report,
+            sessions: Default::default(),
+            live: Mutex::new(Vec::new()),
+        })
     }
 
     /// The agent-facing tool called `name`.
@@ -259,8 +269,25 @@ impl Gateway {
         self.sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
     }
 
-    /// Closes every upstream.
+    /// Keeps track of `session` so that a shutdown can end its turn first.
+    pub fn track(&self, session: &Arc<crate::session::Session>) {
+        let mut live = self.live.lock();
+        live.retain(|w| w.strong_count() > 0);
+        live.push(Arc::downgrade(session));
+    }
+
+    /// Aborts the open turn of every session still alive (the gateway is stopping), then
+    /// closes every upstream: no turn is left to the next start's lease.
     pub async fn shutdown(&self) {
+        let live: Vec<_> = self.live.lock().drain(..).filter_map(|w| w.upgrade()).collect();
+        for s in live {
+            s.end("the gateway is shutting down").await;
+        }
+        self.close_upstreams().await;
+    }
+
+    /// Closes every upstream.
+    pub async fn close_upstreams(&self) {
         for u in &self.upstreams {
             u.close().await;
         }

@@ -92,6 +92,7 @@ impl SessionHandler {
             last_call: parking_lot::Mutex::new(Instant::now()),
             turns: Default::default(),
         });
+        session.gw.track(&session);
         if session.gw.policy.turn.mode == TurnMode::Turn {
             tokio::spawn(idle_timer(Arc::downgrade(&session)));
         }
@@ -462,10 +463,11 @@ fn tool_success_commit(o: &Outcome, notes: &[Note]) -> CallToolResult {
     let mut structured = Vec::new();
     let mut held = notes.iter().filter(|n| n.slot.is_some());
     for e in &o.effects {
-        let released = matches!(e.disposition, Disposition::Fired | Disposition::Applied);
+        // Held effects and held notes are in the same (issuance) order: each held effect
+        // takes the next held note, whether or not its release succeeded.
+        let note = if e.class.executes_eagerly() { None } else { held.next() };
         let mut answer = Value::Null;
-        if released
-            && let Some(n) = held.next()
+        if let Some(n) = note
             && let Some(slot) = &n.slot
             && let Some(c) = slot.0.lock().clone()
         {

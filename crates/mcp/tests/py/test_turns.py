@@ -86,3 +86,25 @@ async def test_a_gateway_killed_mid_turn_is_settled_by_the_next_one(workdir):
         r = await s.call_tool("tidegate_status", {})
         assert "no turn is open" in text(r)
     assert time.time() - started < 20
+
+
+async def test_a_gateway_stopped_with_sigterm_aborts_every_open_turn_first(workdir):
+    from conftest import HttpGateway, http_session
+
+    log = workdir / "log.jsonl"
+    gw = HttpGateway(write_policy(workdir, log_upstream(log) + RULES))
+    try:
+        async with http_session(gw.url) as a, http_session(gw.url) as b:
+            await a.call_tool("put", {"key": "a", "value": "1"})
+            await b.call_tool("put", {"key": "b", "value": "2"})
+            await b.call_tool("send", {"to": "x", "text": "never"})
+            gw.proc.send_signal(signal.SIGTERM)
+            assert gw.proc.wait(timeout=30) == 0
+    except BaseException as e:  # the sessions' own close fails once the server is gone
+        if gw.proc.poll() is None:
+            raise
+        del e
+    finally:
+        gw.stop()
+    ops = sorted((e["op"], e["key"]) for e in read_log(log) if e["op"] in ("put", "unput", "send"))
+    assert ops == [("put", "a"), ("put", "b"), ("unput", "a"), ("unput", "b")], read_log(log)
