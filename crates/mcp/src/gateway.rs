@@ -294,11 +294,14 @@ impl Gateway {
     }
 }
 
-/// A turn's lease: its idle limit, one upstream call, and a margin. The idle timer ends a
+/// A turn's lease: its idle limit, one upstream call, an approval's wait (when the policy has
+/// approvals), and a margin. The idle timer ends a
 /// quiet turn first; the lease ends the turns of a gateway that died (after a restart, the
 /// engine's reaper aborts them and runs their compensations).
 pub fn turn_lease(policy: &Policy) -> Duration {
-    Duration::from_millis(policy.turn.idle_ms + policy.gateway.call_timeout_ms + 5_000)
+    // A call that waits for an approval renews nothing while it waits.
+    let approval = if policy.rules.iter().any(|r| r.approval) { policy.gateway.approval_timeout_ms } else { 0 };
+    Duration::from_millis(policy.turn.idle_ms + policy.gateway.call_timeout_ms + approval + 5_000)
 }
 
 fn escape_braces(s: &str) -> String {
