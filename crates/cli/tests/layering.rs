@@ -11,7 +11,7 @@ use std::process::Command;
 /// For each crate, the Tidegate crates its library may depend on (normal and build
 /// dependencies). Dev-dependencies (tests) are free, except for the detectors. Optional
 /// dependencies (behind a cargo feature) are listed in `OPTIONAL`.
-const ALLOWED: [(&str, &[&str]); 12] = [
+const ALLOWED: [(&str, &[&str]); 13] = [
     ("tidegate-core", &[]),
     ("tidegate-plans", &["tidegate-core"]),
     ("tidegate-review", &[]),
@@ -21,6 +21,9 @@ const ALLOWED: [(&str, &[&str]); 12] = [
     ("tidegate-postgres", &["tidegate-core", "tidegate-storage"]),
     ("tidegate-runtime", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-plans"]),
     ("tidegate-eval", &["tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-runtime"]),
+    // The MCP gateway: on the embedded runtime only (its attached mode will reach a server over
+    // HTTP, not link one); the `tidegate` binary runs it as a separate program.
+    ("tidegate-mcp", &["tidegate-runtime", "tidegate-core", "tidegate-storage", "tidegate-detect", "tidegate-plans"]),
     (
         "tidegate-service",
         &[

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde_json::{Value, json};
 use tidegate_runtime::{CallCtx, Compensation, EffectClass, Probe, Tidegate, Tool, ToolError};
 
@@ -80,6 +80,16 @@ pub struct Exposed {
     pub listing: rmcp::model::Tool,
 }
 
+/// The agent-facing tools at one moment.
+#[derive(Debug)]
+pub struct Catalog {
+    /// Each upstream's tools, as it last listed them.
+    pub lists: Vec<Vec<rmcp::model::Tool>>,
+    /// The agent-facing tools.
+    pub exposed: Vec<Exposed>,
+    index: HashMap<String, usize>,
+}
+
 /// A started gateway.
 #[derive(Debug)]
 pub struct Gateway {
@@ -89,9 +99,7 @@ pub struct Gateway {
     pub engine: Tidegate,
     /// The upstreams, in policy order.
     pub upstreams: Vec<Arc<Upstream>>,
-    /// The agent-facing tools.
-    pub exposed: Vec<Exposed>,
-    index: HashMap<String, usize>,
+    catalog: RwLock<Arc<Catalog>>,
     /// Start-up report: undeclared tools and rules that match nothing.
     pub report: Vec<String>,
     sessions: std::sync::atomic::AtomicU64,
@@ -123,7 +131,11 @@ impl Gateway {
             upstreams.push(up);
         }
         match Gateway::bind(policy, upstreams.clone()) {
-            Ok(g) => Ok(Arc::new(g)),
+            Ok(g) => {
+                let g = Arc::new(g);
+                let _ = relay.gateway.set(Arc::downgrade(&g));
+                Ok(g)
+            }
             Err(e) => {
                 for u in &upstreams {
                     u.close().await;
@@ -134,107 +146,8 @@ impl Gateway {
     }
 
     fn bind(policy: Arc<Policy>, upstreams: Vec<Arc<Upstream>>) -> Result<Gateway, GatewayError> {
-        let mut lists = BTreeMap::new();
-        for u in &upstreams {
-            let tools = u
-                .tools
-                .iter()
-                .map(|t| (t.name.to_string(), serde_json::to_value(t).unwrap_or(Value::Null)))
-                .collect::<Vec<_>>();
-            lists.insert(u.name.clone(), tools);
-        }
-        let mut report = policy.bind(&lists)?;
-
-        // Agent-facing names: the upstream's, or `<upstream>__<tool>` where two upstreams
-        // (or the gateway's own tools) share one.
-        let mut count: HashMap<String, usize> = HashMap::new();
-        for u in &upstreams {
-            for t in &u.tools {
-                *count.entry(t.name.to_string()).or_default() += 1;
-            }
-        }
-        for own in [COMMIT_TOOL, ABORT_TOOL, STATUS_TOOL] {
-            *count.entry(own.to_string()).or_default() += 1;
-        }
-
-        let mut exposed = Vec::new();
-        let mut runtime_tools = Vec::new();
-        for (ui, u) in upstreams.iter().enumerate() {
-            for t in &u.tools {
-                let name = if count.get(t.name.as_ref()).copied().unwrap_or(0) > 1 {
-                    format!("{}__{}", u.name, t.name)
-                } else {
-                    t.name.to_string()
-                };
-                let rule = policy.rule_for(&u.name, &t.name);
-                let kind = match rule {
-                    Some(r) => kind_for(&policy, r, u, &t.name)?,
-                    None => match policy.default {
-                        DefaultRule::Refuse => {
-                            report.push(format!(
-                                "undeclared: `{}` of upstream `{}` (refused: default = \"refuse\")",
-                                t.name, u.name
-                            ));
-                            Kind::Refused(format!(
-                                "`{}` is not declared in the gateway's policy ({}), whose default is to refuse it",
-                                t.name,
-                                policy.file.display()
-                            ))
-                        }
-                        DefaultRule::Gated => {
-                            report.push(format!(
-                                "undeclared: `{}` of upstream `{}` (held until commit: default = \"gated\")",
-                                t.name, u.name
-                            ));
-                            let scope = Template::parse(&format!("mcp:{}:{}", u.name, escape_braces(&t.name)))
-                                .map_err(GatewayError::Serve)?;
-                            Kind::Effect(Box::new(EffectTool {
-                                tool: runtime_tool(&policy, u, &t.name, EffectClass::Gated, None, None)?,
-                                class: EffectClass::Gated,
-                                scopes: vec![scope],
-                                key: None,
-                                snapshot: None,
-                                compensated_by: None,
-                                approval: false,
-                            }))
-                        }
-                    },
-                };
-                if let Kind::Effect(e) = &kind {
-                    runtime_tools.push(e.tool.clone());
-                }
-                let mut listing = t.clone();
-                listing.name = name.clone().into();
-                // A held call answers "queued" before the tool runs, and a refused one never
-                // runs: neither can return what the upstream's output schema promises.
-                if matches!(&kind, Kind::Refused(_)) || matches!(&kind, Kind::Effect(e) if !e.class.executes_eagerly())
-                {
-                    listing.output_schema = None;
-                }
-                let note = match &kind {
-                    Kind::Read { .. } => "[tidegate: read; the scopes it reads are checked at commit]".to_string(),
-                    Kind::Refused(_) => "[tidegate: refused by the gateway's policy]".to_string(),
-                    Kind::Effect(e) if !e.class.executes_eagerly() => {
-                        "[tidegate: held until the turn commits (tidegate_commit); the call answers \"queued\" at once]"
-                            .to_string()
-                    }
-                    Kind::Effect(e) => match &e.compensated_by {
-                        Some(c) => format!("[tidegate: runs now; undone by `{c}` if the turn aborts]"),
-                        None => "[tidegate: runs now; not undone if the turn aborts]".to_string(),
-                    },
-                };
-                let note = match &kind {
-                    Kind::Effect(e) if e.approval => {
-                        format!("{note} [tidegate: each call waits for a person's approval]")
-                    }
-                    _ => note,
-                };
-                let desc = listing.description.as_deref().unwrap_or("").trim().to_string();
-                listing.description = Some(if desc.is_empty() { note } else { format!("{desc}\n\n{note}") }.into());
-                exposed.push(Exposed { name, upstream: ui, tool: t.name.to_string(), kind, listing });
-            }
-        }
-
+        let lists: Vec<Vec<rmcp::model::Tool>> = upstreams.iter().map(|u| u.tools.clone()).collect();
+        let (catalog, runtime_tools, report) = expose(&policy, &upstreams, lists)?;
         let opened = policy.gateway.store.open()?;
         let engine = Tidegate::builder()
             .store(opened.store)
@@ -246,22 +159,57 @@ impl Gateway {
         // Turns a crashed gateway left open are aborted (and compensated) once their lease
         // ends; so is a turn whose session stopped calling and whose idle timer could not run.
         engine.spawn_reaper();
-        let index = exposed.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
-        Ok(Gateway {
+        let gw = Gateway {
             policy,
             engine,
             upstreams,
-            exposed,
-            index,
+            catalog: RwLock::new(Arc::new(catalog)),
             report,
             sessions: Default::default(),
             live: Mutex::new(Vec::new()),
-        })
+        };
+        Ok(gw)
     }
 
     /// The agent-facing tool called `name`.
-    pub fn tool(&self, name: &str) -> Option<&Exposed> {
-        self.index.get(name).map(|i| &self.exposed[*i])
+    pub fn tool(&self, name: &str) -> Option<Exposed> {
+        let c = self.catalog.read().clone();
+        c.index.get(name).map(|i| c.exposed[*i].clone())
+    }
+
+    /// The agent-facing tools now.
+    pub fn exposed(&self) -> Arc<Catalog> {
+        self.catalog.read().clone()
+    }
+
+    /// Reads `upstream`'s tools again (it said its list changed) and checks them against the
+    /// policy. A list the policy accepts replaces the old one, its new tools are registered
+    /// with the engine, and every session is told; a list it refuses (a template over an
+    /// argument a tool no longer takes), or a tool whose declaration changed under a name the
+    /// ledger knows, keeps the old list, with the reason logged.
+    pub async fn refresh(&self, upstream: &str) -> Result<bool, String> {
+        let Some(ui) = self.upstreams.iter().position(|u| u.name == upstream) else {
+            return Err(format!("no upstream `{upstream}`"));
+        };
+        let fresh = self.upstreams[ui].list_tools().await.map_err(|e| e.to_string())?;
+        let mut lists = self.catalog.read().lists.clone();
+        if lists[ui] == fresh {
+            return Ok(false);
+        }
+        lists[ui] = fresh;
+        let (catalog, tools, report) = expose(&self.policy, &self.upstreams, lists).map_err(|e| e.to_string())?;
+        for t in &tools {
+            self.engine.register(t).map_err(|e| format!("tool `{}`: {e}", t.name()))?;
+        }
+        for line in report {
+            tracing::warn!("{line}");
+        }
+        *self.catalog.write() = Arc::new(catalog);
+        let live: Vec<_> = self.live.lock().iter().filter_map(|w| w.upgrade()).collect();
+        for s in live {
+            s.notify_tool_list_changed().await;
+        }
+        Ok(true)
     }
 
     /// A new session's number.
@@ -447,4 +395,115 @@ async fn compensate_call(
         Called::Failed(m) => Err(ToolError::failed(format!("`{}`: {m}", spec.tool))),
         Called::Unknown(m) => Err(ToolError::unknown(m)),
     }
+}
+
+/// The agent-facing tools for the upstreams' current tool `lists` (one per upstream, in
+/// order), the runtime tools they need, and the report (undeclared tools, rules that match
+/// nothing).
+fn expose(
+    policy: &Policy,
+    upstreams: &[Arc<Upstream>],
+    lists: Vec<Vec<rmcp::model::Tool>>,
+) -> Result<(Catalog, Vec<Tool>, Vec<String>), GatewayError> {
+    let mut by_name = BTreeMap::new();
+    for (u, list) in upstreams.iter().zip(&lists) {
+        let tools = list
+            .iter()
+            .map(|t| (t.name.to_string(), serde_json::to_value(t).unwrap_or(Value::Null)))
+            .collect::<Vec<_>>();
+        by_name.insert(u.name.clone(), tools);
+    }
+    let mut report = policy.bind(&by_name)?;
+
+    // Agent-facing names: the upstream's, or `<upstream>__<tool>` where two upstreams
+    // (or the gateway's own tools) share one.
+    let mut count: HashMap<String, usize> = HashMap::new();
+    for list in &lists {
+        for t in list {
+            *count.entry(t.name.to_string()).or_default() += 1;
+        }
+    }
+    for own in [COMMIT_TOOL, ABORT_TOOL, STATUS_TOOL] {
+        *count.entry(own.to_string()).or_default() += 1;
+    }
+
+    let mut exposed = Vec::new();
+    let mut runtime_tools = Vec::new();
+    for (ui, (u, list)) in upstreams.iter().zip(&lists).enumerate() {
+        for t in list {
+            let name = if count.get(t.name.as_ref()).copied().unwrap_or(0) > 1 {
+                format!("{}__{}", u.name, t.name)
+            } else {
+                t.name.to_string()
+            };
+            let rule = policy.rule_for(&u.name, &t.name);
+            let kind = match rule {
+                Some(r) => kind_for(policy, r, u, &t.name)?,
+                None => match policy.default {
+                    DefaultRule::Refuse => {
+                        report.push(format!(
+                            "undeclared: `{}` of upstream `{}` (refused: default = \"refuse\")",
+                            t.name, u.name
+                        ));
+                        Kind::Refused(format!(
+                            "`{}` is not declared in the gateway's policy ({}), whose default is to refuse it",
+                            t.name,
+                            policy.file.display()
+                        ))
+                    }
+                    DefaultRule::Gated => {
+                        report.push(format!(
+                            "undeclared: `{}` of upstream `{}` (held until commit: default = \"gated\")",
+                            t.name, u.name
+                        ));
+                        let scope = Template::parse(&format!("mcp:{}:{}", u.name, escape_braces(&t.name)))
+                            .map_err(GatewayError::Serve)?;
+                        Kind::Effect(Box::new(EffectTool {
+                            tool: runtime_tool(policy, u, &t.name, EffectClass::Gated, None, None)?,
+                            class: EffectClass::Gated,
+                            scopes: vec![scope],
+                            key: None,
+                            snapshot: None,
+                            compensated_by: None,
+                            approval: false,
+                        }))
+                    }
+                },
+            };
+            if let Kind::Effect(e) = &kind {
+                runtime_tools.push(e.tool.clone());
+            }
+            let mut listing = t.clone();
+            listing.name = name.clone().into();
+            // A held call answers "queued" before the tool runs, and a refused one never
+            // runs: neither can return what the upstream's output schema promises.
+            if matches!(&kind, Kind::Refused(_)) || matches!(&kind, Kind::Effect(e) if !e.class.executes_eagerly()) {
+                listing.output_schema = None;
+            }
+            let note = match &kind {
+                Kind::Read { .. } => "[tidegate: read; the scopes it reads are checked at commit]".to_string(),
+                Kind::Refused(_) => "[tidegate: refused by the gateway's policy]".to_string(),
+                Kind::Effect(e) if !e.class.executes_eagerly() => {
+                    "[tidegate: held until the turn commits (tidegate_commit); the call answers \"queued\" at once]"
+                        .to_string()
+                }
+                Kind::Effect(e) => match &e.compensated_by {
+                    Some(c) => format!("[tidegate: runs now; undone by `{c}` if the turn aborts]"),
+                    None => "[tidegate: runs now; not undone if the turn aborts]".to_string(),
+                },
+            };
+            let note = match &kind {
+                Kind::Effect(e) if e.approval => {
+                    format!("{note} [tidegate: each call waits for a person's approval]")
+                }
+                _ => note,
+            };
+            let desc = listing.description.as_deref().unwrap_or("").trim().to_string();
+            listing.description = Some(if desc.is_empty() { note } else { format!("{desc}\n\n{note}") }.into());
+            exposed.push(Exposed { name, upstream: ui, tool: t.name.to_string(), kind, listing });
+        }
+    }
+
+    let index = exposed.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
+    Ok((Catalog { lists, exposed, index }, runtime_tools, report))
 }

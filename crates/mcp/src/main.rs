@@ -99,7 +99,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Check { policy } => {
             let gw = start(&policy).await?;
-            for e in &gw.exposed {
+            for e in &gw.exposed().exposed {
                 let what = match &e.kind {
                     tidegate_mcp::gateway::Kind::Read { .. } => "read".to_string(),
                     tidegate_mcp::gateway::Kind::Refused(_) => "refused".to_string(),

@@ -23,6 +23,8 @@ tokio::task_local! {
 /// The routes of the calls in flight.
 #[derive(Debug, Default)]
 pub struct Relay {
+    /// The gateway, once built (for re-reading an upstream's tools).
+    pub gateway: std::sync::OnceLock<std::sync::Weak<crate::gateway::Gateway>>,
     routes: Mutex<HashMap<ProgressToken, (ProgressToken, Peer<RoleServer>)>>,
 }
 
@@ -72,10 +74,15 @@ impl ClientHandler for UpstreamHandler {
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        tracing::warn!(
-            upstream = %self.upstream,
-            "the upstream's tool list changed; the gateway keeps the list it checked against the policy at start \
-             (restart it to govern new tools)"
-        );
+        let Some(gw) = self.relay.gateway.get().and_then(std::sync::Weak::upgrade) else { return };
+        let upstream = self.upstream.clone();
+        // Not in the notification's handler: re-listing asks the same connection.
+        tokio::spawn(async move {
+            match gw.refresh(&upstream).await {
+                Ok(true) => tracing::info!(%upstream, "the upstream's tools changed: re-checked against the policy"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(%upstream, "the upstream's new tool list is not used: {e}"),
+            }
+        });
     }
 }

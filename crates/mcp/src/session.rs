@@ -149,6 +149,14 @@ fn tool_error(t: impl Into<String>) -> CallToolResult {
 }
 
 impl Session {
+    /// Tells the agent that the tool list changed (an upstream's did, and the policy accepted it).
+    pub async fn notify_tool_list_changed(&self) {
+        let peer = self.peer.lock().clone();
+        if let Some(p) = peer {
+            let _ = p.notify_tool_list_changed().await;
+        }
+    }
+
     /// Aborts the open turn, if any (the session is going away).
     pub async fn end(&self, why: &str) {
         // The lock is held until the abort is done, so that whoever else ends the session
@@ -592,7 +600,7 @@ impl ServerHandler for SessionHandler {
         let any = |f: &dyn Fn(&ServerCapabilities) -> bool| {
             gw.upstreams.iter().any(|u| u.peer().peer_info().is_some_and(|i| f(&i.capabilities)))
         };
-        let mut built = ServerCapabilities::builder().enable_tools().build();
+        let mut built = ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build();
         if any(&|c| c.resources.is_some()) {
             built.resources = ServerCapabilities::builder().enable_resources().build().resources;
         }
@@ -612,12 +620,17 @@ impl ServerHandler for SessionHandler {
             ))
     }
 
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        *self.session().peer.lock() = Some(context.peer);
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut tools: Vec<rmcp::model::Tool> = self.session().gw.exposed.iter().map(|e| e.listing.clone()).collect();
+        let mut tools: Vec<rmcp::model::Tool> =
+            self.session().gw.exposed().exposed.iter().map(|e| e.listing.clone()).collect();
         tools.extend(own_tools());
         Ok(ListToolsResult::with_all_items(tools))
     }

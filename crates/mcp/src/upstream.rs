@@ -94,6 +94,14 @@ impl Upstream {
         }))
     }
 
+    /// Lists the upstream's tools now (after it said its list changed).
+    pub async fn list_tools(&self) -> Result<Vec<Tool>, String> {
+        match tokio::time::timeout(self.timeout, self.peer.list_all_tools()).await {
+            Err(_) => Err(format!("upstream `{}` did not list its tools in time", self.name)),
+            Ok(r) => r.map_err(|e| format!("upstream `{}`: tools/list: {e}", self.name)),
+        }
+    }
+
     /// The peer, for passing through what the gateway does not govern.
     pub fn peer(&self) -> &Peer<RoleClient> {
         &self.peer

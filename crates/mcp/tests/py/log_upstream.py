@@ -6,7 +6,8 @@ ground truth of what reached it: every tool call appends a line *before* it answ
 
 Tools: put(key, value) and unput(key) (a reversible pair), get(key) (a probe), slow(key,
 value, seconds) (stores at once, answers late: a call whose outcome the gateway does not
-learn in time), send(to, text) (for a gated tool),
+learn in time), grow(name) (adds a tool at run time and says so), send(to, text) (for a gated
+tool),
 fail(key) (answers a tool error, having done nothing), die(key) (logs that it started, then
 the process exits without answering: an upstream that dies mid-call).
 """
@@ -15,7 +16,7 @@ import json
 import os
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 LOG = os.environ["LOG_UPSTREAM_FILE"]
@@ -75,6 +76,19 @@ async def slow(key: str, value: str, seconds: float) -> dict:
     log(op="put", key=key, value=value)
     await anyio.sleep(seconds)
     return {"key": key, "stored": value}
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Adds a tool `name` (it stores like put) and says the tool list changed."""
+
+    def added(key: str, value: str) -> dict:
+        log(op=name, key=key, value=value)
+        return {"key": key}
+
+    server.add_tool(added, name=name, description=f"{name}: added at run time")
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
 
 
 @server.tool()

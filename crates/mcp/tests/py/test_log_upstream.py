@@ -123,7 +123,7 @@ def test_check_lists_every_tool_with_what_the_gateway_does(workdir):
     assert out.returncode == 0, out.stderr
     rows = dict(line.split("\t")[1:] for line in out.stdout.splitlines())
     assert rows == {"put": "reversible", "unput": "refused", "send": "gated", "fail": "reversible", "die": "reversible",
-                    "get": "refused", "slow": "refused"}
+                    "get": "refused", "slow": "refused", "grow": "refused"}
     assert "undeclared: `unput`" in out.stderr
 
 
@@ -206,3 +206,61 @@ def test_a_probe_needs_found_and_reads_its_answer(workdir):
     policy = write_policy(workdir, log_upstream(log) + RULES + PROBED.replace("result.value", "args.key"))
     out = run_check(policy)
     assert out.returncode != 0 and "result." in out.stderr, out.stderr
+
+
+async def test_an_agent_that_stops_waiting_mid_call_loses_nothing(workdir):
+    import anyio
+
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + RULES + PROBED)
+    async with stdio_session(policy) as s:
+        # The agent gives up on a call after 0.2 s (the SDK sends notifications/cancelled); the
+        # gateway still learns the call's outcome and keeps it in the turn.
+        with anyio.move_on_after(0.2):
+            await s.call_tool("slow", {"key": "k", "value": "v", "seconds": 1})
+        r = await s.call_tool("tidegate_status", {})
+        assert "slow: ran" in text(r), text(r)
+        r = await s.call_tool("tidegate_abort", {})
+        assert [e["disposition"] for e in r.structured_content["effects"]] == ["compensated"], text(r)
+    assert [(e["op"], e["key"]) for e in read_log(log)] == [("put", "k"), ("unput", "k")]
+
+
+async def test_a_changed_tool_list_is_checked_against_the_policy_before_use(workdir):
+    import anyio
+
+    log = workdir / "log.jsonl"
+    grows = """
+[[tools]]
+upstream = "log"
+match = "grow"
+class = "read"
+scopes = ["kv:tools"]
+
+[[tools]]
+upstream = "log"
+match = "stash_*"
+class = "gated"
+scopes = ["kv:{args.key}"]
+"""
+    changed = []
+
+    async def on_message(message):
+        if getattr(message, "method", None) == "notifications/tools/list_changed":
+            changed.append(message)
+
+    policy = write_policy(workdir, log_upstream(log) + RULES + grows)
+    async with stdio_session(policy, message_handler=on_message) as s:
+        assert "stash_x" not in {t.name for t in (await s.list_tools()).tools}
+        assert not (await s.call_tool("grow", {"name": "stash_x"})).is_error
+        for _ in range(50):
+            if changed:
+                break
+            await anyio.sleep(0.1)
+        assert changed, "the agent is told the list changed"
+        tools = {t.name: t for t in (await s.list_tools()).tools}
+        assert "held until the turn commits" in tools["stash_x"].description, "governed by its rule"
+        r = await s.call_tool("stash_x", {"key": "k", "value": "v"})
+        assert text(r).startswith("queued"), text(r)
+        assert [e["op"] for e in read_log(log)] == []
+        assert not (await s.call_tool("tidegate_commit", {})).is_error
+    assert [(e["op"], e["key"]) for e in read_log(log)] == [("stash_x", "k")]
