@@ -108,3 +108,22 @@ async def test_a_gateway_stopped_with_sigterm_aborts_every_open_turn_first(workd
         gw.stop()
     ops = sorted((e["op"], e["key"]) for e in read_log(log) if e["op"] in ("put", "unput", "send"))
     assert ops == [("put", "a"), ("put", "b"), ("unput", "a"), ("unput", "b")], read_log(log)
+
+
+async def test_an_http_session_that_ends_mid_turn_is_aborted(workdir):
+    from conftest import HttpGateway, http_session
+
+    log = workdir / "log.jsonl"
+    gw = HttpGateway(write_policy(workdir, log_upstream(log) + RULES))
+    try:
+        async with http_session(gw.url) as s:
+            await s.call_tool("put", {"key": "a", "value": "1"})
+            await s.call_tool("send", {"to": "x", "text": "never"})
+        # The client ended its session (DELETE); the gateway goes on serving others.
+        ok = await wait_for(lambda: [e["op"] for e in read_log(log)] == ["put", "unput"], 20)
+        assert ok, read_log(log)
+        async with http_session(gw.url) as s:
+            r = await s.call_tool("tidegate_status", {})
+            assert "no turn is open" in text(r)
+    finally:
+        gw.stop()
