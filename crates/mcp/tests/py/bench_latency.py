@@ -6,7 +6,7 @@ directly, in one run (issue 30's benchmark; not a test).
 Both paths use the official Python SDK as the client and log_upstream.py as the upstream, so
 the difference is what the gateway adds: one more stdio hop, the engine's record of the call
 (durable on the default SQLite store) and the turn bookkeeping. Reported: p50 and p99 of
-`put` (a reversible call, recorded durably before it runs) and of `get` (a read), and
+`put` (a reversible call, recorded before it runs; a commit every 10 calls), and
 calls/s through the gateway with N concurrent clients (each its own session and turn).
 """
 
