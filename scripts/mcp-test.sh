@@ -9,21 +9,10 @@
 #   bash scripts/mcp-test.sh -k race    # pytest arguments pass through
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/python-env.sh
+source scripts/mcp-env.sh
 
 npm_dir=crates/mcp/tests/npm
-if ! cmp -s "$npm_dir/package-lock.json" "$npm_dir/node_modules/.package-lock.json.installed" 2>/dev/null; then
-    npm ci --prefix "$npm_dir" --no-audit --no-fund --loglevel=error
-    cp "$npm_dir/package-lock.json" "$npm_dir/node_modules/.package-lock.json.installed"
-fi
-
-venv="$tidegate_venv/mcp"
-tidegate_make_venv python3 "$venv"
-tidegate_install_requirements "$venv" crates/mcp/tests/py/requirements.txt
-
-if [ -z "${TIDEGATE_MCP_BIN:-}" ]; then
-    cargo build -q -p tidegate-mcp
-    export TIDEGATE_MCP_BIN="$PWD/target/debug/tidegate-mcp"
-fi
+tidegate_npm_ci "$npm_dir"
+tidegate_mcp_env
 export TIDEGATE_MCP_NPM="$PWD/$npm_dir/node_modules/.bin"
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider crates/mcp/tests/py "$@"
+exec "$tidegate_mcp_venv/bin/python" -m pytest -q -p no:cacheprovider crates/mcp/tests/py "$@"

@@ -90,6 +90,13 @@ pub struct Catalog {
     index: HashMap<String, usize>,
 }
 
+impl Catalog {
+    /// The agent-facing tool called `name`.
+    pub fn get(&self, name: &str) -> Option<&Exposed> {
+        self.index.get(name).map(|i| &self.exposed[*i])
+    }
+}
+
 /// A started gateway.
 #[derive(Debug)]
 pub struct Gateway {
@@ -171,12 +178,6 @@ impl Gateway {
         Ok(gw)
     }
 
-    /// The agent-facing tool called `name`.
-    pub fn tool(&self, name: &str) -> Option<Exposed> {
-        let c = self.catalog.read().clone();
-        c.index.get(name).map(|i| c.exposed[*i].clone())
-    }
-
     /// The agent-facing tools now.
     pub fn exposed(&self) -> Arc<Catalog> {
         self.catalog.read().clone()
@@ -215,6 +216,14 @@ impl Gateway {
     /// A new session's number.
     pub fn next_session(&self) -> u64 {
         self.sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
+
+    /// The upstreams whose capabilities (as they said at initialisation) pass `offers`.
+    pub fn offering(
+        &self,
+        offers: impl Fn(&rmcp::model::ServerCapabilities) -> bool,
+    ) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.upstreams.iter().filter(move |u| u.peer().peer_info().is_some_and(|i| offers(&i.capabilities)))
     }
 
     /// Keeps track of `session` so that a shutdown can end its turn first.

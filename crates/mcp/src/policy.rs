@@ -180,8 +180,8 @@ struct RawPolicy {
 struct RawGateway {
     store: Option<Spanned<String>>,
     level: Option<Spanned<String>>,
-    call_timeout_ms: Option<u64>,
-    approval_timeout_ms: Option<u64>,
+    call_timeout_ms: Option<Spanned<u64>>,
+    approval_timeout_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -189,7 +189,7 @@ struct RawGateway {
 struct RawTurn {
     #[serde(default)]
     mode: TurnMode,
-    idle_ms: Option<u64>,
+    idle_ms: Option<Spanned<u64>>,
     #[serde(default)]
     on_idle: OnIdle,
 }
@@ -332,9 +332,7 @@ pub struct Rule {
 
 #[derive(Debug, Clone, Default)]
 struct RuleSpans {
-    upstream: Range<usize>,
     pattern: Range<usize>,
-    class: Range<usize>,
     scopes: Vec<Range<usize>>,
     key: Range<usize>,
 }
@@ -446,28 +444,24 @@ impl Policy {
             })?,
             None => Level::L4,
         };
-        let call_timeout_ms = raw.gateway.call_timeout_ms.unwrap_or(DEFAULT_CALL_TIMEOUT_MS);
-        if !(1..=3_600_000).contains(&call_timeout_ms) {
-            return Err(err_at_key(
-                file,
-                source,
-                "call_timeout_ms",
-                format!("{call_timeout_ms}; expected 1 to 3600000 (ms)"),
-            ));
-        }
-        let approval_timeout_ms = raw.gateway.approval_timeout_ms.unwrap_or(DEFAULT_APPROVAL_TIMEOUT_MS);
-        if !(1..=86_400_000).contains(&approval_timeout_ms) {
-            return Err(err_at_key(
-                file,
-                source,
-                "approval_timeout_ms",
-                format!("{approval_timeout_ms}; expected 1 to 86400000 (ms)"),
-            ));
-        }
-        let idle_ms = raw.turn.idle_ms.unwrap_or(DEFAULT_IDLE_MS);
-        if !(10..=86_400_000).contains(&idle_ms) {
-            return Err(err_at_key(file, source, "idle_ms", format!("{idle_ms}; expected 10 to 86400000 (ms)")));
-        }
+        let ms = |v: &Option<Spanned<u64>>, key: &str, default: u64, range: std::ops::RangeInclusive<u64>| match v {
+            None => Ok(default),
+            Some(v) if range.contains(v.get_ref()) => Ok(*v.get_ref()),
+            Some(v) => Err(at(
+                &v.span(),
+                key.to_string(),
+                format!("{}; expected {} to {} (ms)", v.get_ref(), range.start(), range.end()),
+            )),
+        };
+        let call_timeout_ms =
+            ms(&raw.gateway.call_timeout_ms, "gateway.call_timeout_ms", DEFAULT_CALL_TIMEOUT_MS, 1..=3_600_000)?;
+        let approval_timeout_ms = ms(
+            &raw.gateway.approval_timeout_ms,
+            "gateway.approval_timeout_ms",
+            DEFAULT_APPROVAL_TIMEOUT_MS,
+            1..=86_400_000,
+        )?;
+        let idle_ms = ms(&raw.turn.idle_ms, "turn.idle_ms", DEFAULT_IDLE_MS, 10..=86_400_000)?;
 
         let mut upstreams = Vec::new();
         for (name, u) in &raw.upstreams {
@@ -652,9 +646,7 @@ impl Policy {
                 probe,
                 approval,
                 spans: RuleSpans {
-                    upstream: t.upstream.span(),
                     pattern: t.pattern.span(),
-                    class: t.class.span(),
                     scopes: scope_spans,
                     key: key_tpl.map(|(_, s)| s).unwrap_or_default(),
                 },
@@ -770,26 +762,6 @@ impl Policy {
         }
         Ok(warnings)
     }
-
-    /// The source line of rule `index`'s `match` (for reports).
-    pub fn rule_line(&self, index: usize) -> usize {
-        self.rules.get(index).map(|r| line_of(&self.source, r.spans.pattern.start)).unwrap_or(0)
-    }
-
-    /// Where a rule's class is written (for reports).
-    pub fn rule_class_line(&self, index: usize) -> usize {
-        self.rules.get(index).map(|r| line_of(&self.source, r.spans.class.start)).unwrap_or(0)
-    }
-
-    /// Where a rule's upstream is written (for reports).
-    pub fn rule_upstream_line(&self, index: usize) -> usize {
-        self.rules.get(index).map(|r| line_of(&self.source, r.spans.upstream.start)).unwrap_or(0)
-    }
-}
-
-fn err_at_key(file: &FsPath, source: &str, key: &str, message: String) -> PolicyError {
-    let line = source.lines().position(|l| l.trim_start().starts_with(key)).map(|i| i + 1);
-    PolicyError { file: file.to_path_buf(), line, key: Some(key.to_string()), message }
 }
 
 /// A scope template starts with its type, written out: `kind:` before any placeholder.
@@ -978,6 +950,10 @@ scopes = ["kg:entity"]
         assert_eq!((e.line, e.key.as_deref()), (Some(18), Some("tools[1].scopes[0]")), "{e}");
         let e = parse(&GOOD.replace("kg:entity:{args", "{args")).unwrap_err();
         assert!(e.message.contains("scope type"), "{e}");
+        let src = format!("{GOOD}\n[turn]\nidle_ms = 5\n");
+        let e = parse(&src).unwrap_err();
+        assert_eq!((e.line, e.key.as_deref()), (Some(src.lines().count()), Some("turn.idle_ms")), "{e}");
+        assert!(e.message.starts_with("5; expected 10 to"), "{e}");
         let e = parse(&GOOD.replace("class = \"read\"", "class = \"readonly\"")).unwrap_err();
         assert_eq!(e.line, Some(17), "{e}");
     }

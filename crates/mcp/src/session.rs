@@ -192,7 +192,8 @@ impl Session {
     }
 
     async fn governed(&self, guard: &mut Option<Turn>, name: &str, args: Value) -> CallToolResult {
-        let Some(exposed) = self.gw.tool(name) else {
+        let catalog = self.gw.exposed();
+        let Some(exposed) = catalog.get(name) else {
             return tool_error(format!("no tool `{name}`"));
         };
         let upstream = &self.gw.upstreams[exposed.upstream];
@@ -597,17 +598,14 @@ impl ServerHandler for SessionHandler {
 
     fn get_info(&self) -> ServerConfig {
         let gw = &self.session().gw;
-        let any = |f: &dyn Fn(&ServerCapabilities) -> bool| {
-            gw.upstreams.iter().any(|u| u.peer().peer_info().is_some_and(|i| f(&i.capabilities)))
-        };
         let mut built = ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build();
-        if any(&|c| c.resources.is_some()) {
+        if gw.offering(|c| c.resources.is_some()).next().is_some() {
             built.resources = ServerCapabilities::builder().enable_resources().build().resources;
         }
-        if any(&|c| c.prompts.is_some()) {
+        if gw.offering(|c| c.prompts.is_some()).next().is_some() {
             built.prompts = ServerCapabilities::builder().enable_prompts().build().prompts;
         }
-        if any(&|c| c.completions.is_some()) {
+        if gw.offering(|c| c.completions.is_some()).next().is_some() {
             built.completions = ServerCapabilities::builder().enable_completions().build().completions;
         }
         ServerConfig::new(built)
@@ -641,8 +639,8 @@ impl ServerHandler for SessionHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
-        let known =
-            matches!(name.as_str(), COMMIT_TOOL | ABORT_TOOL | STATUS_TOOL) || self.session().gw.tool(&name).is_some();
+        let known = matches!(name.as_str(), COMMIT_TOOL | ABORT_TOOL | STATUS_TOOL)
+            || self.session().gw.exposed().get(&name).is_some();
         if !known {
             return Err(McpError::invalid_params(format!("no tool `{name}`: tools/list names the tools"), None));
         }
@@ -677,10 +675,7 @@ impl ServerHandler for SessionHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, McpError> {
         let mut last = None;
-        for u in &self.session().gw.upstreams {
-            if u.peer().peer_info().is_none_or(|i| i.capabilities.completions.is_none()) {
-                continue;
-            }
+        for u in self.session().gw.offering(|c| c.completions.is_some()) {
             match u.peer().complete(request.clone()).await {
                 Ok(r) if !r.completion.values.is_empty() => return Ok(r),
                 Ok(r) => last = Some(Ok(r)),
@@ -700,10 +695,8 @@ impl ServerHandler for SessionHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         let mut all = Vec::new();
-        for u in &self.session().gw.upstreams {
-            if u.peer().peer_info().is_some_and(|i| i.capabilities.resources.is_some())
-                && let Ok(r) = u.peer().list_resources(request.clone()).await
-            {
+        for u in self.session().gw.offering(|c| c.resources.is_some()) {
+            if let Ok(r) = u.peer().list_resources(request.clone()).await {
                 all.extend(r.resources);
             }
         }
@@ -716,10 +709,8 @@ impl ServerHandler for SessionHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
         let mut all = Vec::new();
-        for u in &self.session().gw.upstreams {
-            if u.peer().peer_info().is_some_and(|i| i.capabilities.resources.is_some())
-                && let Ok(r) = u.peer().list_resource_templates(request.clone()).await
-            {
+        for u in self.session().gw.offering(|c| c.resources.is_some()) {
+            if let Ok(r) = u.peer().list_resource_templates(request.clone()).await {
                 all.extend(r.resource_templates);
             }
         }
@@ -732,10 +723,7 @@ impl ServerHandler for SessionHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let mut last = None;
-        for u in &self.session().gw.upstreams {
-            if u.peer().peer_info().is_none_or(|i| i.capabilities.resources.is_none()) {
-                continue;
-            }
+        for u in self.session().gw.offering(|c| c.resources.is_some()) {
             match u.peer().read_resource(request.clone()).await {
                 Ok(r) => return Ok(r.into()),
                 Err(e) => last = Some(e.to_string()),
@@ -753,10 +741,8 @@ impl ServerHandler for SessionHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
         let mut all = Vec::new();
-        for u in &self.session().gw.upstreams {
-            if u.peer().peer_info().is_some_and(|i| i.capabilities.prompts.is_some())
-                && let Ok(r) = u.peer().list_prompts(request.clone()).await
-            {
+        for u in self.session().gw.offering(|c| c.prompts.is_some()) {
+            if let Ok(r) = u.peer().list_prompts(request.clone()).await {
                 all.extend(r.prompts);
             }
         }
@@ -769,10 +755,7 @@ impl ServerHandler for SessionHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
         let mut last = None;
-        for u in &self.session().gw.upstreams {
-            if u.peer().peer_info().is_none_or(|i| i.capabilities.prompts.is_none()) {
-                continue;
-            }
+        for u in self.session().gw.offering(|c| c.prompts.is_some()) {
             match u.peer().get_prompt(request.clone()).await {
                 Ok(r) => return Ok(r.into()),
                 Err(e) => last = Some(e.to_string()),
