@@ -12,8 +12,8 @@ tidegate_npm_ci() {
     fi
 }
 
-# The test environment .venv/mcp/ ($tidegate_mcp_venv) and the gateway's binary
-# ($TIDEGATE_MCP_BIN: built here in debug unless already set).
+# The test environment .venv/mcp/ ($tidegate_mcp_venv), the gateway's binary
+# ($TIDEGATE_MCP_BIN) and the server's ($TIDEGATE_BIN), built here in debug unless already set.
 tidegate_mcp_env() {
     tidegate_mcp_venv="$tidegate_venv/mcp"
     tidegate_make_venv python3 "$tidegate_mcp_venv"
@@ -22,5 +22,10 @@ tidegate_mcp_env() {
         (cd "$tidegate_root" && cargo build -q -p tidegate-mcp)
         TIDEGATE_MCP_BIN="$tidegate_root/target/debug/tidegate-mcp"
     fi
-    export TIDEGATE_MCP_BIN
+    # The attached mode's tests run a real `tidegate serve`.
+    if [ -z "${TIDEGATE_BIN:-}" ]; then
+        (cd "$tidegate_root" && cargo build -q -p tidegate)
+        TIDEGATE_BIN="$tidegate_root/target/debug/tidegate"
+    fi
+    export TIDEGATE_MCP_BIN TIDEGATE_BIN
 }

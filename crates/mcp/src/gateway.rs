@@ -19,6 +19,7 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::{Value, json};
 use tidegate_runtime::{CallCtx, Compensation, EffectClass, Probe, Tidegate, Tool, ToolError};
 
+use crate::attached::{RemoteTool, Server};
 use crate::error::GatewayError;
 use crate::policy::{CallSpec, Class, DefaultRule, Policy, Rule, SnapshotFailed};
 use crate::template::{Inputs, Template, answer_text, result_value};
@@ -62,6 +63,10 @@ pub struct EffectTool {
     pub compensated_by: Option<String>,
     /// Whether each call waits for a person's approval first.
     pub approval: bool,
+    /// The compensation (attached mode runs it from a worker task).
+    pub compensate: Option<CallSpec>,
+    /// The probe.
+    pub probe: Option<CallSpec>,
 }
 
 /// One tool as the agent sees it.
@@ -97,13 +102,44 @@ impl Catalog {
     }
 }
 
+/// Where the gateway's transactions live.
+#[derive(Debug)]
+pub enum Backend {
+    /// The runtime's engine on the gateway's own store (the default).
+    Embedded(Tidegate),
+    /// A Tidegate server (`[gateway] server`): its ledger, console and attention queue.
+    Attached {
+        /// The server.
+        server: Arc<Server>,
+        /// Stops the task worker.
+        stop: tokio_util::sync::CancellationToken,
+    },
+}
+
+/// How one operation of a governed tool ended (a call, a release, a compensation, a probe).
+#[derive(Debug, Clone)]
+pub enum OpResult {
+    /// It took effect (a probe: the call did), with the upstream's answer (a compensation:
+    /// its residue).
+    Done {
+        /// The answer.
+        output: Value,
+        /// A compensation's residue.
+        residue: Option<String>,
+    },
+    /// It certainly did not take effect (a probe: the call did not).
+    Failed(String),
+    /// Nobody can tell.
+    Unknown(String),
+}
+
 /// A started gateway.
 #[derive(Debug)]
 pub struct Gateway {
     /// The policy.
     pub policy: Arc<Policy>,
-    /// The engine.
-    pub engine: Tidegate,
+    /// Where the transactions live.
+    pub backend: Backend,
     /// The upstreams, in policy order.
     pub upstreams: Vec<Arc<Upstream>>,
     catalog: RwLock<Arc<Catalog>>,
@@ -119,11 +155,17 @@ pub struct Gateway {
 pub struct ReleaseSlot(pub Mutex<Option<Called>>);
 
 impl Gateway {
-    /// Starts the upstreams of `policy`, binds it and builds the engine.
+    /// Starts the upstreams of `policy`, binds it and builds the engine (embedded), or
+    /// registers its tools with the server and starts the task worker (attached).
     pub async fn start(policy: Policy) -> Result<Arc<Gateway>, GatewayError> {
         let policy = Arc::new(policy);
         let timeout = Duration::from_millis(policy.gateway.call_timeout_ms);
         let relay = Arc::new(crate::relay::Relay::default());
+        // The server first: a wrong URL or key is said before any upstream starts.
+        let server = match &policy.gateway.server {
+            Some(s) => Some(Server::connect(s).await?),
+            None => None,
+        };
         let mut upstreams: Vec<Arc<Upstream>> = Vec::new();
         for spec in &policy.upstreams {
             let up = match Upstream::connect(spec, timeout, relay.clone()).await {
@@ -137,10 +179,14 @@ impl Gateway {
             };
             upstreams.push(up);
         }
-        match Gateway::bind(policy, upstreams.clone()) {
+        match Gateway::bind(policy, upstreams.clone(), server).await {
             Ok(g) => {
                 let g = Arc::new(g);
                 let _ = relay.gateway.set(Arc::downgrade(&g));
+                if let Backend::Attached { server, stop } = &g.backend {
+                    let caps = g.upstreams.iter().map(|u| server.capability(&u.name)).collect();
+                    crate::attached::spawn_worker(Arc::downgrade(&g), server.clone(), caps, stop.clone());
+                }
                 Ok(g)
             }
             Err(e) => {
@@ -152,23 +198,41 @@ impl Gateway {
         }
     }
 
-    fn bind(policy: Arc<Policy>, upstreams: Vec<Arc<Upstream>>) -> Result<Gateway, GatewayError> {
+    async fn bind(
+        policy: Arc<Policy>,
+        upstreams: Vec<Arc<Upstream>>,
+        server: Option<Arc<Server>>,
+    ) -> Result<Gateway, GatewayError> {
         let lists: Vec<Vec<rmcp::model::Tool>> = upstreams.iter().map(|u| u.tools.clone()).collect();
         let (catalog, runtime_tools, report) = expose(&policy, &upstreams, lists)?;
-        let opened = policy.gateway.store.open()?;
-        let engine = Tidegate::builder()
-            .store(opened.store)
-            .level(policy.gateway.level)
-            .tenant("mcp")
-            .lease(turn_lease(&policy))
-            .tools(runtime_tools)
-            .build()?;
-        // Turns a crashed gateway left open are aborted (and compensated) once their lease
-        // ends; so is a turn whose session stopped calling and whose idle timer could not run.
-        engine.spawn_reaper();
+        let backend = match server {
+            None => {
+                let opened = policy.gateway.store.open()?;
+                let engine = Tidegate::builder()
+                    .store(opened.store)
+                    .level(policy.gateway.level)
+                    .tenant("mcp")
+                    .lease(turn_lease(&policy))
+                    .tools(runtime_tools)
+                    .build()?;
+                // Turns a crashed gateway left open are aborted (and compensated) once their
+                // lease ends; so is a turn whose session stopped calling and whose idle timer
+                // could not run.
+                engine.spawn_reaper();
+                Backend::Embedded(engine)
+            }
+            Some(server) => {
+                let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
+                server
+                    .register(&names, &remote_tools(&catalog, &upstreams), task_lease_ms(&policy))
+                    .await
+                    .map_err(GatewayError::Serve)?;
+                Backend::Attached { server, stop: tokio_util::sync::CancellationToken::new() }
+            }
+        };
         let gw = Gateway {
             policy,
-            engine,
+            backend,
             upstreams,
             catalog: RwLock::new(Arc::new(catalog)),
             report,
@@ -176,6 +240,59 @@ impl Gateway {
             live: Mutex::new(Vec::new()),
         };
         Ok(gw)
+    }
+
+    /// Runs one operation (`call`, `release`, `compensate`, `probe`) of the governed tool
+    /// whose ledger name is `tool`, through its upstream: what an attached gateway's worker
+    /// does with a task (the embedded engine runs the same functions through its handlers).
+    pub async fn run_operation(&self, tool: &str, operation: &str, recorded: &Value, output: &Value) -> OpResult {
+        let catalog = self.exposed();
+        let found = catalog.exposed.iter().find_map(|x| match &x.kind {
+            Kind::Effect(e) if self.ledger_name(x) == tool => Some((x, e)),
+            _ => None,
+        });
+        let Some((x, e)) = found else {
+            return OpResult::Failed(format!(
+                "this gateway (policy {}) governs no tool `{tool}`",
+                self.policy.file.display()
+            ));
+        };
+        let up = &self.upstreams[x.upstream];
+        match operation {
+            "call" | "release" => op_result(up.call(&x.tool, arguments(recorded)).await),
+            "compensate" => match &e.compensate {
+                Some(spec) => {
+                    match compensate_call(up, spec, recorded, output, e.class == EffectClass::ReversibleWithCost).await
+                    {
+                        Ok(c) => OpResult::Done { output: Value::Null, residue: c.residue },
+                        Err(err) if err.kind == tidegate_runtime::FailureKind::Unknown => {
+                            OpResult::Unknown(err.message)
+                        }
+                        Err(err) => OpResult::Failed(err.message),
+                    }
+                }
+                None => OpResult::Failed(format!("the policy gives `{}` no compensation", x.tool)),
+            },
+            "probe" => match &e.probe {
+                Some(spec) => match probe_call(up, spec, recorded).await {
+                    Probe::Happened(answer) => OpResult::Done { output: answer, residue: None },
+                    Probe::DidNotHappen => OpResult::Failed("the probe found no trace of the call".into()),
+                    _ => OpResult::Unknown("the probe got no answer".into()),
+                },
+                None => OpResult::Unknown(format!("the policy gives `{}` no probe", x.tool)),
+            },
+            other => OpResult::Failed(format!("unknown operation `{other}`")),
+        }
+    }
+
+    /// The name the ledger knows an agent-facing tool by: `<upstream>.<tool>` (embedded),
+    /// `<name>.<upstream>.<tool>` (attached).
+    pub fn ledger_name(&self, x: &Exposed) -> String {
+        let up = &self.upstreams[x.upstream].name;
+        match &self.backend {
+            Backend::Embedded(_) => format!("{up}.{}", x.tool),
+            Backend::Attached { server, .. } => server.tool_name(up, &x.tool),
+        }
     }
 
     /// The agent-facing tools now.
@@ -199,8 +316,16 @@ impl Gateway {
         }
         lists[ui] = fresh;
         let (catalog, tools, report) = expose(&self.policy, &self.upstreams, lists).map_err(|e| e.to_string())?;
-        for t in &tools {
-            self.engine.register(t).map_err(|e| format!("tool `{}`: {e}", t.name()))?;
+        match &self.backend {
+            Backend::Embedded(engine) => {
+                for t in &tools {
+                    engine.register(t).map_err(|e| format!("tool `{}`: {e}", t.name()))?;
+                }
+            }
+            Backend::Attached { server, .. } => {
+                let names: Vec<String> = self.upstreams.iter().map(|u| u.name.clone()).collect();
+                server.register(&names, &remote_tools(&catalog, &self.upstreams), task_lease_ms(&self.policy)).await?;
+            }
         }
         for line in report {
             tracing::warn!("{line}");
@@ -240,6 +365,10 @@ impl Gateway {
         for s in live {
             s.end("the gateway is shutting down").await;
         }
+        // The worker ran the aborts' compensations; it stops before the upstreams close.
+        if let Backend::Attached { stop, .. } = &self.backend {
+            stop.cancel();
+        }
         self.close_upstreams().await;
     }
 
@@ -259,6 +388,37 @@ pub fn turn_lease(policy: &Policy) -> Duration {
     // A call that waits for an approval renews nothing while it waits.
     let approval = if policy.rules.iter().any(|r| r.approval) { policy.gateway.approval_timeout_ms } else { 0 };
     Duration::from_millis(policy.turn.idle_ms + policy.gateway.call_timeout_ms + approval + 5_000)
+}
+
+/// An attached gateway's worker task lease: one upstream call and a margin.
+fn task_lease_ms(policy: &Policy) -> u64 {
+    policy.gateway.call_timeout_ms + 10_000
+}
+
+/// The governed tools of `catalog`, as the server registers them.
+fn remote_tools(catalog: &Catalog, upstreams: &[Arc<Upstream>]) -> Vec<RemoteTool> {
+    catalog
+        .exposed
+        .iter()
+        .filter_map(|x| match &x.kind {
+            Kind::Effect(e) => Some(RemoteTool {
+                upstream: upstreams[x.upstream].name.clone(),
+                tool: x.tool.clone(),
+                class: e.class,
+                compensate: e.compensate.is_some(),
+                probe: e.probe.is_some(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+fn op_result(called: Called) -> OpResult {
+    match called {
+        Called::Done(v) => OpResult::Done { output: v, residue: None },
+        Called::Failed(m) => OpResult::Failed(m),
+        Called::Unknown(m) => OpResult::Unknown(m),
+    }
 }
 
 fn escape_braces(s: &str) -> String {
@@ -283,6 +443,8 @@ fn kind_for(policy: &Policy, r: &Rule, u: &Arc<Upstream>, tool: &str) -> Result<
                 snapshot: r.snapshot.clone(),
                 compensated_by: r.compensate.as_ref().map(|c| c.tool.clone()),
                 approval: r.approval,
+                compensate: r.compensate.clone(),
+                probe: r.probe.clone(),
             }))
         }
     })
@@ -475,6 +637,8 @@ fn expose(
                             snapshot: None,
                             compensated_by: None,
                             approval: false,
+                            compensate: None,
+                            probe: None,
                         }))
                     }
                 },

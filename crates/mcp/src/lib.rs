@@ -9,6 +9,7 @@
 
 #![deny(missing_docs)]
 
+pub mod attached;
 pub mod error;
 pub mod gateway;
 pub mod init;
@@ -18,6 +19,7 @@ pub mod serve;
 pub mod session;
 pub mod stdio;
 pub mod template;
+pub mod turn;
 pub mod upstream;
 
 pub use error::GatewayError;

@@ -9,6 +9,9 @@
 //! level = "L4"                    # the engine's level, L0..L4
 //! call_timeout_ms = 30000         # one upstream call, at most
 //! approval_timeout_ms = 120000    # an approval request expires after this
+//! # server = "http://127.0.0.1:8080"  # attached: the ledger is this Tidegate server's (no store)
+//! # api_key_env = "TIDEGATE_API_KEY"  # attached: the variable holding the API key
+//! # name = "mcp"                      # attached: capabilities <name>.<upstream>, tools <name>.<upstream>.<tool>
 //!
 //! [turn]
 //! mode = "turn"                   # "turn": one transaction per turn; "per_call"
@@ -182,6 +185,9 @@ struct RawGateway {
     level: Option<Spanned<String>>,
     call_timeout_ms: Option<Spanned<u64>>,
     approval_timeout_ms: Option<Spanned<u64>>,
+    server: Option<Spanned<String>>,
+    api_key_env: Option<Spanned<String>>,
+    name: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -348,6 +354,21 @@ pub struct GatewaySettings {
     pub call_timeout_ms: u64,
     /// How long an approval request stays open before it expires.
     pub approval_timeout_ms: u64,
+    /// Attached mode: the Tidegate server whose ledger (and console) the gateway uses
+    /// instead of its own store (`None`: embedded).
+    pub server: Option<AttachedSettings>,
+}
+
+/// Where an attached gateway's transactions live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachedSettings {
+    /// The server's base URL (`http://host:port`).
+    pub url: String,
+    /// The environment variable holding the API key (default `TIDEGATE_API_KEY`).
+    pub api_key_env: String,
+    /// The gateway's name on the server: its capabilities are `<name>.<upstream>` and its
+    /// tools `<name>.<upstream>.<tool>` (default `mcp`).
+    pub name: String,
 }
 
 /// Turn settings.
@@ -432,6 +453,66 @@ impl Policy {
             }
         };
 
+        let server = match &raw.gateway.server {
+            Some(u) => {
+                let url = u.get_ref().trim_end_matches('/').to_string();
+                if !url.starts_with("http://") || url.len() <= "http://".len() {
+                    return Err(at(
+                        &u.span(),
+                        "gateway.server".into(),
+                        format!(
+                            "{:?}; expected the Tidegate server's URL, http://HOST:PORT (this build has no TLS client)",
+                            u.get_ref()
+                        ),
+                    ));
+                }
+                if let Some(s) = &raw.gateway.store {
+                    return Err(at(
+                        &s.span(),
+                        "gateway.store".into(),
+                        "set together with gateway.server; an attached gateway keeps its ledger on the server, so \
+                         remove one of them"
+                            .into(),
+                    ));
+                }
+                let api_key_env = match &raw.gateway.api_key_env {
+                    Some(e) if !e.get_ref().is_empty() => e.get_ref().clone(),
+                    Some(e) => {
+                        return Err(at(
+                            &e.span(),
+                            "gateway.api_key_env".into(),
+                            "\"\"; expected the name of an environment variable".into(),
+                        ));
+                    }
+                    None => "TIDEGATE_API_KEY".to_string(),
+                };
+                let name = match &raw.gateway.name {
+                    Some(n) if valid_name(n.get_ref()) => n.get_ref().clone(),
+                    Some(n) => {
+                        return Err(at(
+                            &n.span(),
+                            "gateway.name".into(),
+                            format!("{:?}; expected 1-32 of A-Z a-z 0-9 _ -", n.get_ref()),
+                        ));
+                    }
+                    None => "mcp".to_string(),
+                };
+                Some(AttachedSettings { url, api_key_env, name })
+            }
+            None => {
+                for (v, key) in [(&raw.gateway.api_key_env, "gateway.api_key_env"), (&raw.gateway.name, "gateway.name")]
+                {
+                    if let Some(v) = v {
+                        return Err(at(
+                            &v.span(),
+                            key.into(),
+                            "only meaningful with gateway.server (attached mode)".into(),
+                        ));
+                    }
+                }
+                None
+            }
+        };
         let store = match &raw.gateway.store {
             Some(s) => {
                 s.get_ref().parse::<StoreUrl>().map_err(|e| at(&s.span(), "gateway.store".into(), e.to_string()))?
@@ -658,7 +739,7 @@ impl Policy {
             source: source.to_string(),
             version,
             default: raw.default,
-            gateway: GatewaySettings { store, level, call_timeout_ms, approval_timeout_ms },
+            gateway: GatewaySettings { store, level, call_timeout_ms, approval_timeout_ms, server },
             turn: TurnSettings { mode: raw.turn.mode, idle_ms, on_idle: raw.turn.on_idle },
             upstreams,
             rules,

@@ -19,14 +19,14 @@ use rmcp::model::{
 use rmcp::service::{ElicitationError, RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
 use serde_json::{Map, Value, json};
-use tidegate_runtime::{
-    Ack, CallHandle, CallOptions, CommitOptions, Disposition, EffectClass, Error, Outcome, Tag, Transaction, TxOptions,
-    TxState,
-};
+use tidegate_runtime::EffectClass;
 
-use crate::gateway::{ABORT_TOOL, COMMIT_TOOL, EffectTool, Gateway, Kind, ReleaseSlot, STATUS_TOOL, snapshot_value};
+use crate::gateway::{
+    ABORT_TOOL, COMMIT_TOOL, EffectTool, Exposed, Gateway, Kind, ReleaseSlot, STATUS_TOOL, snapshot_value,
+};
 use crate::policy::{OnIdle, TurnMode};
 use crate::template::Inputs;
+use crate::turn::{Acked, Settled, TurnError, TurnTx};
 use crate::upstream::Called;
 
 /// The largest arguments object the gateway forwards, in bytes of JSON.
@@ -36,10 +36,31 @@ struct Note {
     tool: String,
     class: Option<EffectClass>,
     slot: Option<Arc<ReleaseSlot>>,
+    /// The task a held call answered with (the client declared the tasks extension).
+    task: Option<String>,
+}
+
+/// The most tasks a session keeps; the oldest settled ones go first.
+pub const MAX_TASKS_PER_SESSION: usize = 1024;
+
+tokio::task_local! {
+    /// Set while a `tools/call` of a client that declared the tasks extension runs: a held
+    /// call puts the id of the task it answers with here.
+    static HELD_TASK: Arc<parking_lot::Mutex<Option<String>>>;
+    /// The request's cancellation (the agent's `notifications/cancelled`): a read forwards it
+    /// to its upstream; an effect runs to its end.
+    static CANCEL: tokio_util::sync::CancellationToken;
+}
+
+/// A held call's task (the tasks extension): working until its turn ends.
+#[derive(Debug, Clone)]
+struct TaskEntry {
+    task: rmcp::model::Task,
+    payload: rmcp::model::TaskPayload,
 }
 
 struct Turn {
-    tx: Transaction,
+    tx: TurnTx,
     notes: Vec<Note>,
 }
 
@@ -52,6 +73,8 @@ pub struct Session {
     turn: tokio::sync::Mutex<Option<Turn>>,
     last_call: parking_lot::Mutex<Instant>,
     turns: std::sync::atomic::AtomicU64,
+    tasks: parking_lot::Mutex<std::collections::BTreeMap<u64, TaskEntry>>,
+    next_task: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Session {
@@ -91,6 +114,8 @@ impl SessionHandler {
             turn: tokio::sync::Mutex::new(None),
             last_call: parking_lot::Mutex::new(Instant::now()),
             turns: Default::default(),
+            tasks: Default::default(),
+            next_task: Default::default(),
         });
         session.gw.track(&session);
         if session.gw.policy.turn.mode == TurnMode::Turn {
@@ -131,13 +156,17 @@ async fn idle_timer(session: Weak<Session>) {
                     let _ = commit_turn(&s, t).await;
                 }
                 OnIdle::Abort => {
-                    let _ = abort_turn(t, &format!("idle for {} ms", idle.as_millis())).await;
+                    let _ = abort_turn(&s, t, &format!("idle for {} ms", idle.as_millis())).await;
                 }
             }
         }
         drop(turn);
         *s.last_call.lock() = Instant::now();
     }
+}
+
+fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 fn text(t: impl Into<String>) -> CallToolResult {
@@ -163,7 +192,7 @@ impl Session {
         // (its handler's drop, the stdio loop) returns only once the turn is settled.
         let mut guard = self.turn.lock().await;
         if let Some(t) = guard.take() {
-            let r = abort_turn(t, why).await;
+            let r = abort_turn(self, t, why).await;
             tracing::info!(session = self.id, outcome = %crate::upstream::summary(&r), "session ended: its open turn aborted");
         }
     }
@@ -180,7 +209,7 @@ impl Session {
                 let reason =
                     args.get("reason").and_then(Value::as_str).unwrap_or("the agent aborted its turn").to_string();
                 match guard.take() {
-                    Some(t) => abort_turn(t, &reason).await,
+                    Some(t) => abort_turn(self, t, &reason).await,
                     None => text("nothing to abort: no call was made since the last turn ended"),
                 }
             }
@@ -204,17 +233,18 @@ impl Session {
                     Ok(s) => s,
                     Err(e) => return tool_error(format!("`{name}`: {e}")),
                 };
-                let turn = match self.open_turn(guard) {
+                let turn = match self.open_turn(guard).await {
                     Ok(t) => t,
                     Err(e) => return tool_error(e),
                 };
                 for s in &scopes {
-                    if let Err(e) = turn.tx.read(s) {
+                    if let Err(e) = turn.tx.read(s).await {
                         return self.failed(guard, name, e).await;
                     }
                 }
-                turn.notes.push(Note { tool: name.to_string(), class: None, slot: None });
-                let result = match upstream.call(&exposed.tool, args).await {
+                turn.notes.push(Note { tool: name.to_string(), class: None, slot: None, task: None });
+                let cancel = CANCEL.try_with(|c| c.clone()).ok();
+                let result = match upstream.call_until(&exposed.tool, args, cancel).await {
                     Called::Done(v) => serde_json::from_value(v).unwrap_or_else(|e| tool_error(format!("{e}"))),
                     Called::Failed(m) => tool_error(m),
                     Called::Unknown(m) => tool_error(format!("no answer from the upstream: {m}")),
@@ -222,7 +252,7 @@ impl Session {
                 self.per_call_end(guard, result).await
             }
             Kind::Effect(e) => {
-                let result = self.effect(guard, name, e, &upstream.name, args).await;
+                let result = self.effect(guard, name, exposed, e, &upstream.name, args).await;
                 self.per_call_end(guard, result).await
             }
         }
@@ -232,6 +262,7 @@ impl Session {
         &self,
         guard: &mut Option<Turn>,
         name: &str,
+        exposed: &Exposed,
         e: &EffectTool,
         upstream: &str,
         args: Value,
@@ -274,7 +305,7 @@ impl Session {
             }
             None => Value::Null,
         };
-        let turn = match self.open_turn(guard) {
+        let turn = match self.open_turn(guard).await {
             Ok(t) => t,
             Err(err) => return tool_error(err),
         };
@@ -287,20 +318,20 @@ impl Session {
             envelope.insert("approval".into(), a);
         }
         let slot = Arc::new(ReleaseSlot::default());
-        let opts = CallOptions {
-            key,
-            scopes: Some(scopes),
-            handle: (!e.class.executes_eagerly()).then(|| CallHandle(slot.clone())),
-            ..CallOptions::default()
-        };
         let tx = turn.tx.clone();
-        match tx.call_with(&e.tool, Value::Object(envelope), opts).await {
-            Ok(Ack::Executed { output, .. }) | Ok(Ack::Replayed { output, .. }) => {
-                turn.notes.push(Note { tool: name.to_string(), class: Some(e.class), slot: None });
-                serde_json::from_value((*output).clone()).unwrap_or_else(|err| tool_error(format!("{err}")))
+        match tx.effect(&self.gw, exposed, e, Value::Object(envelope), key, scopes, slot.clone()).await {
+            Ok(Acked::Ran(output)) => {
+                turn.notes.push(Note { tool: name.to_string(), class: Some(e.class), slot: None, task: None });
+                serde_json::from_value(output).unwrap_or_else(|err| tool_error(format!("{err}")))
             }
-            Ok(Ack::Queued { .. }) | Ok(Ack::Staged { .. }) => {
-                turn.notes.push(Note { tool: name.to_string(), class: Some(e.class), slot: Some(slot) });
+            Ok(Acked::Held) => {
+                // A client that declared the tasks extension gets a task it can poll.
+                let task = HELD_TASK.try_with(|t| t.clone()).ok().map(|wanted| {
+                    let id = self.open_task(name);
+                    *wanted.lock() = Some(id.clone());
+                    id
+                });
+                turn.notes.push(Note { tool: name.to_string(), class: Some(e.class), slot: Some(slot), task });
                 text(format!(
                     "queued: `{name}` has not run yet; it runs when this turn commits (call `{COMMIT_TOOL}`), \
                      and never if the turn aborts"
@@ -364,20 +395,80 @@ impl Session {
         Err(format!("`{name}` {why} (digest {digest})"))
     }
 
+    /// A new task for a held call of `name` (the tasks extension): working until its turn
+    /// ends. The session keeps at most [`MAX_TASKS_PER_SESSION`], dropping settled ones first.
+    fn open_task(&self, name: &str) -> String {
+        use rmcp::model::{Task, TaskPayload, TaskStatus};
+        let n = self.next_task.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let id = format!("held-{n}");
+        let now = now_rfc3339();
+        let task = Task::new(id.clone(), TaskStatus::Working, now.clone(), now)
+            .with_status_message(format!(
+                "queued: `{name}` runs when this turn commits ({COMMIT_TOOL}), and never if it aborts"
+            ))
+            .with_poll_interval_ms(1000);
+        let mut tasks = self.tasks.lock();
+        while tasks.len() >= MAX_TASKS_PER_SESSION {
+            let victim = tasks
+                .iter()
+                .find(|(_, e)| e.task.status.is_terminal())
+                .map(|(k, _)| *k)
+                .or_else(|| tasks.keys().next().copied());
+            match victim {
+                Some(k) => tasks.remove(&k),
+                None => break,
+            };
+        }
+        tasks.insert(n, TaskEntry { task, payload: TaskPayload::Working });
+        id
+    }
+
+    fn task(&self, id: &str) -> Option<TaskEntry> {
+        let n = id.strip_prefix("held-")?.parse::<u64>().ok()?;
+        self.tasks.lock().get(&n).cloned()
+    }
+
+    /// Completes the tasks of a turn's held calls: each with its release's answer when the
+    /// turn committed, else with a tool error saying it never ran and `why`.
+    fn settle_tasks(&self, notes: &[Note], settled: Option<&Settled>, why: &str) {
+        use rmcp::model::{TaskPayload, TaskStatus};
+        let held: Vec<_> = settled.map(|s| s.effects.iter().filter(|e| !e.eager).collect()).unwrap_or_default();
+        let committed = settled.is_some_and(|s| s.committed);
+        for (i, n) in notes.iter().filter(|n| n.slot.is_some()).enumerate() {
+            let Some(id) = &n.task else { continue };
+            let answer = held.get(i).and_then(|e| e.answer.clone());
+            let result = match answer {
+                Some(Called::Done(v)) if committed => {
+                    serde_json::from_value(v).unwrap_or_else(|e| tool_error(format!("{e}")))
+                }
+                Some(Called::Failed(m)) | Some(Called::Unknown(m)) if committed => {
+                    tool_error(format!("`{}` failed when the turn released it: {m}", n.tool))
+                }
+                _ => tool_error(format!("`{}` never ran: {why}", n.tool)),
+            };
+            let Some(k) = id.strip_prefix("held-").and_then(|k| k.parse::<u64>().ok()) else { continue };
+            let mut tasks = self.tasks.lock();
+            if let Some(entry) = tasks.get_mut(&k) {
+                let result = match serde_json::to_value(&result) {
+                    Ok(Value::Object(m)) => m,
+                    _ => Map::new(),
+                };
+                entry.task.status = TaskStatus::Completed;
+                entry.task.status_message = None;
+                entry.task.last_updated_at = now_rfc3339();
+                entry.payload = TaskPayload::Completed { result };
+            }
+        }
+    }
+
     /// Begins a turn if none is open.
-    fn open_turn<'a>(&self, guard: &'a mut Option<Turn>) -> Result<&'a mut Turn, String> {
+    async fn open_turn<'a>(&self, guard: &'a mut Option<Turn>) -> Result<&'a mut Turn, String> {
         if guard.is_none() {
             let n = self.turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            let policy = &self.gw.policy;
-            let lease = crate::gateway::turn_lease(policy);
-            let tx = self
-                .gw
-                .engine
-                .begin_with(TxOptions::agent(format!("mcp-session-{}-turn-{n}", self.id)).lease(lease))
-                .map_err(|e| format!("the gateway could not begin a turn: {e}"))?;
+            let tx = TurnTx::begin(&self.gw, format!("mcp-session-{}-turn-{n}", self.id)).await?;
             *guard = Some(Turn { tx, notes: Vec::new() });
         }
-        Ok(guard.as_mut().expect("set above"))
+        guard.as_mut().ok_or_else(|| "no turn".to_string())
     }
 
     /// In per-call mode, ends the turn the call began.
@@ -387,7 +478,7 @@ impl Session {
         }
         let Some(t) = guard.take() else { return result };
         if result.is_error == Some(true) {
-            let _ = abort_turn(t, "the call failed").await;
+            let _ = abort_turn(self, t, "the call failed").await;
             return result;
         }
         let held = t.notes.iter().any(|n| n.slot.is_some());
@@ -396,20 +487,35 @@ impl Session {
     }
 
     /// A call the engine refused or that ended the turn.
-    async fn failed(&self, guard: &mut Option<Turn>, name: &str, err: Error) -> CallToolResult {
-        if let Error::Aborted(outcome) = &err {
-            guard.take();
-            return tool_error(aborted_text(outcome, Some(name)));
-        }
-        let open = guard.as_ref().is_some_and(|t| t.tx.state().is_ok_and(|s| matches!(s, TxState::Open)));
-        if open {
+    async fn failed(&self, guard: &mut Option<Turn>, name: &str, err: TurnError) -> CallToolResult {
+        match err {
+            TurnError::Aborted(settled) => {
+                let said = aborted_text(&settled, Some(name));
+                if let Some(t) = guard.take() {
+                    self.settle_tasks(&t.notes, Some(&settled), &said);
+                }
+                tool_error(said)
+            }
             // Refused without deciding the turn (a bad scope, a key reused): the turn goes on.
-            return tool_error(format!("`{name}` was refused and did not run: {err}"));
+            TurnError::Refused(m) => tool_error(format!("`{name}` was refused and did not run: {m}")),
+            TurnError::Broken(m) => {
+                let Some(t) = guard.take() else {
+                    return tool_error(format!("`{name}` failed: {m}"));
+                };
+                let aborted = abort_turn(self, t, &format!("`{name}` failed: {m}")).await;
+                let said: String = aborted.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect();
+                if aborted.is_error == Some(true) {
+                    // Nobody could settle the turn now (the server does not answer): its lease
+                    // ends it, and its compensations run then.
+                    tool_error(format!(
+                        "`{name}` failed: {m}. The turn could not be aborted now ({said}); it is aborted when its \
+                         lease ends. The next call begins a new turn"
+                    ))
+                } else {
+                    tool_error(format!("`{name}` failed and the turn was aborted: {m}. {said}"))
+                }
+            }
         }
-        if let Some(t) = guard.take() {
-            let _ = abort_turn(t, &format!("`{name}` failed: {err}")).await;
-        }
-        tool_error(format!("`{name}` failed and the turn was aborted: {err}"))
     }
 }
 
@@ -449,95 +555,94 @@ fn status(turn: &Option<Turn>) -> String {
     }
 }
 
-async fn commit_turn(_s: &Session, t: Turn) -> CallToolResult {
-    if let Err(e) = t.tx.seal() {
-        return match e {
-            Error::Aborted(o) => tool_error(aborted_text(&o, None)),
-            e => {
-                let _ = t.tx.abort(format!("seal failed: {e}")).await;
-                tool_error(format!("the turn could not be sealed and was aborted: {e}"))
-            }
-        };
-    }
-    match t.tx.commit_with(CommitOptions { wait_timeout: Some(Duration::from_secs(60)) }).await {
+async fn commit_turn(s: &Session, t: Turn) -> CallToolResult {
+    let held: Vec<Arc<ReleaseSlot>> = t.notes.iter().filter_map(|n| n.slot.clone()).collect();
+    let r = t.tx.commit(&held).await;
+    let why = match &r {
+        Ok(o) | Err(TurnError::Aborted(o)) if !o.committed => aborted_text(o, None),
+        Ok(_) => String::new(),
+        Err(e) => format!("the commit did not complete: {e}"),
+    };
+    let settled = match &r {
+        Ok(o) | Err(TurnError::Aborted(o)) => Some(o),
+        Err(_) => None,
+    };
+    s.settle_tasks(&t.notes, settled, &why);
+    match r {
         Ok(o) if o.committed => tool_success_commit(&o, &t.notes),
         Ok(o) => tool_error(aborted_text(&o, None)),
-        Err(Error::Aborted(o)) => tool_error(aborted_text(&o, None)),
+        Err(TurnError::Aborted(o)) => tool_error(aborted_text(&o, None)),
         Err(e) => tool_error(format!("the commit did not complete: {e}")),
     }
 }
 
-fn tool_success_commit(o: &Outcome, notes: &[Note]) -> CallToolResult {
+fn tool_success_commit(o: &Settled, notes: &[Note]) -> CallToolResult {
     let mut s = format!("committed ({} call(s)).", o.effects.len());
     let mut structured = Vec::new();
+    // Held effects and held notes are in the same (issuance) order.
     let mut held = notes.iter().filter(|n| n.slot.is_some());
     for e in &o.effects {
-        // Held effects and held notes are in the same (issuance) order: each held effect
-        // takes the next held note, whether or not its release succeeded.
-        let note = if e.class.executes_eagerly() { None } else { held.next() };
+        let note = if e.eager { None } else { held.next() };
         let mut answer = Value::Null;
-        if let Some(n) = note
-            && let Some(slot) = &n.slot
-            && let Some(c) = slot.0.lock().clone()
-        {
+        if let Some(c) = &e.answer {
+            let shown = note.map(|n| n.tool.as_str()).unwrap_or(e.tool.as_str());
             answer = match c {
                 Called::Done(v) => {
-                    let t = crate::template::answer_text(&v);
-                    let _ = write!(s, "\n- {} ran: {t}", n.tool);
-                    v
+                    let _ = write!(s, "\n- {shown} ran: {}", crate::template::answer_text(v));
+                    v.clone()
                 }
                 Called::Failed(m) | Called::Unknown(m) => {
-                    let _ = write!(s, "\n- {} failed: {m}", n.tool);
+                    let _ = write!(s, "\n- {shown} failed: {m}");
                     json!({"error": m})
                 }
             };
         }
-        if e.tag != Tag::Clean {
+        if e.tag != "clean" {
             let _ = write!(s, "\n- {} needs attention ({}): {}", e.tool, e.tag, e.detail.as_deref().unwrap_or(""));
         }
         structured.push(json!({
-            "tool": e.tool.as_ref(), "disposition": format!("{:?}", e.disposition).to_lowercase(),
-            "tag": e.tag.to_string(), "answer": answer,
+            "tool": e.tool, "disposition": e.disposition, "tag": e.tag, "answer": answer,
         }));
     }
     let mut r = text(s);
-    r.structured_content = Some(json!({"committed": true, "transaction": o.tx.to_string(), "effects": structured}));
+    r.structured_content = Some(json!({"committed": true, "transaction": o.tx, "effects": structured}));
     r
 }
 
-async fn abort_turn(t: Turn, reason: &str) -> CallToolResult {
-    match t.tx.abort(reason.to_string()).await {
+async fn abort_turn(s: &Session, t: Turn, reason: &str) -> CallToolResult {
+    let r = t.tx.abort(reason).await;
+    s.settle_tasks(&t.notes, r.as_ref().ok(), reason);
+    match r {
         Ok(o) => {
             let mut r = text(aborted_text(&o, None));
             r.structured_content = Some(outcome_json(&o));
             r
         }
-        Err(Error::Aborted(o)) => text(aborted_text(&o, None)),
+        Err(TurnError::Aborted(o)) => text(aborted_text(&o, None)),
         Err(e) => tool_error(format!("the abort did not complete: {e}")),
     }
 }
 
-fn outcome_json(o: &Outcome) -> Value {
+fn outcome_json(o: &Settled) -> Value {
     json!({
         "committed": o.committed,
-        "transaction": o.tx.to_string(),
-        "reason": o.reason.as_ref().map(|r| r.to_string()),
+        "transaction": o.tx,
+        "reason": o.reason.as_ref().map(|r| r.message.clone()),
         "effects": o.effects.iter().map(|e| json!({
-            "tool": e.tool.as_ref(), "disposition": format!("{:?}", e.disposition).to_lowercase(),
-            "tag": e.tag.to_string(), "detail": e.detail,
+            "tool": e.tool, "disposition": e.disposition, "tag": e.tag, "detail": e.detail,
         })).collect::<Vec<_>>(),
     })
 }
 
 /// What an aborted turn says to the model.
-fn aborted_text(o: &Outcome, during: Option<&str>) -> String {
+fn aborted_text(o: &Settled, during: Option<&str>) -> String {
     let mut s = String::from("this turn was aborted");
     if let Some(n) = during {
         let _ = write!(s, " during `{n}`");
     }
     if let Some(r) = &o.reason {
-        let _ = write!(s, ": {r}");
-        if let tidegate_runtime::AbortReason::StaleRead { scope, .. } = r {
+        let _ = write!(s, ": {}", r.message);
+        if let Some(scope) = &r.stale_scope {
             let _ = write!(
                 s,
                 ". Another agent changed `{scope}` after this turn read it: read it again and retry the turn"
@@ -546,16 +651,16 @@ fn aborted_text(o: &Outcome, during: Option<&str>) -> String {
     }
     s.push('.');
     let undone: Vec<&str> =
-        o.effects.iter().filter(|e| e.disposition == Disposition::Compensated).map(|e| e.tool.as_ref()).collect();
+        o.effects.iter().filter(|e| e.disposition == "compensated").map(|e| e.tool.as_str()).collect();
     let dropped: Vec<&str> =
-        o.effects.iter().filter(|e| e.disposition == Disposition::Discarded).map(|e| e.tool.as_ref()).collect();
+        o.effects.iter().filter(|e| e.disposition == "discarded").map(|e| e.tool.as_str()).collect();
     if !undone.is_empty() {
         let _ = write!(s, " Undone: {}.", undone.join(", "));
     }
     if !dropped.is_empty() {
         let _ = write!(s, " Never run: {}.", dropped.join(", "));
     }
-    for e in o.effects.iter().filter(|e| e.tag != Tag::Clean) {
+    for e in o.effects.iter().filter(|e| e.tag != "clean") {
         let _ = write!(s, " `{}` needs attention ({}): {}.", e.tool, e.tag, e.detail.as_deref().unwrap_or(""));
     }
     s.push_str(" Nothing of this turn stands; the next call begins a new turn.");
@@ -599,6 +704,11 @@ impl ServerHandler for SessionHandler {
     fn get_info(&self) -> ServerConfig {
         let gw = &self.session().gw;
         let mut built = ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build();
+        // Held calls answer with a task to a client that declared the tasks extension.
+        built
+            .extensions
+            .get_or_insert_with(Default::default)
+            .insert(rmcp::model::TASKS_EXTENSION_ID.to_string(), Map::new());
         if gw.offering(|c| c.resources.is_some()).next().is_some() {
             built.resources = ServerCapabilities::builder().enable_resources().build().resources;
         }
@@ -655,17 +765,66 @@ impl ServerHandler for SessionHandler {
         let session = self.session().clone();
         *session.peer.lock() = Some(context.peer.clone());
         let progress = context.meta.get_progress_token().map(|t| (t, context.peer.clone()));
+        let wants_task = context.client_capabilities().is_some_and(|c| c.supports_tasks());
+        let held_task = wants_task.then(|| Arc::new(parking_lot::Mutex::new(None)));
+        let (runner, slot, cancel) = (session.clone(), held_task.clone(), context.ct.clone());
         // The call runs to its end even if the agent stops waiting for it: a turn is never left
         // between recording an effect and learning its outcome.
         let handle = tokio::spawn(async move {
-            match progress {
-                Some(route) => crate::relay::ROUTE.scope(route, session.call(&name, args)).await,
-                None => session.call(&name, args).await,
+            let call = async {
+                match progress {
+                    Some(route) => crate::relay::ROUTE.scope(route, runner.call(&name, args)).await,
+                    None => runner.call(&name, args).await,
+                }
+            };
+            let call = CANCEL.scope(cancel, call);
+            match slot {
+                Some(slot) => HELD_TASK.scope(slot, call).await,
+                None => call.await,
             }
         });
         match handle.await {
-            Ok(r) => Ok(r.into()),
+            Ok(r) => {
+                let task = held_task.and_then(|t| t.lock().take()).and_then(|id| session.task(&id));
+                match task {
+                    Some(t) => Ok(CallToolResponse::Task(rmcp::model::CreateTaskResult::new(t.task))),
+                    None => Ok(r.into()),
+                }
+            }
             Err(e) => Err(McpError::internal_error(format!("the gateway's call handler failed: {e}"), None)),
+        }
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+        match self.session().task(&request.task_id) {
+            Some(e) => Ok(rmcp::model::GetTaskResult::new(rmcp::model::DetailedTask::new(e.task, e.payload))),
+            None => Err(McpError::invalid_params(format!("no task `{}` in this session", request.task_id), None)),
+        }
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        match self.session().task(&request.task_id) {
+            Some(e) if e.task.status.is_terminal() => Err(McpError::invalid_params(
+                format!("task `{}` has already ended ({:?})", request.task_id, e.task.status),
+                None,
+            )),
+            Some(_) => Err(McpError::invalid_params(
+                format!(
+                    "task `{}` is a held call of the open turn: it cannot be withdrawn alone; end the turn with \
+                     `{ABORT_TOOL}` so that it never runs",
+                    request.task_id
+                ),
+                None,
+            )),
+            None => Err(McpError::invalid_params(format!("no task `{}` in this session", request.task_id), None)),
         }
     }
 

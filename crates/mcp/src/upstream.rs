@@ -7,10 +7,14 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, ServerResult, Tool};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam, ClientRequest, ServerResult,
+    Tool,
+};
 use rmcp::service::{Peer, PeerRequestOptions, RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::GatewayError;
 use crate::policy::{Transport, UpstreamSpec};
@@ -109,6 +113,14 @@ impl Upstream {
 
     /// Calls `tool` with `args` (an object), within the call timeout.
     pub async fn call(&self, tool: &str, args: Value) -> Called {
+        self.call_until(tool, args, None).await
+    }
+
+    /// Calls `tool`, giving up when `cancel` fires: the upstream is then told
+    /// (`notifications/cancelled` with the request's id) and the answer is a failure saying
+    /// the agent cancelled it. Only calls whose outcome the turn does not need (reads) are
+    /// given a `cancel`: an effect runs to its end.
+    pub async fn call_until(&self, tool: &str, args: Value, cancel: Option<CancellationToken>) -> Called {
         let arguments = match args {
             Value::Object(m) => Some(m),
             Value::Null => None,
@@ -117,15 +129,32 @@ impl Upstream {
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = arguments;
         let call = async {
-            let Some(route) = Relay::current() else { return self.peer.call_tool(params).await };
-            // The agent asked for progress: learn the token rmcp sends with the request, and
-            // route the upstream's progress for it back to the agent while the call runs.
+            let route = Relay::current();
+            if route.is_none() && cancel.is_none() {
+                return self.peer.call_tool(params).await.map(Some);
+            }
             let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
             let handle = self.peer.send_request_with_option(request, PeerRequestOptions::no_options()).await?;
-            let _route = self.relay.register(handle.progress_token.clone(), route);
-            match handle.await_response().await? {
-                ServerResult::CallToolResult(r) => Ok(r),
-                _ => Err(ServiceError::UnexpectedResponse),
+            // The agent asked for progress: route the upstream's progress for the token rmcp
+            // sent with the request back to the agent while the call runs.
+            let _route = route.map(|r| self.relay.register(handle.progress_token.clone(), r));
+            let id = handle.id.clone();
+            let answer = async {
+                match handle.await_response().await? {
+                    ServerResult::CallToolResult(r) => Ok(Some(r)),
+                    _ => Err(ServiceError::UnexpectedResponse),
+                }
+            };
+            match &cancel {
+                None => answer.await,
+                Some(ct) => tokio::select! {
+                    r = answer => r,
+                    _ = ct.cancelled() => {
+                        let note = CancelledNotificationParam::new(Some(id), Some("the agent cancelled the call".into()));
+                        let _ = self.peer.notify_cancelled(note).await;
+                        Ok(None)
+                    }
+                },
             }
         };
         match tokio::time::timeout(self.timeout, call).await {
@@ -134,7 +163,10 @@ impl Upstream {
                 self.name,
                 self.timeout.as_millis()
             )),
-            Ok(Ok(result)) => classify(result),
+            Ok(Ok(Some(result))) => classify(result),
+            Ok(Ok(None)) => {
+                Called::Failed(format!("`{tool}` was cancelled by the agent; upstream `{}` was told", self.name))
+            }
             Ok(Err(ServiceError::McpError(e))) => {
                 Called::Failed(format!("upstream `{}` refused `{tool}`: {} ({})", self.name, e.message, e.code.0))
             }

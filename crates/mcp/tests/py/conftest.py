@@ -106,8 +106,13 @@ def write_policy(dir: Path, body: str, store: str | None = None, call_timeout_ms
 
 
 @contextlib.asynccontextmanager
-async def stdio_session(policy: Path, **session_kwargs):
-    params = StdioServerParameters(command=BIN, args=["serve", "--policy", str(policy)])
+async def stdio_session(policy: Path, env: dict | None = None, **session_kwargs):
+    # The SDK passes the child only a few variables of its own environment; `env` adds more.
+    if env is not None:
+        from mcp.client.stdio import get_default_environment
+
+        env = {**get_default_environment(), **env}
+    params = StdioServerParameters(command=BIN, args=["serve", "--policy", str(policy)], env=env)
     async with stdio_client(params) as (r, w):
         async with ClientSession(r, w, **session_kwargs) as s:
             await s.initialize()
@@ -117,12 +122,13 @@ async def stdio_session(policy: Path, **session_kwargs):
 class HttpGateway:
     """`tidegate-mcp serve --http 127.0.0.1:0` in the background."""
 
-    def __init__(self, policy: Path):
+    def __init__(self, policy: Path, env: dict | None = None):
         self.proc = subprocess.Popen(
             [BIN, "serve", "--policy", str(policy), "--http", "127.0.0.1:0"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         deadline = time.time() + 30
         self.url = None

@@ -79,6 +79,21 @@ async def slow(key: str, value: str, seconds: float) -> dict:
 
 
 @server.tool()
+async def wait(key: str, seconds: float) -> dict:
+    """Reads nothing, waits `seconds`; logs its start, its end, or its cancellation."""
+    import anyio
+
+    log(op="wait", key=key)
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        log(op="wait-cancelled", key=key)
+        raise
+    log(op="wait-done", key=key)
+    return {"key": key}
+
+
+@server.tool()
 async def grow(name: str, ctx: Context) -> str:
     """Adds a tool `name` (it stores like put) and says the tool list changed."""
 

@@ -123,7 +123,7 @@ def test_check_lists_every_tool_with_what_the_gateway_does(workdir):
     assert out.returncode == 0, out.stderr
     rows = dict(line.split("\t")[1:] for line in out.stdout.splitlines())
     assert rows == {"put": "reversible", "unput": "refused", "send": "gated", "fail": "reversible", "die": "reversible",
-                    "get": "refused", "slow": "refused", "grow": "refused"}
+                    "get": "refused", "slow": "refused", "grow": "refused", "wait": "refused"}
     assert "undeclared: `unput`" in out.stderr
 
 
@@ -223,6 +223,28 @@ async def test_an_agent_that_stops_waiting_mid_call_loses_nothing(workdir):
         r = await s.call_tool("tidegate_abort", {})
         assert [e["disposition"] for e in r.structured_content["effects"]] == ["compensated"], text(r)
     assert [(e["op"], e["key"]) for e in read_log(log)] == [("put", "k"), ("unput", "k")]
+
+
+async def test_a_read_the_agent_cancels_is_cancelled_upstream(workdir):
+    import anyio
+
+    log = workdir / "log.jsonl"
+    reads = '\n[[tools]]\nupstream = "log"\nmatch = "wait"\nclass = "read"\nscopes = ["kv:{args.key}"]\n'
+    policy = write_policy(workdir, log_upstream(log) + RULES + reads)
+    async with stdio_session(policy) as s:
+        # A read has no outcome the turn needs: the agent's notifications/cancelled reaches
+        # the upstream, which stops (unlike an effect, which runs to its end: the test above).
+        with anyio.move_on_after(0.5):
+            await s.call_tool("wait", {"key": "k", "seconds": 30})
+        for _ in range(50):
+            if [e["op"] for e in read_log(log)] == ["wait", "wait-cancelled"]:
+                break
+            await anyio.sleep(0.1)
+        assert [e["op"] for e in read_log(log)] == ["wait", "wait-cancelled"], read_log(log)
+        # The session is free at once, and the turn still holds the read.
+        with anyio.fail_after(5):
+            r = await s.call_tool("tidegate_status", {})
+        assert "wait: read" in text(r), text(r)
 
 
 async def test_a_changed_tool_list_is_checked_against_the_policy_before_use(workdir):
