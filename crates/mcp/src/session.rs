@@ -50,6 +50,30 @@ tokio::task_local! {
     /// The request's cancellation (the agent's `notifications/cancelled`): a read forwards it
     /// to its upstream; an effect runs to its end.
     static CANCEL: tokio_util::sync::CancellationToken;
+    /// The approval record of a call approved through the input-required flow (2026-07-28).
+    static APPROVED: Value;
+}
+
+/// The most approvals a session keeps waiting for an answer (input-required flow).
+pub const MAX_PENDING_APPROVALS: usize = 64;
+
+/// An approval asked through the input-required flow, waiting for the client's retry.
+#[derive(Debug)]
+struct PendingApproval {
+    name: String,
+    digest: String,
+    asked_ms: u64,
+    expires: Instant,
+}
+
+/// Where the input-required flow leaves a call.
+enum ApprovalStep {
+    /// Answer `input_required`, asking the person.
+    Ask(rmcp::model::InputRequiredResult),
+    /// A tool error: nothing is called.
+    Refused(String),
+    /// Approved: the record goes into the ledger with the call.
+    Approved(Value),
 }
 
 /// A held call's task (the tasks extension): working until its turn ends.
@@ -75,6 +99,7 @@ pub struct Session {
     turns: std::sync::atomic::AtomicU64,
     tasks: parking_lot::Mutex<std::collections::BTreeMap<u64, TaskEntry>>,
     next_task: std::sync::atomic::AtomicU64,
+    approvals: parking_lot::Mutex<std::collections::HashMap<String, PendingApproval>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -116,6 +141,7 @@ impl SessionHandler {
             turns: Default::default(),
             tasks: Default::default(),
             next_task: Default::default(),
+            approvals: Default::default(),
         });
         session.gw.track(&session);
         if session.gw.policy.turn.mode == TurnMode::Turn {
@@ -345,10 +371,40 @@ impl Session {
     /// request names the tool, its arguments, their digest, the policy's version and when it
     /// expires; the record of the approval goes into the ledger with the call.
     async fn approve(&self, name: &str, args: &Value) -> Result<Value, String> {
-        use sha2::Digest;
+        if let Ok(record) = APPROVED.try_with(Value::clone) {
+            return Ok(record);
+        }
         let Some(peer) = self.peer.lock().clone() else {
             return Err(format!("`{name}` needs a person's approval, and there is no client connection to ask"));
         };
+        let policy = &self.gw.policy;
+        let (digest, message, timeout) = self.approval_request(name, args);
+        let asked = crate::time_ms();
+        let why = match peer.elicit_with_timeout::<Approval>(message, Some(timeout)).await {
+            Ok(Some(Approval { approve: true })) => {
+                return Ok(json!({
+                    "digest": digest, "policy": policy.version, "asked_at_ms": asked, "approved_at_ms": crate::time_ms(),
+                }));
+            }
+            Ok(_) => "was not approved".to_string(),
+            Err(ElicitationError::UserDeclined) => "was declined".to_string(),
+            Err(ElicitationError::UserCancelled) => "was cancelled by the user".to_string(),
+            Err(ElicitationError::CapabilityNotSupported) => {
+                "needs a person's approval, and this client cannot be asked (it does not support elicitation)"
+                    .to_string()
+            }
+            Err(ElicitationError::Service(rmcp::service::ServiceError::Timeout { .. })) => {
+                format!("was not approved within {} s (the request expired)", timeout.as_secs())
+            }
+            Err(e) => format!("could not be approved: {e}"),
+        };
+        Err(format!("`{name}` {why} (digest {digest})"))
+    }
+
+    /// What an approval of `name` with `args` asks: the digest (SHA-256 over the tool, its
+    /// exact arguments and the policy's version), the message shown, and how long it stays open.
+    fn approval_request(&self, name: &str, args: &Value) -> (String, String, Duration) {
+        use sha2::Digest;
         let policy = &self.gw.policy;
         let mut h = sha2::Sha256::new();
         h.update(name.as_bytes());
@@ -373,26 +429,90 @@ impl Session {
             policy.version,
             timeout.as_secs()
         );
-        let asked = crate::time_ms();
-        let why = match peer.elicit_with_timeout::<Approval>(message, Some(timeout)).await {
-            Ok(Some(Approval { approve: true })) => {
-                return Ok(json!({
-                    "digest": digest, "policy": policy.version, "asked_at_ms": asked, "approved_at_ms": crate::time_ms(),
-                }));
+        (digest, message, timeout)
+    }
+
+    /// The approval of a call from a client on the 2026-07-28 revision, which takes no request
+    /// from the server: the first call answers `input_required` with the question and an
+    /// opaque handle (`requestState`, kept here); the client's retry carries the person's
+    /// answer and the handle. The retry must carry the same arguments (the digest binds them),
+    /// before the request expires, and a handle answers once.
+    fn input_required_approval(
+        &self,
+        name: &str,
+        args: &Value,
+        responses: Option<&rmcp::model::InputResponses>,
+        state: Option<&str>,
+    ) -> ApprovalStep {
+        use rmcp::model::{ElicitResult, ElicitationAction};
+        let (digest, message, timeout) = self.approval_request(name, args);
+        let now = Instant::now();
+        if let (Some(handle), Some(answer)) = (state, responses.and_then(|r| r.get("approval"))) {
+            let Some(p) = self.approvals.lock().remove(handle) else {
+                return ApprovalStep::Refused(format!(
+                    "`{name}`: the approval this call answers is unknown, already used or expired; nothing was called \
+                     (call it again to be asked)"
+                ));
+            };
+            if p.name != name || p.digest != digest {
+                return ApprovalStep::Refused(format!(
+                    "`{name}` was asked for approval with other arguments (digest {}, this call {digest}); nothing \
+                     was called",
+                    p.digest
+                ));
             }
-            Ok(_) => "was not approved".to_string(),
-            Err(ElicitationError::UserDeclined) => "was declined".to_string(),
-            Err(ElicitationError::UserCancelled) => "was cancelled by the user".to_string(),
-            Err(ElicitationError::CapabilityNotSupported) => {
-                "needs a person's approval, and this client cannot be asked (it does not support elicitation)"
-                    .to_string()
+            if now > p.expires {
+                return ApprovalStep::Refused(format!(
+                    "`{name}` was not approved within {} s (the request expired; digest {digest}); nothing was called",
+                    timeout.as_secs()
+                ));
             }
-            Err(ElicitationError::Service(rmcp::service::ServiceError::Timeout { .. })) => {
-                format!("was not approved within {} s (the request expired)", timeout.as_secs())
-            }
-            Err(e) => format!("could not be approved: {e}"),
+            let why = match serde_json::from_value::<ElicitResult>(answer.clone()) {
+                Ok(r) if r.action == ElicitationAction::Accept => {
+                    match r.content.as_ref().and_then(|c| c.get("approve")).and_then(Value::as_bool) {
+                        Some(true) => {
+                            return ApprovalStep::Approved(json!({
+                                "digest": digest, "policy": self.gw.policy.version, "asked_at_ms": p.asked_ms,
+                                "approved_at_ms": crate::time_ms(), "flow": "input_required",
+                            }));
+                        }
+                        _ => "was not approved".to_string(),
+                    }
+                }
+                Ok(r) if r.action == ElicitationAction::Decline => "was declined".to_string(),
+                Ok(_) => "was cancelled by the user".to_string(),
+                Err(e) => format!("got an answer that is not an elicitation result ({e})"),
+            };
+            return ApprovalStep::Refused(format!("`{name}` {why} (digest {digest}); nothing was called"));
+        }
+        let schema = match rmcp::model::ElicitationSchema::from_type::<Approval>() {
+            Ok(s) => s,
+            Err(e) => return ApprovalStep::Refused(format!("`{name}`: the approval form cannot be built: {e}")),
         };
-        Err(format!("`{name}` {why} (digest {digest})"))
+        let handle = {
+            let mut pending = self.approvals.lock();
+            pending.retain(|_, p| p.expires > now);
+            if pending.len() >= MAX_PENDING_APPROVALS {
+                return ApprovalStep::Refused(format!(
+                    "`{name}`: {MAX_PENDING_APPROVALS} approvals of this session are waiting for an answer; answer \
+                     them or let them expire first; nothing was called"
+                ));
+            }
+            let n = self.next_task.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let handle = format!("approval-{}-{n}", self.id);
+            pending.insert(
+                handle.clone(),
+                PendingApproval { name: name.to_string(), digest, asked_ms: crate::time_ms(), expires: now + timeout },
+            );
+            handle
+        };
+        let ask = rmcp::model::InputRequest::Elicitation(rmcp::model::ElicitRequest::new(
+            rmcp::model::ElicitRequestParams::FormElicitationParams { meta: None, message, requested_schema: schema },
+        ));
+        ApprovalStep::Ask(rmcp::model::InputRequiredResult::new(
+            Some(std::collections::BTreeMap::from([("approval".to_string(), ask)])),
+            Some(handle),
+        ))
     }
 
     /// A new task for a held call of `name` (the tasks extension): working until its turn
@@ -764,6 +884,26 @@ impl ServerHandler for SessionHandler {
         }
         let session = self.session().clone();
         *session.peer.lock() = Some(context.peer.clone());
+        // A client on the 2026-07-28 revision takes no request from the server: an approval
+        // is asked through the input-required flow instead of elicitation.
+        let modern = context.protocol_version().is_some_and(|v| v.as_str() >= "2026-07-28");
+        let needs_approval = matches!(
+            session.gw.exposed().get(&name).map(|x| &x.kind),
+            Some(Kind::Effect(e)) if e.approval
+        );
+        let mut approved = None;
+        if modern && needs_approval {
+            match session.input_required_approval(
+                &name,
+                &args,
+                request.input_responses.as_ref(),
+                request.request_state.as_deref(),
+            ) {
+                ApprovalStep::Ask(ask) => return Ok(CallToolResponse::InputRequired(ask)),
+                ApprovalStep::Refused(why) => return Ok(tool_error(why).into()),
+                ApprovalStep::Approved(record) => approved = Some(record),
+            }
+        }
         let progress = context.meta.get_progress_token().map(|t| (t, context.peer.clone()));
         let wants_task = context.client_capabilities().is_some_and(|c| c.supports_tasks());
         let held_task = wants_task.then(|| Arc::new(parking_lot::Mutex::new(None)));
@@ -778,6 +918,12 @@ impl ServerHandler for SessionHandler {
                 }
             };
             let call = CANCEL.scope(cancel, call);
+            let call = async move {
+                match approved {
+                    Some(record) => APPROVED.scope(record, call).await,
+                    None => call.await,
+                }
+            };
             match slot {
                 Some(slot) => HELD_TASK.scope(slot, call).await,
                 None => call.await,

@@ -74,3 +74,65 @@ async def test_a_client_that_cannot_be_asked_is_told_so(workdir):
         r = await s.call_tool("send", {"to": "cfo", "text": "x"})
         assert r.is_error and "cannot be asked" in text(r), text(r)
     assert read_log(log) == []
+
+
+def modern_client(policy, **kwargs):
+    """The SDK's high-level client on the 2026-07-28 revision, which takes no request from the
+    server: approvals reach it as `input_required` results it answers by retrying the call."""
+    from mcp import Client, StdioServerParameters
+
+    from conftest import BIN
+
+    params = StdioServerParameters(command=BIN, args=["serve", "--policy", str(policy)])
+    return Client(params, mode="2026-07-28", **kwargs)
+
+
+async def test_the_current_revision_is_asked_through_the_input_required_flow(workdir):
+    log = workdir / "log.jsonl"
+    asked = []
+    policy = write_policy(workdir, log_upstream(log) + APPROVED)
+    async with modern_client(policy, elicitation_callback=answering("accept", asked=asked)) as c:
+        assert c.protocol_version == "2026-07-28"
+        r = await c.call_tool("send", {"to": "cfo", "text": "wire 10k"})
+        assert not r.is_error and text(r).startswith("queued"), text(r)
+        assert len(asked) == 1 and "wire 10k" in asked[0]
+        digest = re.search(r"digest ([0-9a-f]{32})", asked[0]).group(1)
+        assert not (await c.call_tool("tidegate_commit", {})).is_error
+    assert [(e["op"], e["text"]) for e in read_log(log)] == [("send", "wire 10k")]
+    stored = b"".join(p.read_bytes() for p in (workdir / "ledger").rglob("*") if p.is_file())
+    assert digest.encode() in stored and b"input_required" in stored
+
+
+@pytest.mark.parametrize("action,approve", [("decline", True), ("cancel", True), ("accept", False)])
+async def test_the_input_required_flow_runs_nothing_unapproved(workdir, action, approve):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + APPROVED)
+    async with modern_client(policy, elicitation_callback=answering(action, approve)) as c:
+        r = await c.call_tool("send", {"to": "cfo", "text": "wire 10k"})
+        assert r.is_error and "nothing was called" in text(r), text(r)
+    assert read_log(log) == []
+
+
+async def test_an_input_required_answer_binds_the_exact_arguments_and_answers_once(workdir):
+    log = workdir / "log.jsonl"
+    policy = write_policy(workdir, log_upstream(log) + APPROVED)
+    async with modern_client(policy) as c:
+        s = c.session
+        first = await s.call_tool("send", {"to": "cfo", "text": "wire 10k"}, allow_input_required=True)
+        assert first.result_type == "input_required", first
+        state = first.request_state
+        yes = {"approval": {"action": "accept", "content": {"approve": True}}}
+        # The answer is replayed with other arguments: refused, nothing runs.
+        r = await s.call_tool("send", {"to": "cfo", "text": "wire 99k"}, input_responses=yes, request_state=state,
+                              allow_input_required=True)
+        assert r.is_error and "other arguments" in text(r), text(r)
+        # The handle was used: even the right arguments must be asked again.
+        r = await s.call_tool("send", {"to": "cfo", "text": "wire 10k"}, input_responses=yes, request_state=state,
+                              allow_input_required=True)
+        assert r.is_error and "already used" in text(r), text(r)
+        # A forged handle is refused the same way.
+        r = await s.call_tool("send", {"to": "cfo", "text": "wire 10k"}, input_responses=yes,
+                              request_state="approval-1-999", allow_input_required=True)
+        assert r.is_error and "unknown" in text(r), text(r)
+        assert not (await c.call_tool("tidegate_commit", {})).is_error
+    assert read_log(log) == []
