@@ -191,6 +191,11 @@ async fn idle_timer(session: Weak<Session>) {
     }
 }
 
+/// Whether an upstream takes resource subscriptions.
+fn subscribes(c: &ServerCapabilities) -> bool {
+    c.resources.as_ref().and_then(|r| r.subscribe).unwrap_or(false)
+}
+
 fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
@@ -212,8 +217,12 @@ impl Session {
         }
     }
 
-    /// Aborts the open turn, if any (the session is going away).
+    /// Aborts the open turn, if any (the session is going away), and drops its subscriptions.
     pub async fn end(&self, why: &str) {
+        self.unsubscribe(None).await;
+        if let Some(u) = self.gw.upstreams.first() {
+            u.relay().set_level(self.id, None);
+        }
         // The lock is held until the abort is done, so that whoever else ends the session
         // (its handler's drop, the stdio loop) returns only once the turn is settled.
         let mut guard = self.turn.lock().await;
@@ -399,6 +408,18 @@ impl Session {
             Err(e) => format!("could not be approved: {e}"),
         };
         Err(format!("`{name}` {why} (digest {digest})"))
+    }
+
+    /// Forgets this session's subscription to `uri` (all of them with `None`), and
+    /// unsubscribes upstream from the URIs no session follows any more.
+    #[allow(deprecated)] // the legacy (before 2026-07-28) form, as the agent's subscribe
+    async fn unsubscribe(&self, uri: Option<&str>) {
+        let Some(first) = self.gw.upstreams.first() else { return };
+        for (uri, upstream) in first.relay().unsubscribe(uri, self.id) {
+            if let Some(u) = self.gw.upstreams.iter().find(|u| u.name == upstream) {
+                let _ = u.peer().unsubscribe(rmcp::model::UnsubscribeRequestParams::new(uri)).await;
+            }
+        }
     }
 
     /// What an approval of `name` with `args` asks: the digest (SHA-256 over the tool, its
@@ -830,8 +851,16 @@ impl ServerHandler for SessionHandler {
             .get_or_insert_with(Default::default)
             .insert(rmcp::model::TASKS_EXTENSION_ID.to_string(), Map::new());
         if gw.offering(|c| c.resources.is_some()).next().is_some() {
-            built.resources = ServerCapabilities::builder().enable_resources().build().resources;
+            let subscribe = gw.offering(subscribes).next().is_some();
+            built.resources = if subscribe {
+                ServerCapabilities::builder().enable_resources().enable_resources_subscribe().build().resources
+            } else {
+                ServerCapabilities::builder().enable_resources().build().resources
+            };
         }
+        // Log messages upstreams send during a session's calls are relayed (and filtered by
+        // the session's level), whether or not an upstream declared logging.
+        built.logging = Some(Default::default());
         if gw.offering(|c| c.prompts.is_some()).next().is_some() {
             built.prompts = ServerCapabilities::builder().enable_prompts().build().prompts;
         }
@@ -908,6 +937,7 @@ impl ServerHandler for SessionHandler {
         let wants_task = context.client_capabilities().is_some_and(|c| c.supports_tasks());
         let held_task = wants_task.then(|| Arc::new(parking_lot::Mutex::new(None)));
         let (runner, slot, cancel) = (session.clone(), held_task.clone(), context.ct.clone());
+        let (agent_session, agent) = (session.id, context.peer.clone());
         // The call runs to its end even if the agent stops waiting for it: a turn is never left
         // between recording an effect and learning its outcome.
         let handle = tokio::spawn(async move {
@@ -918,6 +948,7 @@ impl ServerHandler for SessionHandler {
                 }
             };
             let call = CANCEL.scope(cancel, call);
+            let call = crate::relay::AGENT.scope((agent_session, agent), call);
             let call = async move {
                 match approved {
                     Some(record) => APPROVED.scope(record, call).await,
@@ -972,6 +1003,74 @@ impl ServerHandler for SessionHandler {
             )),
             None => Err(McpError::invalid_params(format!("no task `{}` in this session", request.task_id), None)),
         }
+    }
+
+    // Logging is deprecated by SEP-2577; clients before 2026-07-28 still set levels.
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        // Log messages an upstream sends during this session's calls are relayed to it, at or
+        // above this level (the gateway filters); upstreams that declare logging are told the
+        // level too (the last session's level wins there, so the gateway's filter is the one
+        // each session can count on).
+        let session = self.session();
+        if let Some(u) = session.gw.upstreams.first() {
+            u.relay().set_level(session.id, Some(crate::relay::level_rank(request.level)));
+        }
+        for u in session.gw.offering(|c| c.logging.is_some()) {
+            if let Err(e) = u.peer().set_level(request.clone()).await {
+                tracing::warn!(upstream = %u.name, "logging/setLevel: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    // resources/subscribe is the legacy (before 2026-07-28) form, which the gateway passes on.
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let session = self.session();
+        let gw = &session.gw;
+        // A URI another session follows is already subscribed upstream.
+        if let Some(up) = gw.upstreams.first().and_then(|u| u.relay().subscribed_upstream(&request.uri))
+            && let Some(u) = gw.upstreams.iter().find(|u| u.name == up)
+        {
+            u.relay().subscribe(&request.uri, &up, session.id, context.peer.clone());
+            return Ok(());
+        }
+        let mut last = None;
+        for u in gw.offering(subscribes) {
+            match u.peer().subscribe(request.clone()).await {
+                Ok(()) => {
+                    u.relay().subscribe(&request.uri, &u.name, session.id, context.peer.clone());
+                    return Ok(());
+                }
+                Err(e) => last = Some(format!("upstream `{}`: {e}", u.name)),
+            }
+        }
+        Err(McpError::invalid_params(
+            format!(
+                "no upstream takes a subscription to `{}`{}",
+                request.uri,
+                last.map(|l| format!(" ({l})")).unwrap_or_default()
+            ),
+            None,
+        ))
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.session().unsubscribe(Some(&request.uri)).await;
+        Ok(())
     }
 
     async fn complete(

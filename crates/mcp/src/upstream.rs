@@ -128,6 +128,9 @@ impl Upstream {
         };
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = arguments;
+        // Sampling, elicitation and log messages the upstream sends during the call go to the
+        // agent it is made for.
+        let _busy = self.relay.busy(&self.name);
         let call = async {
             let route = Relay::current();
             if route.is_none() && cancel.is_none() {
@@ -172,6 +175,11 @@ impl Upstream {
             }
             Ok(Err(e)) => Called::Unknown(format!("upstream `{}` did not answer `{tool}`: {e}", self.name)),
         }
+    }
+
+    /// Where what the upstream sends toward agents goes.
+    pub fn relay(&self) -> &Arc<Relay> {
+        &self.relay
     }
 
     /// Closes the connection (and ends a child process).

@@ -87,6 +87,109 @@ async def test_tool_with_progress(ctx: Context) -> str:
     return "Tool with progress executed successfully"
 
 
+@server.tool()
+async def test_sampling(prompt: str, ctx: Context) -> str:
+    """Asks the client's model (sampling/createMessage) and returns what it said."""
+    answer = await ctx.session.create_message(
+        [t.SamplingMessage(role="user", content=t.TextContent(type="text", text=prompt))], max_tokens=100
+    )
+    content = answer.content
+    said = getattr(content, "text", None) or str(content)
+    return f"LLM response: {said}"
+
+
+@server.tool()
+async def test_elicitation(message: str, ctx: Context) -> str:
+    """Asks the user (elicitation/create) for a username and an email."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "username": {"type": "string", "description": "User's response"},
+            "email": {"type": "string", "description": "User's email address"},
+        },
+        "required": ["username", "email"],
+    }
+    r = await ctx.session.elicit_form(message, schema)
+    return f"User response: action={r.action}, content={r.content}"
+
+
+@server.tool()
+async def test_elicitation_sep1034_defaults(ctx: Context) -> str:
+    """Asks the user with a form whose every field has a default (SEP-1034)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "description": "User name", "default": "John Doe"},
+            "age": {"type": "integer", "description": "User age", "default": 30},
+            "score": {"type": "number", "description": "User score", "default": 95.5},
+            "status": {"type": "string", "description": "User status", "enum": ["active", "inactive", "pending"],
+                       "default": "active"},
+            "verified": {"type": "boolean", "description": "Verification status", "default": True},
+        },
+        "required": [],
+    }
+    r = await ctx.session.elicit_form("Please review the defaults", schema)
+    return f"Elicitation completed: action={r.action}, content={r.content}"
+
+
+@server.tool()
+async def test_elicitation_sep1330_enums(ctx: Context) -> str:
+    """Asks the user with the five enum forms of SEP-1330."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "untitledSingle": {"type": "string", "enum": ["option1", "option2", "option3"]},
+            "titledSingle": {"type": "string", "oneOf": [
+                {"const": "value1", "title": "First Option"},
+                {"const": "value2", "title": "Second Option"},
+                {"const": "value3", "title": "Third Option"},
+            ]},
+            "legacyEnum": {"type": "string", "enum": ["opt1", "opt2", "opt3"],
+                           "enumNames": ["Option One", "Option Two", "Option Three"]},
+            "untitledMulti": {"type": "array", "items": {"type": "string", "enum": ["option1", "option2", "option3"]}},
+            "titledMulti": {"type": "array", "items": {"anyOf": [
+                {"const": "value1", "title": "First Choice"},
+                {"const": "value2", "title": "Second Choice"},
+                {"const": "value3", "title": "Third Choice"},
+            ]}},
+        },
+        "required": [],
+    }
+    r = await ctx.session.elicit_form("Please pick", schema)
+    return f"Elicitation completed: action={r.action}, content={r.content}"
+
+
+WATCHED = "test://watched-resource"
+subscribers = set()
+
+
+@server.tool()
+async def test_touch_watched(ctx: Context) -> str:
+    """Changes the watched resource and tells its subscribers (not a conformance scenario)."""
+    if WATCHED in subscribers:
+        await ctx.session.send_resource_updated(WATCHED)
+    return f"touched ({len(subscribers)} subscription)"
+
+
+@server.resource(WATCHED, mime_type="text/plain")
+def watched() -> str:
+    return "A resource that can be subscribed to."
+
+
+async def on_subscribe(ctx, params):
+    subscribers.add(str(params.uri))
+    return t.EmptyResult()
+
+
+async def on_unsubscribe(ctx, params):
+    subscribers.discard(str(params.uri))
+    return t.EmptyResult()
+
+
+server._lowlevel_server.add_request_handler("resources/subscribe", t.SubscribeRequestParams, on_subscribe)
+server._lowlevel_server.add_request_handler("resources/unsubscribe", t.UnsubscribeRequestParams, on_unsubscribe)
+
+
 @server.resource("test://static-text", mime_type="text/plain")
 def static_text() -> str:
     return "This is the content of the static text resource."
