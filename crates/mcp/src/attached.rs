@@ -116,7 +116,18 @@ impl Server {
 
     /// One request; a 4xx/5xx answer is a [`RemoteError::Problem`].
     pub async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Result<(u16, Value), RemoteError> {
-        let url = if path.starts_with("http://") { path.to_string() } else { format!("{}{path}", self.base) };
+        // Only paths on the configured server: a URL the server answers (a ticket's
+        // `result_url`) never sends the API key anywhere else.
+        let url = match path.strip_prefix(self.base.as_str()) {
+            Some(rest) if rest.starts_with('/') => path.to_string(),
+            _ if path.starts_with('/') => format!("{}{path}", self.base),
+            _ => {
+                return Err(RemoteError::Transport(format!(
+                    "refusing to send to `{path}`: not a path on the configured server {}",
+                    self.base
+                )));
+            }
+        };
         let mut req = self.http.request(method, url).bearer_auth(&self.key);
         if let Some(b) = body {
             req = req.json(b);
@@ -321,6 +332,11 @@ pub(crate) fn clip(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
+/// Most tasks leased per poll.
+const POLL_BATCH: usize = 16;
+/// Most tasks an attached gateway runs at once.
+const MAX_RUNNING_TASKS: usize = 64;
+
 /// Long-polls the server for the tasks of `capabilities` and runs each through `gw`'s
 /// upstreams until `stop` is cancelled. A task whose run is cut off by the stop is not
 /// reported: its lease ends and the server offers it again (to the next gateway).
@@ -331,13 +347,27 @@ pub fn spawn_worker(
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        // At most this many tasks run at once: a poll waits for room, so a server that keeps
+        // offering work never makes the gateway start unbounded upstream calls.
+        let room = Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_TASKS));
         let mut backoff = Duration::from_millis(200);
-        let poll = json!({"worker": server.worker, "capabilities": capabilities, "max_tasks": 16, "wait_ms": 10_000});
+        let poll =
+            json!({"worker": server.worker, "capabilities": capabilities, "max_tasks": POLL_BATCH, "wait_ms": 10_000});
         loop {
+            let mut free = tokio::select! {
+                _ = stop.cancelled() => return,
+                p = room.clone().acquire_many_owned(POLL_BATCH as u32) => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
             let got = tokio::select! {
                 _ = stop.cancelled() => return,
                 r = server.send(Method::POST, "/v1/tasks/poll", Some(&poll)) => r,
             };
+            // The batch's room is given back task by task as each one ends.
+            let mut permits: Vec<_> = (0..POLL_BATCH).filter_map(|_| free.split(1)).collect();
+            drop(free);
             let tasks = match got {
                 Ok((_, v)) => {
                     backoff = Duration::from_millis(200);
@@ -357,7 +387,9 @@ pub fn spawn_worker(
                 let Some(g) = gw.upgrade() else { return };
                 let server = server.clone();
                 let stop = stop.clone();
+                let permit = permits.pop();
                 tokio::spawn(async move {
+                    let _permit = permit;
                     let id = task.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
                     let op = task.get("operation").and_then(Value::as_str).unwrap_or_default().to_string();
                     let tool = task.get("tool").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -376,4 +408,46 @@ pub fn spawn_worker(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> Server {
+        Server {
+            base: "http://127.0.0.1:9".into(),
+            key: "tg_secret".into(),
+            http: reqwest::Client::new(),
+            name: "mcp".into(),
+            worker: "w".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_api_key_goes_only_to_the_configured_server() {
+        let s = server();
+        for elsewhere in ["http://evil.example/v1/x", "http://127.0.0.1:99/v1/x", "http://127.0.0.1:9.evil/v1", "v1/x"]
+        {
+            match s.send(Method::POST, elsewhere, None).await {
+                Err(RemoteError::Transport(m)) => assert!(m.contains("refusing"), "{elsewhere}: {m}"),
+                other => panic!("{elsewhere}: {other:?}"),
+            }
+        }
+        // A path on it is sent (and fails only because nothing listens on port 9).
+        match s.send(Method::GET, "http://127.0.0.1:9/v1/whoami", None).await {
+            Err(RemoteError::Transport(m)) => assert!(!m.contains("refusing"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn task_results_are_bounded_and_shaped_as_the_server_takes_them() {
+        let long = "x".repeat(10_000);
+        let v = task_result(crate::gateway::OpResult::Failed(long));
+        assert_eq!(v["status"], "failed");
+        assert!(v["error"].as_str().is_some_and(|e| e.len() <= 4004));
+        let v = task_result(crate::gateway::OpResult::Done { output: json!({"a": 1}), residue: Some("fee".into()) });
+        assert_eq!(v, json!({"status": "done", "output": {"a": 1}, "residue": "fee"}));
+    }
 }

@@ -150,6 +150,11 @@ impl Relay {
         }
     }
 
+    /// How many URIs `session` is subscribed to.
+    pub fn subscriptions_of(&self, session: u64) -> usize {
+        self.subscriptions.lock().values().filter(|(_, l)| l.iter().any(|(s, _)| *s == session)).count()
+    }
+
     /// Remembers `session`'s subscription to `uri`, accepted by `upstream`. Returns whether
     /// the URI had no subscriber before.
     pub fn subscribe(&self, uri: &str, upstream: &str, session: u64, peer: Peer<RoleServer>) -> bool {

@@ -54,6 +54,9 @@ tokio::task_local! {
     static APPROVED: Value;
 }
 
+/// The most resources a session may follow (`resources/subscribe`).
+pub const MAX_SUBSCRIPTIONS_PER_SESSION: usize = 256;
+
 /// The most approvals a session keeps waiting for an answer (input-required flow).
 pub const MAX_PENDING_APPROVALS: usize = 64;
 
@@ -1037,6 +1040,17 @@ impl ServerHandler for SessionHandler {
     ) -> Result<(), McpError> {
         let session = self.session();
         let gw = &session.gw;
+        if let Some(u) = gw.upstreams.first()
+            && u.relay().subscriptions_of(session.id) >= MAX_SUBSCRIPTIONS_PER_SESSION
+        {
+            return Err(McpError::invalid_params(
+                format!(
+                    "this session follows {MAX_SUBSCRIPTIONS_PER_SESSION} resources already (the most a session may); \
+                     unsubscribe from one first"
+                ),
+                None,
+            ));
+        }
         // A URI another session follows is already subscribed upstream.
         if let Some(up) = gw.upstreams.first().and_then(|u| u.relay().subscribed_upstream(&request.uri))
             && let Some(u) = gw.upstreams.iter().find(|u| u.name == up)
