@@ -1,7 +1,8 @@
 //! `tidegate bench contention|speculation|irreversible|recovery|stress|annotations|all`: the
 //! evaluation harness of `tidegate-eval`, next to the engine micro-benchmarks. The harness is
 //! compiled in only with the cargo feature `eval` (it needs tokio's `test-util` for its
-//! virtual clock); without it the workload subcommands say how to get it.
+//! virtual clock); without it the workload subcommands are not listed by `tidegate bench
+//! --help` (only what this binary can run is), and called anyway they say how to get them.
 
 use std::path::PathBuf;
 
@@ -17,18 +18,25 @@ pub enum BenchCmd {
     #[command(flatten)]
     Engine(crate::bench::Which),
     /// Cancel-vs-modify on one order, disjoint orders, wait scaling (Tables 1 and 10).
+    #[cfg_attr(not(feature = "eval"), command(hide = true))]
     Contention(EvalArgs),
     /// K speculative branches over four sinks: residue and latency (Tables 12 and 17).
+    #[cfg_attr(not(feature = "eval"), command(hide = true))]
     Speculation(EvalArgs),
     /// Irreversible sends under five abort sources, with the valid-send control (Tables 2, 15).
+    #[cfg_attr(not(feature = "eval"), command(hide = true))]
     Irreversible(EvalArgs),
     /// F1-F5 at three rates, bursts, compensation-failure audit (Tables 9, 7, 16).
+    #[cfg_attr(not(feature = "eval"), command(hide = true))]
     Recovery(EvalArgs),
     /// The combined stress run (Table 3).
+    #[cfg_attr(not(feature = "eval"), command(hide = true))]
     Stress(EvalArgs),
     /// Adapter annotation errors and scope aliasing (Tables 21 and 20).
+    #[cfg_attr(not(feature = "eval"), command(hide = true))]
     Annotations(EvalArgs),
     /// Every evaluation workload.
+    #[cfg_attr(not(feature = "eval"), command(hide = true))]
     All(EvalArgs),
 }
 

@@ -53,6 +53,12 @@ enum Command {
         cmd: ledger::Cmd,
     },
     /// Benchmarks.
+    #[cfg_attr(
+        not(feature = "eval"),
+        command(after_help = "The evaluation workloads (contention, speculation, irreversible, recovery, stress, \
+                              annotations, all) need the evaluation harness: build with `cargo build --release -p \
+                              tidegate --features eval`.")
+    )]
     Bench {
         #[command(subcommand)]
         which: eval::BenchCmd,
