@@ -105,6 +105,30 @@ def write_policy(dir: Path, body: str, store: str | None = None, call_timeout_ms
     return p
 
 
+def put_hold_and_kill(policy: Path, env: dict | None = None) -> None:
+    """A gateway over raw stdio runs a `put` and holds a `send` in one turn, then dies without a
+    word (SIGKILL of its process group: its upstreams too)."""
+    import signal
+
+    proc = subprocess.Popen([BIN, "serve", "--policy", str(policy)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **(env or {})})
+
+    def rpc(i, method, params=None):
+        msg = {"jsonrpc": "2.0", "id": i, "method": method}
+        if params is not None:
+            msg["params"] = params
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+        return json.loads(proc.stdout.readline())
+
+    rpc(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+    proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+    assert "result" in rpc(2, "tools/call", {"name": "put", "arguments": {"key": "a", "value": "1"}})
+    assert "queued" in json.dumps(rpc(3, "tools/call", {"name": "send", "arguments": {"to": "x", "text": "never"}}))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 @contextlib.asynccontextmanager
 async def stdio_session(policy: Path, env: dict | None = None, **session_kwargs):
     # The SDK passes the child only a few variables of its own environment; `env` adds more.

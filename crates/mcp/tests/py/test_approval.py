@@ -45,11 +45,17 @@ async def test_an_approved_call_is_held_and_fires_at_commit(workdir):
     assert digest.encode() in stored
 
 
+@pytest.mark.parametrize("flow", ["elicitation", "input_required"])
 @pytest.mark.parametrize("action,approve", [("decline", True), ("cancel", True), ("accept", False)])
-async def test_a_call_that_is_not_approved_never_runs(workdir, action, approve):
+async def test_a_call_that_is_not_approved_never_runs(workdir, action, approve, flow):
     log = workdir / "log.jsonl"
     policy = write_policy(workdir, log_upstream(log) + APPROVED)
-    async with stdio_session(policy, elicitation_callback=answering(action, approve)) as s:
+    callback = answering(action, approve)
+    if flow == "elicitation":
+        client = stdio_session(policy, elicitation_callback=callback)
+    else:
+        client = modern_client(policy, elicitation_callback=callback)
+    async with client as s:
         r = await s.call_tool("send", {"to": "cfo", "text": "wire 10k"})
         assert r.is_error and "nothing was called" in text(r), text(r)
         r = await s.call_tool("tidegate_commit", {})
@@ -101,16 +107,6 @@ async def test_the_current_revision_is_asked_through_the_input_required_flow(wor
     assert [(e["op"], e["text"]) for e in read_log(log)] == [("send", "wire 10k")]
     stored = b"".join(p.read_bytes() for p in (workdir / "ledger").rglob("*") if p.is_file())
     assert digest.encode() in stored and b"input_required" in stored
-
-
-@pytest.mark.parametrize("action,approve", [("decline", True), ("cancel", True), ("accept", False)])
-async def test_the_input_required_flow_runs_nothing_unapproved(workdir, action, approve):
-    log = workdir / "log.jsonl"
-    policy = write_policy(workdir, log_upstream(log) + APPROVED)
-    async with modern_client(policy, elicitation_callback=answering(action, approve)) as c:
-        r = await c.call_tool("send", {"to": "cfo", "text": "wire 10k"})
-        assert r.is_error and "nothing was called" in text(r), text(r)
-    assert read_log(log) == []
 
 
 async def test_an_input_required_answer_binds_the_exact_arguments_and_answers_once(workdir):

@@ -8,15 +8,24 @@ import os
 import re
 import signal
 import subprocess
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import anyio
 import pytest
 
-from conftest import BIN, HERE, HttpGateway, http_session, log_upstream, read_log, stdio_session, text, toml_str
+from conftest import (
+    BIN,
+    HERE,
+    HttpGateway,
+    http_session,
+    log_upstream,
+    put_hold_and_kill,
+    read_log,
+    stdio_session,
+    text,
+    toml_str,
+)
 from test_log_upstream import RULES
 
 pytestmark = pytest.mark.anyio
@@ -185,23 +194,7 @@ async def test_two_attached_sessions_racing_on_one_key_never_lose_an_update(work
 async def test_a_gateway_killed_mid_turn_is_settled_by_the_server_through_the_next_gateway(workdir, server):
     log = workdir / "log.jsonl"
     policy = attached_policy(workdir, server, "[turn]\nidle_ms = 100\n" + log_upstream(log) + RULES)
-    proc = subprocess.Popen([BIN, "serve", "--policy", str(policy)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **key_env(server)})
-
-    def rpc(i, method, params=None):
-        msg = {"jsonrpc": "2.0", "id": i, "method": method}
-        if params is not None:
-            msg["params"] = params
-        proc.stdin.write((json.dumps(msg) + "\n").encode())
-        proc.stdin.flush()
-        return json.loads(proc.stdout.readline())
-
-    rpc(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
-    proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
-    assert "result" in rpc(2, "tools/call", {"name": "put", "arguments": {"key": "a", "value": "1"}})
-    assert "queued" in json.dumps(rpc(3, "tools/call", {"name": "send", "arguments": {"to": "x", "text": "never"}}))
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    put_hold_and_kill(policy, key_env(server))
     assert [e["op"] for e in read_log(log)] == ["put"]
     assert len(server.transactions("unfinished")) == 1
 

@@ -1,15 +1,13 @@
 """How turns end besides tidegate_commit and tidegate_abort: the idle timer, per-call mode,
 and a gateway killed mid-turn (its successor aborts the turn when its lease ends)."""
 
-import os
 import signal
-import subprocess
 import time
 
 import anyio
 import pytest
 
-from conftest import BIN, log_upstream, read_log, stdio_session, text, write_policy
+from conftest import log_upstream, put_hold_and_kill, read_log, stdio_session, text, write_policy
 from test_log_upstream import RULES
 
 pytestmark = pytest.mark.anyio
@@ -58,24 +56,7 @@ async def test_a_gateway_killed_mid_turn_is_settled_by_the_next_one(workdir):
     body = "[turn]\nidle_ms = 100\n" + log_upstream(log) + RULES
     policy = write_policy(workdir, body, call_timeout_ms=1000)
     # The first gateway runs a put and holds a send, then dies without a word (SIGKILL).
-    proc = subprocess.Popen([BIN, "serve", "--policy", str(policy)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-    import json
-
-    def rpc(i, method, params=None):
-        msg = {"jsonrpc": "2.0", "id": i, "method": method}
-        if params is not None:
-            msg["params"] = params
-        proc.stdin.write((json.dumps(msg) + "\n").encode())
-        proc.stdin.flush()
-        return json.loads(proc.stdout.readline())
-
-    rpc(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
-    proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
-    assert "result" in rpc(2, "tools/call", {"name": "put", "arguments": {"key": "a", "value": "1"}})
-    assert "queued" in json.dumps(rpc(3, "tools/call", {"name": "send", "arguments": {"to": "x", "text": "never"}}))
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    put_hold_and_kill(policy)
     assert [e["op"] for e in read_log(log)] == ["put"]
 
     # The next gateway on the same ledger finds the turn open; when its lease ends the turn is
