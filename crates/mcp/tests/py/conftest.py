@@ -105,6 +105,17 @@ def write_policy(dir: Path, body: str, store: str | None = None, call_timeout_ms
     return p
 
 
+async def wait_for(pred, seconds):
+    """Polls `pred` every 0.1 s for up to `seconds`; its last answer."""
+    import anyio
+
+    for _ in range(int(seconds * 10)):
+        if pred():
+            return True
+        await anyio.sleep(0.1)
+    return pred()
+
+
 def put_hold_and_kill(policy: Path, env: dict | None = None) -> None:
     """A gateway over raw stdio runs a `put` and holds a `send` in one turn, then dies without a
     word (SIGKILL of its process group: its upstreams too)."""

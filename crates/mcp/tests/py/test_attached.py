@@ -11,7 +11,6 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-import anyio
 import pytest
 
 from conftest import (
@@ -25,6 +24,7 @@ from conftest import (
     stdio_session,
     text,
     toml_str,
+    wait_for,
 )
 from test_log_upstream import RULES
 
@@ -94,13 +94,6 @@ def attached_policy(workdir: Path, server: TidegateServer, body: str, extra: str
 def key_env(server: TidegateServer) -> dict:
     return {"TIDEGATE_API_KEY": server.key}
 
-
-async def wait_for(pred, seconds):
-    for _ in range(int(seconds * 10)):
-        if pred():
-            return True
-        await anyio.sleep(0.1)
-    return pred()
 
 
 def effects(tx: dict) -> list:

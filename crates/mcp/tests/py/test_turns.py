@@ -4,21 +4,13 @@ and a gateway killed mid-turn (its successor aborts the turn when its lease ends
 import signal
 import time
 
-import anyio
 import pytest
 
-from conftest import log_upstream, put_hold_and_kill, read_log, stdio_session, text, write_policy
+from conftest import log_upstream, put_hold_and_kill, read_log, stdio_session, text, wait_for, write_policy
 from test_log_upstream import RULES
 
 pytestmark = pytest.mark.anyio
 
-
-async def wait_for(pred, seconds):
-    for _ in range(int(seconds * 10)):
-        if pred():
-            return True
-        await anyio.sleep(0.1)
-    return pred()
 
 
 @pytest.mark.parametrize("on_idle", ["abort", "commit"])
