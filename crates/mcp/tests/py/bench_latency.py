@@ -2,12 +2,16 @@
 directly, in one run (issue 30's benchmark; not a test).
 
     .venv/mcp/bin/python crates/mcp/tests/py/bench_latency.py --bin target/release/tidegate-mcp [--calls 2000] [--clients 16]
+        [--store sqlite|memory|attached [--server-bin target/release/tidegate] [--server-data DIR]]
 
 Both paths use the official Python SDK as the client and log_upstream.py as the upstream, so
 the difference is what the gateway adds: one more stdio hop, the engine's record of the call
 (durable on the default SQLite store) and the turn bookkeeping. Reported: p50 and p99 of
 `put` (a reversible call, recorded before it runs; a commit every 10 calls), and
 calls/s through the gateway with N concurrent clients (each its own session and turn).
+`--store attached` puts the turns on a `tidegate serve` started here (in memory, or on the
+durable store under `--server-data`): each call is then two HTTP requests to it (the effect,
+then its result).
 """
 
 import argparse
@@ -35,6 +39,9 @@ class = "reversible"
 scopes = ["kv:{args.key}"]
 compensate = { tool = "unput", args = { key = "{args.key}" } }
 """
+
+
+STARTED = []  # servers to stop however the run ends
 
 
 def pct(xs, p):
@@ -71,17 +78,36 @@ async def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--store", default="sqlite", help="the gateway's ledger: sqlite (durable, the default) or memory")
+    ap.add_argument("--store", default="sqlite",
+                    help="the gateway's ledger: sqlite (durable, the default), memory, or attached (a tidegate serve)")
+    ap.add_argument("--server-bin", default=None, help="with --store attached: the tidegate binary")
+    ap.add_argument("--server-data", default=None, help="with --store attached: the server's data dir (durable)")
     a = ap.parse_args()
+    server = None
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         log = d / "log.jsonl"
         policy = d / "policy.toml"
-        store = "memory:" if a.store == "memory" else "sqlite:" + str(d / "ledger")
-        policy.write_text(f"[gateway]\nstore = {toml_str(store)}\n" + log_upstream(log) + RULES)
+        env = {}
+        if a.store == "attached":
+            import test_attached
+
+            if a.server_bin:
+                test_attached.TIDEGATE = a.server_bin
+            server = test_attached.TidegateServer(Path(a.server_data) if a.server_data else None)
+            STARTED.append(server)
+            env = {"TIDEGATE_API_KEY": server.key}
+            gateway = f"[gateway]\nserver = {toml_str(server.url)}\n"
+        else:
+            store = "memory:" if a.store == "memory" else "sqlite:" + str(d / "ledger")
+            gateway = f"[gateway]\nstore = {toml_str(store)}\n"
+        policy.write_text(gateway + log_upstream(log) + RULES)
         direct = StdioServerParameters(command=sys.executable, args=[str(HERE / "log_upstream.py")],
                                        env={"LOG_UPSTREAM_FILE": str(log)})
-        via = StdioServerParameters(command=a.bin, args=["serve", "--policy", str(policy)])
+        from mcp.client.stdio import get_default_environment
+
+        via = StdioServerParameters(command=a.bin, args=["serve", "--policy", str(policy)],
+                                    env={**get_default_environment(), **env})
         await timed_calls(direct, 50, 0)  # warm-up
         await timed_calls(via, 50, 10)
         d_lat = await timed_calls(direct, a.calls, 0)
@@ -89,7 +115,7 @@ async def main():
         # N clients: one gateway over Streamable HTTP, one session (and turn) per client, on
         # disjoint keys; a commit every 10 calls.
         conftest.BIN = a.bin
-        gw = HttpGateway(policy)
+        gw = HttpGateway(policy, env=env)
         try:
             per = max(10, a.calls // a.clients)
             t = time.perf_counter()
@@ -112,4 +138,8 @@ async def main():
         print(json.dumps(out, indent=1))
 
 
-asyncio.run(main())
+try:
+    asyncio.run(main())
+finally:
+    for s in STARTED:
+        s.stop()
