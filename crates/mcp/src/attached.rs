@@ -66,7 +66,6 @@ impl RemoteError {
 }
 
 /// The server an attached gateway uses.
-#[derive(Debug)]
 pub struct Server {
     base: String,
     key: String,
@@ -76,6 +75,24 @@ pub struct Server {
     /// This process's worker name in task leases.
     pub worker: String,
 }
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the API key.
+        f.debug_struct("Server")
+            .field("base", &self.base)
+            .field("name", &self.name)
+            .field("worker", &self.worker)
+            .finish()
+    }
+}
+
+/// The largest answer the gateway reads from the server.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// How long the gateway keeps asking again when the server does not answer a request whose
+/// outcome it must learn (a ticket's result, a settlement, a task's report).
+const PERSIST: Duration = Duration::from_secs(120);
 
 /// How long a commit or an abort request waits for the settlement before polling on.
 const SETTLE_WAIT_MS: u64 = 30_000;
@@ -116,6 +133,18 @@ impl Server {
 
     /// One request; a 4xx/5xx answer is a [`RemoteError::Problem`].
     pub async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Result<(u16, Value), RemoteError> {
+        self.send_keyed(method, path, body, None).await
+    }
+
+    /// One request, with an `Idempotency-Key` when `key` is given (the server answers a repeat
+    /// with the first answer, so the request can be sent again after a lost answer).
+    pub async fn send_keyed(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        key: Option<&str>,
+    ) -> Result<(u16, Value), RemoteError> {
         // Only paths on the configured server: a URL the server answers (a ticket's
         // `result_url`) never sends the API key anywhere else.
         let url = match path.strip_prefix(self.base.as_str()) {
@@ -129,20 +158,31 @@ impl Server {
             }
         };
         let mut req = self.http.request(method, url).bearer_auth(&self.key);
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req.send().await.map_err(|e| RemoteError::Transport(e.to_string()))?;
+        let mut resp = req.send().await.map_err(|e| RemoteError::Transport(e.to_string()))?;
         let status = resp.status().as_u16();
-        let bytes = resp.bytes().await.map_err(|e| RemoteError::Transport(e.to_string()))?;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| RemoteError::Transport(e.to_string()))? {
+            if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
+                return Err(RemoteError::Transport(format!(
+                    "answer {status} is over {MAX_ANSWER_BYTES} bytes; the gateway reads no more"
+                )));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
         let v: Value = if bytes.is_empty() {
             Value::Null
         } else {
             serde_json::from_slice(&bytes).map_err(|e| {
-                RemoteError::Transport(format!(
+                RemoteError::Transport(clip(&format!(
                     "answer {status} is not JSON ({e}): {}",
                     String::from_utf8_lossy(&bytes)
-                ))
+                )))
             })?
         };
         if status >= 400 {
@@ -150,11 +190,41 @@ impl Server {
             return Err(RemoteError::Problem {
                 status,
                 code: s("code"),
-                detail: s("detail"),
+                detail: clip(&s("detail")),
                 transaction: v.get("transaction").cloned(),
             });
         }
         Ok((status, v))
+    }
+
+    /// Sends `body` until the server answers it for good: a transport error, a 429, a 502-504
+    /// or an `idempotency_key_in_progress` is sent again (with backoff, for up to
+    /// [`PERSIST`]); the request must be one the server takes twice as once (an
+    /// `Idempotency-Key`, a ticket's result, a task's report).
+    async fn send_until_answered(
+        &self,
+        method: Method,
+        path: &str,
+        body: &Value,
+        key: Option<&str>,
+    ) -> Result<(u16, Value), RemoteError> {
+        let deadline = tokio::time::Instant::now() + PERSIST;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let r = self.send_keyed(method.clone(), path, Some(body), key).await;
+            let again = match &r {
+                Err(RemoteError::Transport(_)) => true,
+                Err(RemoteError::Problem { status, code, .. }) => {
+                    matches!(status, 429 | 502 | 503 | 504) || code == "idempotency_key_in_progress"
+                }
+                Ok(_) => false,
+            };
+            if !again || tokio::time::Instant::now() + backoff > deadline {
+                return r;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
     }
 
     /// Registers the capabilities and tools the gateway serves (an equal definition is a
@@ -211,6 +281,9 @@ impl Server {
     }
 
     /// Records an effect → the server's acknowledgement (`ack`, `output`, `result_url`).
+    /// `request` (unique per call of the turn) is the request's `Idempotency-Key`, so a lost
+    /// answer is asked for again instead of leaving a recorded effect the gateway never heard of.
+    #[allow(clippy::too_many_arguments)]
     pub async fn effect(
         &self,
         tx: &str,
@@ -219,6 +292,7 @@ impl Server {
         key: Option<&str>,
         scopes: &[String],
         client_executed: bool,
+        request: &str,
     ) -> Result<Value, RemoteError> {
         let mut body = json!({"tool": tool, "args": args, "scopes": scopes});
         if let Some(k) = key {
@@ -227,13 +301,16 @@ impl Server {
         if client_executed {
             body["execute"] = json!("client");
         }
-        let (_, ack) = self.send(Method::POST, &format!("/v1/transactions/{tx}/effects"), Some(&body)).await?;
+        let path = format!("/v1/transactions/{tx}/effects");
+        let (_, ack) = self.send_until_answered(Method::POST, &path, &body, Some(request)).await?;
         Ok(ack)
     }
 
     /// Reports how a ticket's call ended → the acknowledgement (`executed` with its output).
+    /// A result is reported once and the server keeps its answer, so it is sent again until
+    /// the server answers it.
     pub async fn report(&self, result_url: &str, result: &Value) -> Result<Value, RemoteError> {
-        let (_, ack) = self.send(Method::POST, result_url, Some(result)).await?;
+        let (_, ack) = self.send_until_answered(Method::POST, result_url, result, None).await?;
         Ok(ack)
     }
 
@@ -246,39 +323,42 @@ impl Server {
     /// be the settled transaction) → the settled transaction.
     async fn settled(&self, tx: &str, mut answer: (u16, Value)) -> Result<Value, RemoteError> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+        let mut backoff = Duration::from_millis(100);
         while answer.0 == 202 || answer.1.get("outcome").is_none() {
             if tokio::time::Instant::now() > deadline {
                 return Err(RemoteError::Transport(format!("transaction {tx} did not settle within 600 s")));
             }
-            answer = self
-                .send(Method::GET, &format!("/v1/transactions/{tx}/outcome?timeout_ms={SETTLE_WAIT_MS}"), None)
-                .await?;
+            let path = format!("/v1/transactions/{tx}/outcome?timeout_ms={SETTLE_WAIT_MS}");
+            match self.send(Method::GET, &path, None).await {
+                Ok(a) => {
+                    answer = a;
+                    backoff = Duration::from_millis(100);
+                }
+                // The transaction goes on settling on the server: ask again.
+                Err(RemoteError::Transport(_)) | Err(RemoteError::Problem { status: 429 | 502..=504, .. }) => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(answer.1)
     }
 
     /// Seals and commits → the settled transaction (committed or not).
     pub async fn commit(&self, tx: &str) -> Result<Value, RemoteError> {
-        let a = self
-            .send(
-                Method::POST,
-                &format!("/v1/transactions/{tx}/commit"),
-                Some(&json!({"seal": true, "wait_ms": SETTLE_WAIT_MS})),
-            )
-            .await?;
+        // A commit asked again waits for the same one (docs/server.md), so a lost answer is
+        // asked for again.
+        let body = json!({"seal": true, "wait_ms": SETTLE_WAIT_MS});
+        let a = self.send_until_answered(Method::POST, &format!("/v1/transactions/{tx}/commit"), &body, None).await?;
         self.settled(tx, a).await
     }
 
     /// Aborts → the settled transaction.
     pub async fn abort(&self, tx: &str, reason: &str) -> Result<Value, RemoteError> {
         let reason: String = reason.chars().take(1000).collect();
-        let a = self
-            .send(
-                Method::POST,
-                &format!("/v1/transactions/{tx}/abort"),
-                Some(&json!({"reason": reason, "wait_ms": SETTLE_WAIT_MS})),
-            )
-            .await?;
+        let body = json!({"reason": reason, "wait_ms": SETTLE_WAIT_MS});
+        let a = self.send_until_answered(Method::POST, &format!("/v1/transactions/{tx}/abort"), &body, None).await?;
         self.settled(tx, a).await
     }
 
@@ -332,24 +412,68 @@ pub(crate) fn clip(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
+/// Runs one leased task through the gateway's upstreams and reports it. A `call` or
+/// `release` task offered again (its `attempt` is above 1: an earlier lease ended without a
+/// report) is never run again: an MCP call carries no idempotency key, so the gateway reports
+/// its outcome `unknown` and the server's probe (or the engine's rule for an unknown outcome)
+/// decides. The lease is renewed while the operation runs; the report is sent again until the
+/// server answers it.
+async fn run_task(gw: &crate::Gateway, server: &Server, task: &Value) {
+    let s = |k: &str| task.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let (id, op, tool) = (s("id"), s("operation"), s("tool"));
+    let attempt = task.get("attempt").and_then(Value::as_u64).unwrap_or(1);
+    let args = task.get("args").cloned().unwrap_or(Value::Null);
+    let output = task.get("output").cloned().unwrap_or(Value::Null);
+    let result = if matches!(op.as_str(), "call" | "release") && attempt > 1 {
+        crate::gateway::OpResult::Unknown(format!(
+            "`{tool}` was leased before (attempt {attempt}) and its outcome was never reported; the gateway \
+             does not call it again"
+        ))
+    } else {
+        let beat = Duration::from_millis(gw.policy.gateway.call_timeout_ms.max(3_000) / 3);
+        let run = gw.run_operation(&tool, &op, &args, &output);
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                r = &mut run => break r,
+                _ = tokio::time::sleep(beat) => {
+                    let body = json!({"worker": server.worker});
+                    if let Err(e) = server.send(Method::POST, &format!("/v1/tasks/{id}/heartbeat"), Some(&body)).await {
+                        tracing::warn!(task = %id, "renewing the lease of {op} of `{tool}`: {e}");
+                    }
+                }
+            }
+        }
+    };
+    let body = json!({"worker": server.worker, "result": task_result(result)});
+    match server.send_until_answered(Method::POST, &format!("/v1/tasks/{id}/report"), &body, None).await {
+        Ok(_) => {}
+        // Settled already (a report that got through before), or no longer this worker's.
+        Err(RemoteError::Problem { status: 409, code, .. }) => {
+            tracing::info!(task = %id, "the report of {op} of `{tool}` was not needed: {code}");
+        }
+        Err(e) => tracing::warn!(task = %id, "reporting {op} of `{tool}`: {e}"),
+    }
+}
+
 /// Most tasks leased per poll.
 const POLL_BATCH: usize = 16;
 /// Most tasks an attached gateway runs at once.
-const MAX_RUNNING_TASKS: usize = 64;
+pub const MAX_RUNNING_TASKS: usize = 64;
 
 /// Long-polls the server for the tasks of `capabilities` and runs each through `gw`'s
-/// upstreams until `stop` is cancelled. A task whose run is cut off by the stop is not
-/// reported: its lease ends and the server offers it again (to the next gateway).
+/// upstreams until `stop` is cancelled. The tasks already running go on to their report
+/// ([`crate::Gateway::shutdown`] waits for them, holding every permit of `room`).
 pub fn spawn_worker(
     gw: std::sync::Weak<crate::Gateway>,
     server: Arc<Server>,
     capabilities: Vec<String>,
     stop: tokio_util::sync::CancellationToken,
+    room: Arc<tokio::sync::Semaphore>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        // At most this many tasks run at once: a poll waits for room, so a server that keeps
-        // offering work never makes the gateway start unbounded upstream calls.
-        let room = Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_TASKS));
+        // At most MAX_RUNNING_TASKS run at once (`room`): a poll waits for room, so a server
+        // that keeps offering work never makes the gateway start unbounded upstream calls.
         let mut backoff = Duration::from_millis(200);
         let poll =
             json!({"worker": server.worker, "capabilities": capabilities, "max_tasks": POLL_BATCH, "wait_ms": 10_000});
@@ -386,24 +510,12 @@ pub fn spawn_worker(
             for task in tasks {
                 let Some(g) = gw.upgrade() else { return };
                 let server = server.clone();
-                let stop = stop.clone();
                 let permit = permits.pop();
+                // A task runs to its end and is reported even when the gateway stops: a call
+                // cut off halfway would be an outcome nobody learns.
                 tokio::spawn(async move {
                     let _permit = permit;
-                    let id = task.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
-                    let op = task.get("operation").and_then(Value::as_str).unwrap_or_default().to_string();
-                    let tool = task.get("tool").and_then(Value::as_str).unwrap_or_default().to_string();
-                    let args = task.get("args").cloned().unwrap_or(Value::Null);
-                    let output = task.get("output").cloned().unwrap_or(Value::Null);
-                    let result = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        r = g.run_operation(&tool, &op, &args, &output) => r,
-                    };
-                    let body = json!({"worker": server.worker, "result": task_result(result)});
-                    match server.send(Method::POST, &format!("/v1/tasks/{id}/report"), Some(&body)).await {
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(task = %id, "reporting {op} of `{tool}`: {e}"),
-                    }
+                    run_task(&g, &server, &task).await;
                 });
             }
         }

@@ -113,6 +113,8 @@ pub enum Backend {
         server: Arc<Server>,
         /// Stops the task worker.
         stop: tokio_util::sync::CancellationToken,
+        /// The worker's room for running tasks (each holds a permit).
+        running: Arc<tokio::sync::Semaphore>,
     },
 }
 
@@ -158,6 +160,17 @@ impl Gateway {
     /// Starts the upstreams of `policy`, binds it and builds the engine (embedded), or
     /// registers its tools with the server and starts the task worker (attached).
     pub async fn start(policy: Policy) -> Result<Arc<Gateway>, GatewayError> {
+        Gateway::start_as(policy, true).await
+    }
+
+    /// Starts the upstreams and binds the policy for `tidegate-mcp check`: attached, it only
+    /// checks that the server answers the key, and neither registers tools nor takes tasks (a
+    /// check never changes what a live server's turns use).
+    pub async fn start_checking(policy: Policy) -> Result<Arc<Gateway>, GatewayError> {
+        Gateway::start_as(policy, false).await
+    }
+
+    async fn start_as(policy: Policy, serve: bool) -> Result<Arc<Gateway>, GatewayError> {
         let policy = Arc::new(policy);
         let timeout = Duration::from_millis(policy.gateway.call_timeout_ms);
         let relay = Arc::new(crate::relay::Relay::default());
@@ -179,13 +192,19 @@ impl Gateway {
             };
             upstreams.push(up);
         }
-        match Gateway::bind(policy, upstreams.clone(), server).await {
+        match Gateway::bind(policy, upstreams.clone(), server, serve).await {
             Ok(g) => {
                 let g = Arc::new(g);
                 let _ = relay.gateway.set(Arc::downgrade(&g));
-                if let Backend::Attached { server, stop } = &g.backend {
+                if let (true, Backend::Attached { server, stop, running }) = (serve, &g.backend) {
                     let caps = g.upstreams.iter().map(|u| server.capability(&u.name)).collect();
-                    crate::attached::spawn_worker(Arc::downgrade(&g), server.clone(), caps, stop.clone());
+                    crate::attached::spawn_worker(
+                        Arc::downgrade(&g),
+                        server.clone(),
+                        caps,
+                        stop.clone(),
+                        running.clone(),
+                    );
                 }
                 Ok(g)
             }
@@ -202,6 +221,7 @@ impl Gateway {
         policy: Arc<Policy>,
         upstreams: Vec<Arc<Upstream>>,
         server: Option<Arc<Server>>,
+        serve: bool,
     ) -> Result<Gateway, GatewayError> {
         let lists: Vec<Vec<rmcp::model::Tool>> = upstreams.iter().map(|u| u.tools.clone()).collect();
         let (catalog, runtime_tools, report) = expose(&policy, &upstreams, lists)?;
@@ -222,12 +242,18 @@ impl Gateway {
                 Backend::Embedded(engine)
             }
             Some(server) => {
-                let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
-                server
-                    .register(&names, &remote_tools(&catalog, &upstreams), task_lease_ms(&policy))
-                    .await
-                    .map_err(GatewayError::Serve)?;
-                Backend::Attached { server, stop: tokio_util::sync::CancellationToken::new() }
+                if serve {
+                    let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
+                    server
+                        .register(&names, &remote_tools(&catalog, &upstreams), task_lease_ms(&policy))
+                        .await
+                        .map_err(GatewayError::Serve)?;
+                }
+                Backend::Attached {
+                    server,
+                    stop: tokio_util::sync::CancellationToken::new(),
+                    running: Arc::new(tokio::sync::Semaphore::new(crate::attached::MAX_RUNNING_TASKS)),
+                }
             }
         };
         let gw = Gateway {
@@ -252,10 +278,9 @@ impl Gateway {
             _ => None,
         });
         let Some((x, e)) = found else {
-            return OpResult::Failed(format!(
-                "this gateway (policy {}) governs no tool `{tool}`",
-                self.policy.file.display()
-            ));
+            let why = format!("this gateway (policy {}) governs no tool `{tool}`", self.policy.file.display());
+            // A probe that cannot ask does not know.
+            return if operation == "probe" { OpResult::Unknown(why) } else { OpResult::Failed(why) };
         };
         let up = &self.upstreams[x.upstream];
         match operation {
@@ -365,9 +390,14 @@ impl Gateway {
         for s in live {
             s.end("the gateway is shutting down").await;
         }
-        // The worker ran the aborts' compensations; it stops before the upstreams close.
-        if let Backend::Attached { stop, .. } = &self.backend {
+        // The worker ran the aborts' compensations; it stops polling, and the tasks it is
+        // running finish and are reported before the upstreams close (for at most one call's
+        // time and a margin).
+        if let Backend::Attached { stop, running, .. } = &self.backend {
             stop.cancel();
+            let all = u32::try_from(crate::attached::MAX_RUNNING_TASKS).unwrap_or(u32::MAX);
+            let wait = Duration::from_millis(self.policy.gateway.call_timeout_ms + 5_000);
+            let _ = tokio::time::timeout(wait, running.acquire_many(all)).await;
         }
         self.close_upstreams().await;
     }

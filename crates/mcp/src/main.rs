@@ -98,7 +98,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Check { policy } => {
-            let gw = start(&policy).await?;
+            let gw = Gateway::start_checking(Policy::load(&policy)?).await?;
+            for line in &gw.report {
+                eprintln!("tidegate-mcp: {line}");
+            }
             for e in &gw.exposed().exposed {
                 let what = match &e.kind {
                     tidegate_mcp::gateway::Kind::Read { .. } => "read".to_string(),

@@ -34,8 +34,9 @@ tokio::task_local! {
     pub static AGENT: (u64, Peer<RoleServer>);
 }
 
-/// Who has calls in flight on one upstream: (guard number, session, its agent).
-type Busy = Vec<(u64, u64, Peer<RoleServer>)>;
+/// Who has calls in flight on one upstream: (guard number, the session and its agent, or
+/// `None` for a call made for no agent: a release, a compensation, a worker task).
+type Busy = Vec<(u64, Option<(u64, Peer<RoleServer>)>)>;
 
 /// One subscribed URI: the upstream that accepted it, and the sessions (number, agent).
 type Subscribers = (String, Vec<(u64, Peer<RoleServer>)>);
@@ -83,7 +84,7 @@ impl Drop for BusyGuard {
     fn drop(&mut self) {
         let mut busy = self.relay.busy.lock();
         if let Some(list) = busy.get_mut(&self.upstream) {
-            list.retain(|(g, _, _)| *g != self.id);
+            list.retain(|(g, _)| *g != self.id);
             if list.is_empty() {
                 busy.remove(&self.upstream);
             }
@@ -110,13 +111,14 @@ impl Relay {
         ROUTE.try_with(|r| r.clone()).ok()
     }
 
-    /// Marks a call of the current agent ([`AGENT`]) in flight on `upstream` until the guard
-    /// drops (nothing outside an agent's request: a compensation, a worker task).
-    pub fn busy(self: &Arc<Relay>, upstream: &str) -> Option<BusyGuard> {
-        let (session, peer) = AGENT.try_with(|a| a.clone()).ok()?;
+    /// Marks a call in flight on `upstream` until the guard drops: the current agent's
+    /// ([`AGENT`]), or a call made for no agent (a release, a compensation, a worker task),
+    /// which makes what the upstream sends meanwhile unattributable.
+    pub fn busy(self: &Arc<Relay>, upstream: &str) -> BusyGuard {
+        let agent = AGENT.try_with(|a| a.clone()).ok();
         let id = self.guards.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.busy.lock().entry(upstream.to_string()).or_default().push((id, session, peer));
-        Some(BusyGuard { relay: self.clone(), upstream: upstream.to_string(), id })
+        self.busy.lock().entry(upstream.to_string()).or_default().push((id, agent));
+        BusyGuard { relay: self.clone(), upstream: upstream.to_string(), id }
     }
 
     /// Sets the least severity relayed to `session` (`None`: forget it, the session ended).
@@ -135,12 +137,18 @@ impl Relay {
     fn agent_session_for(&self, upstream: &str) -> Result<(u64, Peer<RoleServer>), String> {
         let busy = self.busy.lock();
         let list = busy.get(upstream).map(Vec::as_slice).unwrap_or_default();
-        let mut sessions: Vec<u64> = list.iter().map(|(_, s, _)| *s).collect();
+        if list.iter().any(|(_, a)| a.is_none()) {
+            return Err(format!(
+                "tidegate-mcp: upstream `{upstream}` is running a call made for no agent (a release or a \
+                 compensation); the request cannot be attributed, so no agent is asked"
+            ));
+        }
+        let mut sessions: Vec<u64> = list.iter().filter_map(|(_, a)| a.as_ref().map(|(s, _)| *s)).collect();
         sessions.sort_unstable();
         sessions.dedup();
         match (sessions.len(), list.first()) {
-            (1, Some((_, session, peer))) => Ok((*session, peer.clone())),
-            (0, _) | (_, None) => {
+            (1, Some((_, Some((session, peer))))) => Ok((*session, peer.clone())),
+            (0, _) | (_, None) | (1, _) => {
                 Err(format!("tidegate-mcp: no agent call is in flight on upstream `{upstream}` to ask"))
             }
             (n, _) => Err(format!(

@@ -54,6 +54,13 @@ tokio::task_local! {
     static APPROVED: Value;
 }
 
+/// The most bytes of arguments (as pretty JSON) an approval shows; larger ones are refused,
+/// since a person approves only what is shown.
+pub const MAX_APPROVAL_TEXT: usize = 8000;
+
+/// The most calls one turn holds; the next is refused until the turn ends.
+pub const MAX_CALLS_PER_TURN: usize = 10_000;
+
 /// The most resources a session may follow (`resources/subscribe`).
 pub const MAX_SUBSCRIPTIONS_PER_SESSION: usize = 256;
 
@@ -103,6 +110,8 @@ pub struct Session {
     tasks: parking_lot::Mutex<std::collections::BTreeMap<u64, TaskEntry>>,
     next_task: std::sync::atomic::AtomicU64,
     approvals: parking_lot::Mutex<std::collections::HashMap<String, PendingApproval>>,
+    /// Set once the session ended: no turn begins after it.
+    ended: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Session {
@@ -145,6 +154,7 @@ impl SessionHandler {
             tasks: Default::default(),
             next_task: Default::default(),
             approvals: Default::default(),
+            ended: Default::default(),
         });
         session.gw.track(&session);
         if session.gw.policy.turn.mode == TurnMode::Turn {
@@ -222,6 +232,7 @@ impl Session {
 
     /// Aborts the open turn, if any (the session is going away), and drops its subscriptions.
     pub async fn end(&self, why: &str) {
+        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
         self.unsubscribe(None).await;
         if let Some(u) = self.gw.upstreams.first() {
             u.relay().set_level(self.id, None);
@@ -390,7 +401,7 @@ impl Session {
             return Err(format!("`{name}` needs a person's approval, and there is no client connection to ask"));
         };
         let policy = &self.gw.policy;
-        let (digest, message, timeout) = self.approval_request(name, args);
+        let (digest, message, timeout) = self.approval_request(name, args)?;
         let asked = crate::time_ms();
         let why = match peer.elicit_with_timeout::<Approval>(message, Some(timeout)).await {
             Ok(Some(Approval { approve: true })) => {
@@ -427,7 +438,7 @@ impl Session {
 
     /// What an approval of `name` with `args` asks: the digest (SHA-256 over the tool, its
     /// exact arguments and the policy's version), the message shown, and how long it stays open.
-    fn approval_request(&self, name: &str, args: &Value) -> (String, String, Duration) {
+    fn approval_request(&self, name: &str, args: &Value) -> Result<(String, String, Duration), String> {
         use sha2::Digest;
         let policy = &self.gw.policy;
         let mut h = sha2::Sha256::new();
@@ -438,22 +449,34 @@ impl Session {
         h.update(policy.version.as_bytes());
         let digest: String = h.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect();
         let timeout = Duration::from_millis(policy.gateway.approval_timeout_ms);
-        let shown = {
-            let t = serde_json::to_string_pretty(args).unwrap_or_default();
-            if t.len() > 4000 {
-                let cut: String = t.chars().take(4000).collect();
-                format!("{cut}… ({} bytes)", t.len())
-            } else {
-                t
-            }
-        };
+        let shown: String = serde_json::to_string_pretty(args)
+            .unwrap_or_default()
+            .chars()
+            .map(|c| match c {
+                // Direction overrides and isolates would let the text shown read otherwise
+                // than the arguments approved.
+                '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => {
+                    format!("\\u{{{:04x}}}", c as u32)
+                }
+                c => c.to_string(),
+            })
+            .collect();
+        // The person approves what is shown: all of the arguments, or nothing.
+        if shown.len() > MAX_APPROVAL_TEXT {
+            return Err(format!(
+                "`{name}` needs a person's approval, and its arguments are {} bytes as text: more than the {} a \
+                 person is shown, so they cannot all be shown (digest {digest})",
+                shown.len(),
+                MAX_APPROVAL_TEXT
+            ));
+        }
         let message = format!(
             "Approve `{name}` with exactly these arguments?\n{shown}\n(digest {digest}, policy {}; this request \
              expires in {} s)",
             policy.version,
             timeout.as_secs()
         );
-        (digest, message, timeout)
+        Ok((digest, message, timeout))
     }
 
     /// The approval of a call from a client on the 2026-07-28 revision, which takes no request
@@ -469,7 +492,10 @@ impl Session {
         state: Option<&str>,
     ) -> ApprovalStep {
         use rmcp::model::{ElicitResult, ElicitationAction};
-        let (digest, message, timeout) = self.approval_request(name, args);
+        let (digest, message, timeout) = match self.approval_request(name, args) {
+            Ok(r) => r,
+            Err(why) => return ApprovalStep::Refused(format!("{why}; nothing was called")),
+        };
         let now = Instant::now();
         if let (Some(handle), Some(answer)) = (state, responses.and_then(|r| r.get("approval"))) {
             let Some(p) = self.approvals.lock().remove(handle) else {
@@ -585,9 +611,18 @@ impl Session {
                 Some(Called::Done(v)) if committed => {
                     serde_json::from_value(v).unwrap_or_else(|e| tool_error(format!("{e}")))
                 }
-                Some(Called::Failed(m)) | Some(Called::Unknown(m)) if committed => {
+                Some(Called::Failed(m)) if committed => {
                     tool_error(format!("`{}` failed when the turn released it: {m}", n.tool))
                 }
+                Some(Called::Unknown(m)) if committed => {
+                    tool_error(format!("`{}`: the outcome of its release is unknown: {m}", n.tool))
+                }
+                // Nothing settled (the commit or abort did not complete): the turn may still
+                // commit on its own, so nobody can say the call never ran.
+                _ if settled.is_none() => tool_error(format!(
+                    "`{}`: outcome unknown: {why}; the turn settles on its own and its ledger says how",
+                    n.tool
+                )),
                 _ => tool_error(format!("`{}` never ran: {why}", n.tool)),
             };
             let Some(k) = id.strip_prefix("held-").and_then(|k| k.parse::<u64>().ok()) else { continue };
@@ -608,11 +643,22 @@ impl Session {
     /// Begins a turn if none is open.
     async fn open_turn<'a>(&self, guard: &'a mut Option<Turn>) -> Result<&'a mut Turn, String> {
         if guard.is_none() {
+            // A call that raced the session's end begins nothing nobody would end.
+            if self.ended.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err("the session has ended; nothing was called".to_string());
+            }
             let n = self.turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             let tx = TurnTx::begin(&self.gw, format!("mcp-session-{}-turn-{n}", self.id)).await?;
             *guard = Some(Turn { tx, notes: Vec::new() });
         }
-        guard.as_mut().ok_or_else(|| "no turn".to_string())
+        match guard.as_mut() {
+            Some(t) if t.notes.len() >= MAX_CALLS_PER_TURN => Err(format!(
+                "this turn holds {MAX_CALLS_PER_TURN} calls, the most a turn may: end it with `{COMMIT_TOOL}` or \
+                 `{ABORT_TOOL}` first; nothing was called"
+            )),
+            Some(t) => Ok(t),
+            None => Err("no turn".to_string()),
+        }
     }
 
     /// In per-call mode, ends the turn the call began.
@@ -735,9 +781,13 @@ fn tool_success_commit(o: &Settled, notes: &[Note]) -> CallToolResult {
                     let _ = write!(s, "\n- {shown} ran: {}", crate::template::answer_text(v));
                     v.clone()
                 }
-                Called::Failed(m) | Called::Unknown(m) => {
+                Called::Failed(m) => {
                     let _ = write!(s, "\n- {shown} failed: {m}");
                     json!({"error": m})
+                }
+                Called::Unknown(m) => {
+                    let _ = write!(s, "\n- {shown}: outcome unknown: {m}");
+                    json!({"error": m, "outcome_unknown": true})
                 }
             };
         }
@@ -931,7 +981,11 @@ impl ServerHandler for SessionHandler {
                 request.input_responses.as_ref(),
                 request.request_state.as_deref(),
             ) {
-                ApprovalStep::Ask(ask) => return Ok(CallToolResponse::InputRequired(ask)),
+                ApprovalStep::Ask(ask) => {
+                    // The person's answer takes a while: the turn is not idle meanwhile.
+                    *session.last_call.lock() = Instant::now();
+                    return Ok(CallToolResponse::InputRequired(ask));
+                }
                 ApprovalStep::Refused(why) => return Ok(tool_error(why).into()),
                 ApprovalStep::Approved(record) => approved = Some(record),
             }

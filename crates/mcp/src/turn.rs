@@ -24,6 +24,8 @@ pub enum TurnTx {
         id: String,
         /// The server.
         server: Arc<Server>,
+        /// Effect requests sent so far (each one's `Idempotency-Key` is `<id>:<n>`).
+        requests: Arc<std::sync::atomic::AtomicU64>,
     },
 }
 
@@ -163,6 +165,9 @@ pub fn from_json(t: &Value) -> Settled {
                     } else {
                         match status.as_str() {
                             "released" => Some(Called::Done(e.get("output").cloned().unwrap_or(Value::Null))),
+                            "release_failed" if e.get("outcome_unknown").and_then(Value::as_bool) == Some(true) => {
+                                Some(Called::Unknown(s(e, "error").unwrap_or_default()))
+                            }
                             "release_failed" => Some(Called::Failed(s(e, "error").unwrap_or_default())),
                             _ => None,
                         }
@@ -199,7 +204,7 @@ impl TurnTx {
             Backend::Attached { server, .. } => {
                 let ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
                 match server.begin(&agent, ms).await {
-                    Ok(id) => Ok(TurnTx::Remote { id, server: server.clone() }),
+                    Ok(id) => Ok(TurnTx::Remote { id, server: server.clone(), requests: Default::default() }),
                     Err(e) => Err(format!("the gateway could not begin a turn: {e}")),
                 }
             }
@@ -243,7 +248,7 @@ impl TurnTx {
     pub async fn read(&self, scope: &str) -> Result<(), TurnError> {
         match self {
             TurnTx::Local(t) => t.read(scope).map(|_| ()).map_err(|e| TurnTx::local_error(t, e)),
-            TurnTx::Remote { id, server } => match server.read(id, scope).await {
+            TurnTx::Remote { id, server, .. } => match server.read(id, scope).await {
                 Ok(()) => Ok(()),
                 Err(e) => Err(TurnTx::remote_error(server, id, e).await),
             },
@@ -280,10 +285,12 @@ impl TurnTx {
                     Err(err) => Err(TurnTx::local_error(t, err)),
                 }
             }
-            TurnTx::Remote { id, server } => {
+            TurnTx::Remote { id, server, requests } => {
                 let eager = e.class.executes_eagerly();
                 let tool = gw.ledger_name(x);
-                let ack = match server.effect(id, &tool, &envelope, key.as_deref(), &scopes, eager).await {
+                let n = requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let request = format!("{id}:{n}");
+                let ack = match server.effect(id, &tool, &envelope, key.as_deref(), &scopes, eager, &request).await {
                     Ok(a) => a,
                     Err(err) => return Err(TurnTx::remote_error(server, id, err).await),
                 };
@@ -301,7 +308,13 @@ impl TurnTx {
                         };
                         match server.report(url, &result).await {
                             Ok(done) => Ok(Acked::Ran(done.get("output").cloned().unwrap_or(Value::Null))),
-                            Err(err) => Err(TurnTx::remote_error(server, id, err).await),
+                            Err(err) => match TurnTx::remote_error(server, id, err).await {
+                                // The upstream was called: never "refused, did not run".
+                                TurnError::Refused(m) => Err(TurnError::Broken(format!(
+                                    "the call reached the upstream, but the server did not take its result: {m}"
+                                ))),
+                                other => Err(other),
+                            },
                         }
                     }
                     Some("executed") | Some("replayed") => {
@@ -312,16 +325,6 @@ impl TurnTx {
                         "the server's acknowledgement is not one the gateway knows: {ack}"
                     ))),
                 }
-            }
-        }
-    }
-
-    /// Whether the turn is still open (accepting calls).
-    pub async fn is_open(&self) -> bool {
-        match self {
-            TurnTx::Local(t) => t.state().is_ok_and(|s| matches!(s, TxState::Open)),
-            TurnTx::Remote { id, server } => {
-                server.get(id).await.is_ok_and(|t| t.get("state").and_then(Value::as_str) == Some("open"))
             }
         }
     }
@@ -346,7 +349,7 @@ impl TurnTx {
                     Err(e) => Err(TurnError::Broken(format!("the commit did not complete: {e}"))),
                 }
             }
-            TurnTx::Remote { id, server } => match server.commit(id).await {
+            TurnTx::Remote { id, server, .. } => match server.commit(id).await {
                 Ok(t) => Ok(from_json(&t)),
                 Err(e) => match TurnTx::remote_error(server, id, e).await {
                     TurnError::Aborted(s) => Ok(s),
@@ -364,7 +367,7 @@ impl TurnTx {
                 Err(Error::Aborted(o)) => Ok(from_outcome(&o, &[])),
                 Err(e) => Err(TurnError::Broken(format!("the abort did not complete: {e}"))),
             },
-            TurnTx::Remote { id, server } => match server.abort(id, reason).await {
+            TurnTx::Remote { id, server, .. } => match server.abort(id, reason).await {
                 Ok(t) => Ok(from_json(&t)),
                 Err(e) => match TurnTx::remote_error(server, id, e).await {
                     TurnError::Aborted(s) => Ok(s),

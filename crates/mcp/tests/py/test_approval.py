@@ -132,3 +132,17 @@ async def test_an_input_required_answer_binds_the_exact_arguments_and_answers_on
         assert r.is_error and "unknown" in text(r), text(r)
         assert not (await c.call_tool("tidegate_commit", {})).is_error
     assert read_log(log) == []
+
+
+async def test_arguments_a_person_cannot_be_shown_whole_are_not_put_to_approval(workdir):
+    log = workdir / "log.jsonl"
+    asked = []
+    policy = write_policy(workdir, log_upstream(log) + APPROVED)
+    async with stdio_session(policy, elicitation_callback=answering("accept", asked=asked)) as s:
+        r = await s.call_tool("send", {"to": "cfo", "text": "pay " + "x" * 9000})
+        assert r.is_error and "cannot all be shown" in text(r) and "nothing was called" in text(r), text(r)
+        # Direction overrides are shown escaped, so the text reads as the arguments are.
+        r = await s.call_tool("send", {"to": "cfo", "text": "pay \u202etxt.exe"})
+        assert not r.is_error, text(r)
+    assert asked == [asked[0]] and "\\u{202e}" in asked[0] and "\u202e" not in asked[0], asked
+    assert read_log(log) == []

@@ -277,3 +277,46 @@ def test_an_attached_gateway_refuses_to_start_without_a_working_server_or_key(wo
     err = start_error(bad, key_env(server))
     assert re.search(r"bad\.toml:2.*gateway\.server.*http://HOST:PORT", err), err
     assert not read_log(log), "no upstream call was made"
+
+
+async def test_a_release_cut_off_by_a_dead_gateway_is_never_run_again(workdir, server):
+    """A gateway dies while the server's release task of a held call runs: the lease ends, the
+    next gateway is offered the task again (attempt 2) and reports its outcome unknown instead
+    of calling the upstream a second time."""
+    import subprocess as sp
+
+    log = workdir / "log.jsonl"
+    rules = RULES + '\n[[tools]]\nupstream = "log"\nmatch = "slow"\nclass = "gated"\nscopes = ["kv:{args.key}"]\n'
+    p = workdir / "policy.toml"
+    p.write_text(f'version = "test"\n[gateway]\nserver = {toml_str(server.url)}\ncall_timeout_ms = 2000\n\n'
+                 + log_upstream(log) + rules)
+    a = sp.Popen([BIN, "serve", "--policy", str(p)], stdin=sp.PIPE, stdout=sp.PIPE, stderr=sp.DEVNULL,
+                 start_new_session=True, env={**os.environ, **key_env(server)})
+
+    def send(msg):
+        a.stdin.write((json.dumps(msg) + "\n").encode())
+        a.stdin.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    a.stdout.readline()
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+          "params": {"name": "slow", "arguments": {"key": "k", "value": "once", "seconds": 60}}})
+    assert b"queued" in a.stdout.readline()
+    send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "tidegate_commit", "arguments": {}}})
+    # The release reached the upstream (it logs at once, then sleeps): kill the gateway then.
+    assert await wait_for(lambda: [e["op"] for e in read_log(log)] == ["put"], 20), read_log(log)
+    os.killpg(a.pid, signal.SIGKILL)
+    a.wait()
+
+    gw = HttpGateway(p, env=key_env(server))
+    try:
+        # The task's lease (call 2 s + 10 s) ends; the new gateway is offered it and settles it.
+        assert await wait_for(lambda: len(server.transactions()) == 1, 40), server.transactions("unfinished")
+    finally:
+        gw.stop()
+    assert [e["op"] for e in read_log(log)] == ["put"], "the held call reached the upstream once"
+    (tx,) = server.transactions()
+    (effect,) = tx["effects"]
+    assert effect["tag"] != "clean" or effect["disposition"] != "fired", effect
