@@ -14,7 +14,8 @@ if [ -f python/run-tests.sh ]; then
 fi
 # The MCP gateway: the official Python SDK (`mcp`, into .venv/mcp/) as the client of a real
 # `tidegate-mcp` in front of @modelcontextprotocol/server-memory and server-filesystem (npm,
-# into crates/mcp/tests/npm/) and the suite's own upstream (about 20 s).
+# into crates/mcp/tests/npm/), the suite's own upstreams and a `tidegate serve` for the
+# attached mode (about 3 min on this 2-core machine).
 bash scripts/mcp-test.sh
 # The MCP conformance suite's server scenarios against the gateway (npm, into
 # crates/mcp/tests/conformance/; under 10 s once installed).
