@@ -144,6 +144,8 @@ pub struct Gateway {
     pub backend: Backend,
     /// The upstreams, in policy order.
     pub upstreams: Vec<Arc<Upstream>>,
+    /// What the upstreams send toward agents (one for the gateway, shared by its upstreams).
+    pub relay: Arc<crate::relay::Relay>,
     catalog: RwLock<Arc<Catalog>>,
     /// Start-up report: undeclared tools and rules that match nothing.
     pub report: Vec<String>,
@@ -192,7 +194,7 @@ impl Gateway {
             };
             upstreams.push(up);
         }
-        match Gateway::bind(policy, upstreams.clone(), server, serve).await {
+        match Gateway::bind(policy, upstreams.clone(), relay.clone(), server, serve).await {
             Ok(g) => {
                 let g = Arc::new(g);
                 let _ = relay.gateway.set(Arc::downgrade(&g));
@@ -220,6 +222,7 @@ impl Gateway {
     async fn bind(
         policy: Arc<Policy>,
         upstreams: Vec<Arc<Upstream>>,
+        relay: Arc<crate::relay::Relay>,
         server: Option<Arc<Server>>,
         serve: bool,
     ) -> Result<Gateway, GatewayError> {
@@ -260,6 +263,7 @@ impl Gateway {
             policy,
             backend,
             upstreams,
+            relay,
             catalog: RwLock::new(Arc::new(catalog)),
             report,
             sessions: Default::default(),

@@ -234,9 +234,7 @@ impl Session {
     pub async fn end(&self, why: &str) {
         self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
         self.unsubscribe(None).await;
-        if let Some(u) = self.gw.upstreams.first() {
-            u.relay().set_level(self.id, None);
-        }
+        self.gw.relay.set_level(self.id, None);
         // The lock is held until the abort is done, so that whoever else ends the session
         // (its handler's drop, the stdio loop) returns only once the turn is settled.
         let mut guard = self.turn.lock().await;
@@ -428,8 +426,7 @@ impl Session {
     /// unsubscribes upstream from the URIs no session follows any more.
     #[allow(deprecated)] // the legacy (before 2026-07-28) form, as the agent's subscribe
     async fn unsubscribe(&self, uri: Option<&str>) {
-        let Some(first) = self.gw.upstreams.first() else { return };
-        for (uri, upstream) in first.relay().unsubscribe(uri, self.id) {
+        for (uri, upstream) in self.gw.relay.unsubscribe(uri, self.id) {
             if let Some(u) = self.gw.upstreams.iter().find(|u| u.name == upstream) {
                 let _ = u.peer().unsubscribe(rmcp::model::UnsubscribeRequestParams::new(uri)).await;
             }
@@ -1074,9 +1071,7 @@ impl ServerHandler for SessionHandler {
         // level too (the last session's level wins there, so the gateway's filter is the one
         // each session can count on).
         let session = self.session();
-        if let Some(u) = session.gw.upstreams.first() {
-            u.relay().set_level(session.id, Some(crate::relay::level_rank(request.level)));
-        }
+        session.gw.relay.set_level(session.id, Some(crate::relay::level_rank(request.level)));
         for u in session.gw.offering(|c| c.logging.is_some()) {
             if let Err(e) = u.peer().set_level(request.clone()).await {
                 tracing::warn!(upstream = %u.name, "logging/setLevel: {e}");
@@ -1094,9 +1089,7 @@ impl ServerHandler for SessionHandler {
     ) -> Result<(), McpError> {
         let session = self.session();
         let gw = &session.gw;
-        if let Some(u) = gw.upstreams.first()
-            && u.relay().subscriptions_of(session.id) >= MAX_SUBSCRIPTIONS_PER_SESSION
-        {
+        if gw.relay.subscriptions_of(session.id) >= MAX_SUBSCRIPTIONS_PER_SESSION {
             return Err(McpError::invalid_params(
                 format!(
                     "this session follows {MAX_SUBSCRIPTIONS_PER_SESSION} resources already (the most a session may); \
@@ -1106,17 +1099,15 @@ impl ServerHandler for SessionHandler {
             ));
         }
         // A URI another session follows is already subscribed upstream.
-        if let Some(up) = gw.upstreams.first().and_then(|u| u.relay().subscribed_upstream(&request.uri))
-            && let Some(u) = gw.upstreams.iter().find(|u| u.name == up)
-        {
-            u.relay().subscribe(&request.uri, &up, session.id, context.peer.clone());
+        if let Some(up) = gw.relay.subscribed_upstream(&request.uri) {
+            gw.relay.subscribe(&request.uri, &up, session.id, context.peer.clone());
             return Ok(());
         }
         let mut last = None;
         for u in gw.offering(subscribes) {
             match u.peer().subscribe(request.clone()).await {
                 Ok(()) => {
-                    u.relay().subscribe(&request.uri, &u.name, session.id, context.peer.clone());
+                    gw.relay.subscribe(&request.uri, &u.name, session.id, context.peer.clone());
                     return Ok(());
                 }
                 Err(e) => last = Some(format!("upstream `{}`: {e}", u.name)),

@@ -177,11 +177,6 @@ impl Upstream {
         }
     }
 
-    /// Where what the upstream sends toward agents goes.
-    pub fn relay(&self) -> &Arc<Relay> {
-        &self.relay
-    }
-
     /// Closes the connection (and ends a child process).
     pub async fn close(&self) {
         let service = self.service.lock().take();
