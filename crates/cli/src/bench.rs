@@ -346,12 +346,14 @@ fn durable(
     let fsync = tidegate_storage::fsync_per_s(&dir, std::time::Duration::from_secs_f64(secs))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (_, gated) = tools()?;
-    let result = rt.block_on(async {
-        let mut out = Vec::new();
-        for clients in [1u64, 64] {
-            let sub = dir.join(format!("ledger-{clients}"));
+    // One measurement on the embedded store: (tx/s, p99 ms, syncs per tx, marks per tx).
+    let sqlite_run = |clients: u64, ack_after_mark: bool, policy: tidegate_runtime::CheckpointPolicy, name: &str| {
+        let sub = dir.join(format!("ledger-{name}"));
+        let gated = gated.clone();
+        async move {
             let _ = std::fs::remove_dir_all(&sub);
-            let store = Arc::new(tidegate_sqlite::SqliteStore::open(&sub)?);
+            let opts = tidegate_sqlite::Options { ack_after_mark, ..Default::default() };
+            let store = Arc::new(tidegate_sqlite::SqliteStore::open_with(&sub, opts)?);
             let tg = Tidegate::builder().store(store.clone()).checkpoints(policy).build()?;
             let before = store.stats();
             let (tps, mut lat) = durable_clients(&tg, &gated, clients, secs).await?;
@@ -360,8 +362,24 @@ fn durable(
             let marks_per_tx = (after.marks - before.marks) as f64 / lat.len().max(1) as f64;
             lat.sort_by(f64::total_cmp);
             let p99 = lat.get(((lat.len() as f64) * 0.99) as usize).copied().unwrap_or(0.0);
-            out.push((tps, p99, syncs_per_tx, marks_per_tx));
+            drop(tg);
+            let _ = std::fs::remove_dir_all(&sub);
+            anyhow::Ok((tps, p99, syncs_per_tx, marks_per_tx))
         }
+    };
+    let never = tidegate_runtime::CheckpointPolicy::never();
+    let result = rt.block_on(async {
+        let mut out = Vec::new();
+        // Rows 0, 1: the defaults (acknowledged at the SQLite commit, the mark behind it).
+        for clients in [1u64, 64] {
+            out.push(sqlite_run(clients, false, policy, &format!("{clients}")).await?);
+        }
+        // Rows 2, 3: the mark synced before the acknowledgement (`ack_after_mark`); row 4: 64
+        // clients without checkpoints (the checkpoint mechanism's share).
+        for clients in [1u64, 64] {
+            out.push(sqlite_run(clients, true, policy, &format!("{clients}-ack-after-mark")).await?);
+        }
+        out.push(sqlite_run(64, false, never, "64-no-checkpoints").await?);
         // The same workload on the PostgreSQL store: the third number is round trips (group
         // commits) per transaction; it has no separate high-water mark.
         if let Some(url) = &postgres {
@@ -397,9 +415,19 @@ fn durable(
         "checkpoint_every_events": policy.every_events,
         "ratio_1_to_fsync": (r[0].0 / fsync * 100.0).round() / 100.0,
         "ratio_64_to_fsync": (r[1].0 / fsync * 100.0).round() / 100.0,
-        "transaction": "begin, read, one gated effect, seal, commit (SQLite WAL, synchronous=FULL, high-water mark synced per commit)",
+        "transaction": "begin, read, one gated effect, seal, commit (SQLite WAL, synchronous=FULL, high-water mark synced per commit, after the acknowledgement unless ack_after_mark)",
     });
-    if let (Some(pg), Some(o)) = (r.get(2..4), out.as_object_mut()) {
+    if let (Some(m), Some(o)) = (r.get(2..5), out.as_object_mut()) {
+        let round = |x: f64, k: f64| (x * k).round() / k;
+        o.insert("ack_after_mark_tx_per_s_1".into(), m[0].0.round().into());
+        o.insert("ack_after_mark_tx_per_s_64".into(), m[1].0.round().into());
+        o.insert("ack_after_mark_ratio_1_to_fsync".into(), round(m[0].0 / fsync, 100.0).into());
+        o.insert("ack_after_mark_ratio_64_to_fsync".into(), round(m[1].0 / fsync, 100.0).into());
+        o.insert("no_checkpoints_tx_per_s_64".into(), m[2].0.round().into());
+        // The checkpoint mechanism's cost: the share of 64-client throughput it takes.
+        o.insert("checkpoint_cost_64".into(), round(1.0 - r[1].0 / m[2].0.max(1e-9), 1000.0).into());
+    }
+    if let (Some(pg), Some(o)) = (r.get(5..7), out.as_object_mut()) {
         let round = |x: f64, k: f64| (x * k).round() / k;
         o.insert("postgres_tx_per_s_1".into(), pg[0].0.round().into());
         o.insert("postgres_tx_per_s_64".into(), pg[1].0.round().into());
@@ -432,7 +460,11 @@ fn durable(
             println!("  {k:<22} {:>12}", out[k]);
         }
         if let Some(o) = out.as_object() {
-            for (k, v) in o.iter().filter(|(k, _)| k.starts_with("reopen_") || k.starts_with("postgres_")) {
+            for (k, v) in o.iter().filter(|(k, _)| {
+                ["reopen_", "postgres_", "ack_after_mark_", "no_checkpoints_", "checkpoint_cost"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            }) {
                 println!("  {k:<34} {v}");
             }
         }

@@ -43,6 +43,7 @@ impl SqliteStore {
         }
         st.appends += 1;
         let was_empty = st.queue.is_empty();
+        let parked = st.writer_parked;
         if was_empty {
             st.oldest = Some(Instant::now());
         }
@@ -51,8 +52,8 @@ impl SqliteStore {
         st.queue.push(Queued { first: last + 1, events: batch.clone() });
         self.shared.last.store(new_last, Ordering::Release);
         drop(st);
-        if was_empty || full {
-            // The writer learns the idle deadline, or that the queue is full.
+        if (was_empty && parked) || full {
+            // A parked writer learns the idle deadline; any writer, that the queue is full.
             self.shared.work.notify_one();
         }
         Ok(new_last)
@@ -128,7 +129,7 @@ impl SqliteStore {
         self.shared.work.notify_one();
         while st.checkpoint_written < seq {
             st.failure()?;
-            self.shared.checkpointed.wait(&mut st);
+            self.shared.marked.wait(&mut st);
         }
         Ok(())
     }

@@ -7,13 +7,13 @@
 //!  size 8192
 //! ```
 //!
-//! The writer overwrites the slot of the next sequence number (`seq % 2`) in place and syncs
-//! it (`fdatasync`: the file never changes size) after a group commit is durable in SQLite and
-//! before any waiter of that commit is woken. A torn or damaged slot fails its checksum; the
-//! reader takes the valid slot with the larger `seq`. A torn slot is one whose write never
-//! completed, so nothing was acknowledged on its strength, and the other slot still holds the
-//! previous mark. The file is created whole (a temporary file, synced, renamed, directory
-//! synced) before the database it guards.
+//! The writer overwrites a slot in place after a group commit is durable in SQLite and before
+//! any waiter of that commit is woken; a marker thread syncs the file (`fdatasync`: it never
+//! changes size) behind it. Writes between two syncs all go to the slot that does *not* hold
+//! the newest synced mark, so whatever a power loss does to unsynced writes, the other slot
+//! still holds a synced mark. A torn or damaged slot fails its checksum; the reader takes the
+//! valid slot with the larger `seq`. The file is created whole (a temporary file, synced,
+//! renamed, directory synced) before the database it guards.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -150,15 +150,26 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 /// The open mark file the writer updates after every group commit.
+///
+/// ```text
+///  synced: slot A (seq s)      writes: slot B ← s+1, s+2, …     sync ─► synced: slot B
+///                                                                writes: slot A ← …
+/// ```
 #[derive(Debug)]
 pub(crate) struct HeadFile {
     file: File,
     path: PathBuf,
+    /// The newest mark written (synced or not).
     last: Mark,
+    /// The slot `last` is in.
+    last_slot: u64,
+    /// The slot holding the newest synced mark; writes go to the other one.
+    synced_slot: u64,
 }
 
 impl HeadFile {
-    /// Opens the mark file of `dir`, whose newest mark is `last`.
+    /// Opens the mark file of `dir`, whose newest mark is `last`, and syncs it (a mark read
+    /// after a crash of the process may still be only in the page cache).
     pub(crate) fn open(dir: &Path, last: Mark) -> Result<HeadFile, StoreError> {
         let path = path(dir);
         let file = OpenOptions::new()
@@ -166,7 +177,14 @@ impl HeadFile {
             .write(true)
             .open(&path)
             .map_err(|e| crate::error::file("open the high-water mark", &path, e))?;
-        Ok(HeadFile { file, path, last })
+        file.sync_data().map_err(|e| crate::error::file("sync the high-water mark", &path, e))?;
+        // The slot the newest mark is in: not always `seq % 2` (see the type's doc).
+        let mut slot1 = [0u8; SLOT];
+        let slot = match file.read_exact_at(&mut slot1, SLOT_STRIDE) {
+            Ok(()) if Mark::decode(&slot1) == Some(last) => 1,
+            _ => 0,
+        };
+        Ok(HeadFile { file, path, last, last_slot: slot, synced_slot: slot })
     }
 
     /// The LSN of the newest mark written.
@@ -174,16 +192,30 @@ impl HeadFile {
         self.last.lsn
     }
 
-    /// Records that every event up to `lsn` (chain value `chain`) is durable, and syncs it.
-    pub(crate) fn advance(&mut self, lsn: Lsn, chain: Chain) -> Result<(), StoreError> {
+    /// Writes the mark that every event up to `lsn` (chain value `chain`) is durable, without
+    /// syncing it, into the slot that does not hold the newest synced mark.
+    pub(crate) fn write(&mut self, lsn: Lsn, chain: Chain) -> Result<(), StoreError> {
         let mark = Mark { id: self.last.id, seq: self.last.seq + 1, lsn, chain };
-        let at = (mark.seq % 2) * SLOT_STRIDE;
+        let slot = 1 - self.synced_slot;
         self.file
-            .write_all_at(&mark.encode(), at)
-            .and_then(|()| self.file.sync_data())
+            .write_all_at(&mark.encode(), slot * SLOT_STRIDE)
             .map_err(|e| crate::error::file("write the high-water mark", &self.path, e))?;
         self.last = mark;
+        self.last_slot = slot;
         Ok(())
+    }
+
+    /// Syncs every mark written so far; returns the LSN the newest one holds.
+    pub(crate) fn sync(&mut self) -> Result<Lsn, StoreError> {
+        self.file.sync_data().map_err(|e| crate::error::file("sync the high-water mark", &self.path, e))?;
+        self.synced_slot = self.last_slot;
+        Ok(self.last.lsn)
+    }
+
+    /// Writes and syncs the mark that every event up to `lsn` (chain value `chain`) is durable.
+    pub(crate) fn advance(&mut self, lsn: Lsn, chain: Chain) -> Result<(), StoreError> {
+        self.write(lsn, chain)?;
+        self.sync().map(|_| ())
     }
 }
 
@@ -219,4 +251,48 @@ pub(crate) fn parse_id(s: &str) -> Option<LedgerId> {
         *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(id)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn slots(dir: &Path) -> [Option<Mark>; 2] {
+        let bytes = std::fs::read(path(dir)).unwrap();
+        [Mark::decode(&bytes[..]), Mark::decode(&bytes[SLOT_STRIDE as usize..])]
+    }
+
+    /// Whatever a power loss does to the writes made since the last sync, the slot holding the
+    /// newest synced mark is never among them: unsynced writes all go to the other slot.
+    #[test]
+    fn writes_between_syncs_never_touch_the_slot_of_the_newest_synced_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let genesis = Mark { id: [7; 16], seq: 0, lsn: 0, chain: Chain([0; 32]) };
+        create(dir.path(), &genesis).unwrap();
+        let mut head = HeadFile::open(dir.path(), genesis).unwrap();
+        let mut synced = genesis;
+        for round in 0..6u64 {
+            let synced_slot = slots(dir.path()).iter().position(|m| *m == Some(synced)).unwrap();
+            for i in 1..=(round + 1) {
+                let lsn = synced.lsn + i;
+                head.write(lsn, Chain([lsn as u8; 32])).unwrap();
+                assert_eq!(slots(dir.path())[synced_slot], Some(synced), "round {round}: a write hit the synced slot");
+                assert_eq!(head.lsn(), lsn);
+            }
+            assert_eq!(head.sync().unwrap(), synced.lsn + round + 1);
+            synced = head.last;
+            // The reader takes the newest valid slot.
+            match read(dir.path()).unwrap() {
+                Found::Mark { mark, note: None } => assert_eq!(mark, synced),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Reopened on a file whose newest mark is not in slot `seq % 2`, writes still go to
+        // the other slot.
+        let mut again = HeadFile::open(dir.path(), synced).unwrap();
+        let synced_slot = slots(dir.path()).iter().position(|m| *m == Some(synced)).unwrap();
+        again.write(synced.lsn + 1, Chain([1; 32])).unwrap();
+        assert_eq!(slots(dir.path())[synced_slot], Some(synced));
+    }
 }

@@ -208,6 +208,7 @@ impl SqliteStore {
     }
 
     fn open_hooked(dir: &Path, opts: Options, hooks: Hooks) -> Result<SqliteStore, StoreError> {
+        opts.check()?;
         if !dir.is_dir() {
             if !opts.create {
                 return Err(missing_dir(dir));

@@ -48,6 +48,35 @@ pub struct Options {
     /// Create the data directory and a new ledger if there is none. With `false`, a missing
     /// directory is an error naming it. Default `true`.
     pub create: bool,
+    /// Acknowledge a group commit only after its high-water mark is synced too. Default
+    /// `false`: the mark is *written* before a commit is acknowledged and synced behind it
+    /// (at most [`mark_sync_ms`](Options::mark_sync_ms) later). A crash of the process loses
+    /// nothing either way (the mark is in the page cache, the commit in SQLite); only a power
+    /// loss that also loses the write-ahead log inside that window could shorten the ledger
+    /// undetected (docs/ledger.md, "Acknowledgement and the mark"). `true` closes the window
+    /// at the price of a second sync in series per commit.
+    pub ack_after_mark: bool,
+    /// Sync the high-water mark at most this many milliseconds after it was written (0: as
+    /// soon as it is written, behind the acknowledgement). `sync()`, a checkpoint and a clean
+    /// close sync it at once. At most 60 000. Default 50.
+    pub mark_sync_ms: u64,
+}
+
+impl Options {
+    /// The largest [`mark_sync_ms`](Options::mark_sync_ms) accepted.
+    pub const MAX_MARK_SYNC_MS: u64 = 60_000;
+
+    /// Checks the fields a caller could set out of range.
+    pub(crate) fn check(&self) -> Result<(), tidegate_storage::StoreError> {
+        if self.mark_sync_ms > Options::MAX_MARK_SYNC_MS {
+            return Err(tidegate_storage::StoreError::InvalidArgument {
+                field: "mark_sync_ms",
+                value: self.mark_sync_ms.to_string(),
+                expected: "at most 60000 milliseconds",
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Default for Options {
@@ -59,6 +88,8 @@ impl Default for Options {
             idle_flush_ms: Some(100),
             max_ledger_bytes: None,
             create: true,
+            ack_after_mark: false,
+            mark_sync_ms: 50,
         }
     }
 }

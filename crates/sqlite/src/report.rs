@@ -124,8 +124,11 @@ pub struct StoreStats {
     pub marks: u64,
     /// The last LSN assigned.
     pub last_lsn: Lsn,
-    /// Every event up to here is durable.
+    /// Every event up to here is durable (committed and synced by SQLite; acknowledged).
     pub durable_lsn: Lsn,
+    /// Every event up to here is covered by the synced high-water mark (at most one group
+    /// commit behind `durable_lsn`, none with [`Options::ack_after_mark`](crate::Options::ack_after_mark)).
+    pub marked_lsn: Lsn,
     /// Rows queued for the next commit.
     pub queued_rows: usize,
     /// Whether the store has stopped after a failure.

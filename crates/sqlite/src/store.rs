@@ -24,7 +24,8 @@ use crate::writer::Shared;
 /// ```text
 ///   <dir>/LOCK          exclusive lock (holder's pid inside) — one owner per directory
 ///   <dir>/ledger.db     meta(key, value) · events(lsn, tx, kind, body, chain) · cut_rows · checkpoint
-///   <dir>/ledger.head   high-water mark: last acknowledged LSN and its chain value
+///   <dir>/ledger.head   high-water mark: an acknowledged LSN and its chain value (the last one,
+///                       or one group commit behind it while its sync runs)
 ///   <dir>/ledger.db-wal, -shm   SQLite's write-ahead log (folded into ledger.db on a clean close)
 /// ```
 ///
@@ -32,9 +33,10 @@ use crate::writer::Shared;
 /// encoding it and without I/O: the caller holds the engine's lock. One writer thread encodes
 /// and commits everything queued in one SQLite transaction (`synchronous=FULL`: one
 /// sync) when somebody waits for durability, so concurrent appenders share a sync; then it
-/// advances the high-water mark (a second sync), then the durable LSN, and wakes exactly the
-/// blocking ([`LedgerStore::wait_durable`]) and async ([`tidegate_storage::durable`], no
-/// thread needed) waiters it satisfied. If a write fails the store stops (see
+/// advances the durable LSN and wakes exactly the blocking ([`LedgerStore::wait_durable`]) and
+/// async ([`tidegate_storage::durable`], no thread needed) waiters it satisfied, while a
+/// marker thread syncs the high-water mark behind it (before the wake instead with
+/// [`Options::ack_after_mark`](crate::Options::ack_after_mark)). If a write fails the store stops (see
 /// [`LedgerStore`]). Dropping the store commits what is queued, folds the write-ahead log into
 /// the database and releases the directory.
 ///
@@ -98,14 +100,25 @@ impl SqliteStore {
             marks: st.marks,
             last_lsn: self.shared.last.load(Ordering::Acquire),
             durable_lsn: st.durable,
+            marked_lsn: st.marked,
             queued_rows: st.queued_rows,
             failed: st.failed.is_some(),
         }
     }
 
-    /// Makes everything appended so far durable.
+    /// Makes everything appended so far durable, and waits until the high-water mark covers
+    /// it too (so a copy of the directory taken now proves every event of it).
     pub fn sync(&self) -> Result<(), StoreError> {
-        self.wait_durable(self.last_lsn())
+        let last = self.last_lsn();
+        self.wait_durable(last)?;
+        let mut st = self.shared.state.lock();
+        while st.marked < last {
+            st.failure()?;
+            st.mark_now = true;
+            self.shared.marking.notify_one();
+            self.shared.marked.wait(&mut st);
+        }
+        Ok(())
     }
 
     /// Fault injection (cargo feature `test-hooks`): "crashes" now. Queued batches are

@@ -6,8 +6,9 @@
 //!  append(b2) ─► queue [b1 b2]   ◄── woken: someone wants an LSN ──────────────────────────┘
 //!                                    inflight = [b1 b2], queue = []
 //!  append(b3) ─► queue [b3]          BEGIN; INSERT b1, b2; COMMIT (one fsync)
-//!                                    mark ledger.head (lsn, chain); fdatasync
+//!                                    ledger.head ← (last(b2), chain)  (written, not synced)
 //!                                    durable = last(b2); inflight = [] ──► wake the waiters ≤ durable
+//!                     marker thread: fdatasync(ledger.head) at most every mark_sync_ms; marked = last(b2)
 //! ```
 //!
 //! The queue holds the batches as the engine handed them (the same `tidegate_core::Batch`, not a
@@ -15,8 +16,9 @@
 //! appender, which holds the engine's lock, never serialises anything.
 //!
 //! Each commit also checks the stream's owner token inside its transaction (a newer owner
-//! fences this store out) and chains every row it inserts; after the commit the high-water
-//! mark is advanced and synced, and only then are the waiters woken.
+//! fences this store out) and chains every row it inserts; after the commit it writes the
+//! high-water mark and wakes the commit's waiters, and a marker thread syncs the mark behind
+//! them (with `Options::ack_after_mark`, the waiters are woken only after that sync).
 //!
 //! A commit is started when a waiter wants an LSN that is not durable, when the queue holds
 //! [`Options::max_batch_rows`](super::Options::max_batch_rows) rows, when the oldest queued batch has waited
@@ -77,16 +79,26 @@ pub(super) struct State {
     pub(super) oldest: Option<Instant>,
     /// The highest LSN a waiter is waiting for.
     pub(super) wanted: Lsn,
-    /// Every event up to here is durable: committed and marked (mirrored in
-    /// [`Shared::durable`]).
+    /// Every event up to here is durable and acknowledged: committed to SQLite (and marked,
+    /// with `ack_after_mark`); mirrored in [`Shared::durable`].
     pub(super) durable: Lsn,
     /// Every event up to here is committed to SQLite (the high-water mark may lag).
     pub(super) committed: Lsn,
-    /// The newest commit not yet marked: its last LSN, chain value and the newest checkpoint
-    /// request it wrote. The marker takes the newest one (marks coalesce).
-    pub(super) to_mark: Option<(Lsn, Chain, u64)>,
-    /// The writer has exited; the marker drains `to_mark` and exits too.
+    /// Every event up to here is covered by the synced high-water mark.
+    pub(super) marked: Lsn,
+    /// Every event up to here is covered by the mark written (perhaps not yet synced).
+    pub(super) mark_written: Lsn,
+    /// Sync the mark without waiting for `mark_sync_ms` (`sync()`, a checkpoint).
+    pub(super) mark_now: bool,
+    /// The newest checkpoint request committed, and the LSN its commit ended at: written once
+    /// a mark covering that LSN is synced.
+    pub(super) checkpoint_committed: Option<(u64, Lsn)>,
+    /// The writer has exited; the marker syncs the last mark and exits too.
     pub(super) writer_done: bool,
+    /// The writer sleeps without a deadline on an empty queue: the next append must wake it
+    /// (to learn the idle-flush deadline). While it lingers with a deadline after recent work,
+    /// appends do not wake it, so a busy store is not woken once per append.
+    pub(super) writer_parked: bool,
     pub(super) appends: u64,
     pub(super) syncs: u64,
     /// High-water marks written (one per commit that added rows).
@@ -121,8 +133,8 @@ pub(super) struct Shared {
     pub(super) work: Condvar,
     /// The marker waits here for a commit to mark.
     pub(super) marking: Condvar,
-    /// `put_checkpoint` waits here for its checkpoint to be written (or the store to fail).
-    pub(super) checkpointed: Condvar,
+    /// `put_checkpoint` and `sync` wait here for a mark (or the store to fail).
+    pub(super) marked: Condvar,
     /// Every event up to here is durable; read without the lock by `is_durable`.
     pub(super) durable: AtomicU64,
     /// The last LSN assigned.
@@ -134,10 +146,16 @@ pub(super) struct Shared {
 impl Shared {
     pub(super) fn new(path: PathBuf, last: Lsn) -> Shared {
         Shared {
-            state: Mutex::new(State { durable: last, committed: last, ..State::default() }),
+            state: Mutex::new(State {
+                durable: last,
+                committed: last,
+                marked: last,
+                mark_written: last,
+                ..State::default()
+            }),
             work: Condvar::new(),
             marking: Condvar::new(),
-            checkpointed: Condvar::new(),
+            marked: Condvar::new(),
             durable: AtomicU64::new(last),
             last: AtomicU64::new(last),
             path,
@@ -157,12 +175,11 @@ impl Shared {
         st.queued_rows = 0;
         st.oldest = None;
         st.checkpoint = None;
-        st.to_mark = None;
         let wakers = std::mem::take(&mut st.wakers);
         drop(st);
         self.work.notify_all();
         self.marking.notify_all();
-        self.checkpointed.notify_all();
+        self.marked.notify_all();
         wakers.into_values().flatten().for_each(Waker::wake);
         StoreError::Failed { cause }
     }
@@ -181,8 +198,13 @@ pub(super) struct WriterConfig {
     pub(super) genesis: Chain,
     /// The chain value at the committed LSN.
     pub(super) chain: Chain,
-    /// Taken by the marker thread when the writer starts.
-    pub(super) head: Option<HeadFile>,
+    /// The high-water mark: written by the writer, synced by the marker thread.
+    pub(super) head: Arc<Mutex<HeadFile>>,
+    /// Wake a commit's waiters only after its mark is synced (`Options::ack_after_mark`).
+    pub(super) ack_after_mark: bool,
+    /// Sync the mark at most this often (`Options::mark_sync_ms`); ignored with
+    /// `ack_after_mark`, which syncs every mark at once.
+    pub(super) mark_sync: Duration,
 }
 
 impl WriterConfig {
@@ -202,7 +224,9 @@ impl WriterConfig {
             token,
             genesis: chain.0,
             chain: chain.1,
-            head: Some(head),
+            head: Arc::new(Mutex::new(head)),
+            ack_after_mark: o.ack_after_mark,
+            mark_sync: Duration::from_millis(o.mark_sync_ms),
         }
     }
 }
@@ -222,34 +246,36 @@ impl Drop for ExitGuard<'_> {
     }
 }
 
-/// The writer thread's body: commits queued batches until the store closes or fails, while
-/// a marker thread advances the high-water mark behind it (so the mark's sync of commit k
-/// overlaps the SQLite commit of k + 1). On a clean close it folds the write-ahead log into
-/// the database before its connection (the last one) closes.
+/// The writer thread's body: commits queued batches until the store closes or fails, writing
+/// the high-water mark after each commit, while a marker thread syncs the mark behind it. On a
+/// clean close it folds the write-ahead log into the database before its connection (the last
+/// one) closes.
 ///
 /// ```text
-///  writer:  commit k ─┬─ commit k+1 ─┬─ ...          committed = last(k), to_mark = k
-///  marker:            └─ mark k ─────┴─ mark k+1      durable = last(k); wake waiters ≤ it
+///  writer:  commit k, write mark k, durable = last(k), wake ≤ it ─ commit k+1, write mark k+1, …
+///  marker:      (at most every mark_sync_ms, or at once when asked)  fdatasync ─► marked = last(k+1)
 /// ```
+///
+/// With `ack_after_mark` the marker syncs every mark as soon as it is written, and it, not the
+/// writer, publishes the commit as durable and wakes its waiters; its sync of mark k overlaps
+/// the SQLite commit of k + 1.
 pub(super) fn run(shared: &Shared, mut conn: Connection, mut cfg: WriterConfig) {
     let _guard = ExitGuard(shared);
-    let head = cfg.head.take();
+    let head = cfg.head.clone();
+    let (ack_after_mark, interval) = (cfg.ack_after_mark, cfg.mark_sync);
     std::thread::scope(|s| {
-        let marker = head.map(|head| {
-            std::thread::Builder::new()
-                .name("tidegate-ledger-marker".into())
-                .spawn_scoped(s, move || mark_loop(shared, head))
-        });
+        let marker = std::thread::Builder::new()
+            .name("tidegate-ledger-marker".into())
+            .spawn_scoped(s, move || mark_loop(shared, &head, ack_after_mark, interval));
         commit_loop(shared, &mut conn, &mut cfg);
         shared.state.lock().writer_done = true;
         shared.marking.notify_all();
         let failed = match marker {
-            Some(Ok(handle)) => handle.join().err().map(|_| StoreError::Io {
+            Ok(handle) => handle.join().err().map(|_| StoreError::Io {
                 op: "mark the ledger",
                 source: std::io::Error::other("the marker thread panicked"),
             }),
-            Some(Err(e)) => Some(StoreError::Io { op: "start the ledger marker thread", source: e }),
-            None => None,
+            Err(e) => Some(StoreError::Io { op: "start the ledger marker thread", source: e }),
         };
         if let Some(e) = failed {
             shared.fail(shared.state.lock(), e);
@@ -266,46 +292,71 @@ pub(super) fn run(shared: &Shared, mut conn: Connection, mut cfg: WriterConfig) 
     }
 }
 
-/// The marker thread's body: for the newest commit not yet marked, writes and syncs the
-/// high-water mark, then publishes the commit as durable and wakes its waiters.
-fn mark_loop(shared: &Shared, mut head: HeadFile) {
+/// Publishes every event up to `lsn` as durable (acknowledged): drops the batches `scan` no
+/// longer needs from memory and hands back the waiters it satisfies, to be woken once the
+/// lock is released.
+fn publish_durable(shared: &Shared, st: &mut State, lsn: Lsn) -> Vec<Waker> {
+    if lsn <= st.durable {
+        return Vec::new();
+    }
+    st.durable = lsn;
+    shared.durable.store(lsn, Ordering::Release);
+    st.inflight.retain(|b| b.last() > lsn);
+    let later = st.wakers.split_off(&(lsn + 1));
+    let ready = std::mem::replace(&mut st.wakers, later);
+    ready.into_values().flatten().collect()
+}
+
+/// The marker thread's body: syncs the marks the writer wrote, at once with `ack_after_mark`
+/// (then publishes them as durable), else when asked (`sync()`, a checkpoint, the writer's
+/// exit) or `interval` after the previous sync, so a lone client's commits do not wait for a
+/// second sync competing with theirs.
+fn mark_loop(shared: &Shared, head: &Mutex<HeadFile>, ack_after_mark: bool, interval: Duration) {
+    let mut last_sync = Instant::now();
     loop {
         let mut st = shared.state.lock();
-        let (lsn, chain, checkpoint) = loop {
+        loop {
             if st.failed.is_some() {
                 return;
             }
-            if let Some(m) = st.to_mark.take() {
-                break m;
+            let dirty = st.mark_written > st.marked;
+            if dirty && (ack_after_mark || st.mark_now || st.writer_done || last_sync.elapsed() >= interval) {
+                break;
             }
-            if st.writer_done {
+            if !dirty && st.writer_done {
                 return;
             }
-            shared.marking.wait(&mut st);
-        };
+            if dirty {
+                shared.marking.wait_until(&mut st, last_sync + interval);
+            } else {
+                shared.marking.wait(&mut st);
+            }
+        }
+        st.mark_now = false;
         drop(st);
-        let marked = if lsn > head.lsn() { head.advance(lsn, chain).map(|()| true) } else { Ok(false) };
+        // Every mark written before this sync starts is covered by it.
+        let synced = head.lock().sync();
+        last_sync = Instant::now();
         let mut st = shared.state.lock();
         if st.failed.is_some() {
             return;
         }
-        match marked {
-            Ok(wrote) => {
-                if wrote {
-                    st.marks += 1;
+        match synced {
+            Ok(lsn) => {
+                st.marks += 1;
+                debug_assert!(lsn >= st.marked, "the mark went backwards");
+                st.marked = st.marked.max(lsn);
+                if let Some((seq, at)) = st.checkpoint_committed
+                    && at <= st.marked
+                {
+                    st.checkpoint_written = st.checkpoint_written.max(seq);
+                    st.checkpoint_committed = None;
                 }
-                debug_assert!(lsn >= st.durable, "durability went backwards");
-                st.durable = lsn;
-                shared.durable.store(lsn, Ordering::Release);
-                st.inflight.retain(|b| b.last() > lsn);
-                if checkpoint > st.checkpoint_written {
-                    st.checkpoint_written = checkpoint;
-                    shared.checkpointed.notify_all();
-                }
-                let later = st.wakers.split_off(&(lsn + 1));
-                let ready = std::mem::replace(&mut st.wakers, later);
+                let marked = st.marked;
+                let ready = if ack_after_mark { publish_durable(shared, &mut st, marked) } else { Vec::new() };
                 drop(st);
-                ready.into_values().flatten().for_each(Waker::wake);
+                shared.marked.notify_all();
+                ready.into_iter().for_each(Waker::wake);
             }
             Err(e) => {
                 shared.fail(st, e);
@@ -318,6 +369,9 @@ fn mark_loop(shared: &Shared, mut head: HeadFile) {
 fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
     loop {
         let mut st = shared.state.lock();
+        // After a commit the writer lingers one idle-flush period with a deadline (appends
+        // need not wake it), then parks without one.
+        let mut lingered = false;
         // Wait until a commit is due.
         loop {
             if st.failed.is_some() {
@@ -327,7 +381,16 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
                 if st.closing {
                     return;
                 }
-                shared.work.wait(&mut st);
+                match cfg.idle_flush {
+                    Some(d) if !lingered => {
+                        lingered = shared.work.wait_for(&mut st, d).timed_out();
+                    }
+                    _ => {
+                        st.writer_parked = true;
+                        shared.work.wait(&mut st);
+                        st.writer_parked = false;
+                    }
+                }
                 continue;
             }
             let due_at = match (cfg.idle_flush, st.oldest) {
@@ -358,7 +421,7 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
             shared.fail(st, StoreError::InjectedCrash { what: "sync", n });
             return;
         }
-        // Kept visible to `scan` until the marker publishes them as durable.
+        // Kept visible to `scan` until they are published as durable.
         st.inflight.extend(batches.iter().cloned());
         drop(st);
 
@@ -375,12 +438,42 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
                 let committed = batches.last().map_or(st.committed, |b| b.last());
                 st.committed = committed;
                 st.syncs += 1;
-                // The high-water mark follows the commit, before anyone hears of it.
-                let ck = checkpoint.map_or(0, |(seq, _, _)| seq);
-                let ck = st.to_mark.map_or(ck, |(_, _, earlier)| earlier.max(ck));
-                st.to_mark = Some((committed, chain, ck));
+                if let Some((seq, _, _)) = checkpoint {
+                    // Its caller waits for a synced mark covering this commit: ask for one now.
+                    st.checkpoint_committed = Some((seq, committed));
+                    st.mark_now = true;
+                }
                 drop(st);
-                shared.marking.notify_one();
+                // The high-water mark follows the commit before anyone hears of it: written
+                // here (a few microseconds, no sync), synced by the marker.
+                let wrote = {
+                    let mut head = cfg.head.lock();
+                    if committed > head.lsn() { head.write(committed, chain) } else { Ok(()) }
+                };
+                let mut st = shared.state.lock();
+                if let Err(e) = wrote {
+                    shared.fail(st, e);
+                    return;
+                }
+                if st.failed.is_some() {
+                    return;
+                }
+                // The marker sleeps without a deadline while every mark is synced: this one
+                // must wake it. Otherwise it wakes on its own deadline.
+                let wake_marker = cfg.ack_after_mark || st.mark_now || st.mark_written == st.marked;
+                st.mark_written = st.mark_written.max(committed);
+                if checkpoint.is_some() && st.marked >= committed {
+                    // Nothing new to mark (a checkpoint alone): already covered.
+                    st.checkpoint_written =
+                        st.checkpoint_written.max(st.checkpoint_committed.take().map_or(0, |c| c.0));
+                    shared.marked.notify_all();
+                }
+                let ready = if cfg.ack_after_mark { Vec::new() } else { publish_durable(shared, &mut st, committed) };
+                drop(st);
+                if wake_marker {
+                    shared.marking.notify_one();
+                }
+                ready.into_iter().for_each(Waker::wake);
             }
             Err(e) => {
                 shared.fail(st, e);

@@ -642,9 +642,9 @@ fn mark_on_disk(dir: &Path) -> (u64, Lsn) {
         .unwrap()
 }
 
-/// No waiter hears "durable" before the high-water mark on disk covers its LSN (the mark is
-/// synced after the SQLite commit and before the wake-up), with concurrent appenders whose
-/// commits and marks overlap.
+/// No waiter hears "durable" before the high-water mark in the file covers its LSN (the mark
+/// is written after the SQLite commit and before the wake-up; synced behind it), with
+/// concurrent appenders whose commits and marks overlap.
 #[test]
 fn a_durability_wait_returns_only_after_the_high_water_mark_covers_it() {
     let root = tempfile::tempdir().unwrap();
@@ -664,9 +664,80 @@ fn a_durability_wait_returns_only_after_the_high_water_mark_covers_it() {
         }
     });
     let stats = store.stats();
-    assert!(stats.marks >= 1 && stats.marks <= stats.syncs, "{stats:?}");
+    assert!(stats.marks <= stats.syncs, "{stats:?}");
+    store.sync().unwrap();
+    let stats = store.stats();
+    assert!(stats.marks >= 1 && stats.marked_lsn == 240, "sync() waits for a synced mark: {stats:?}");
     store.close().unwrap();
     assert_eq!(mark_on_disk(root.path()).1, 240, "a clean close leaves the mark at the last LSN");
+}
+
+/// The mark's sync runs behind the acknowledgements, at most every `mark_sync_ms`: with a
+/// long interval, a run of commits syncs the mark not once, while every acknowledged LSN is
+/// still covered by the mark written in the file; `sync()` then syncs it once, at once.
+#[test]
+fn the_mark_is_written_before_each_acknowledgement_and_synced_behind_them() {
+    let root = tempfile::tempdir().unwrap();
+    let opts = Options { mark_sync_ms: Options::MAX_MARK_SYNC_MS, ..on_demand() };
+    let store = SqliteStore::open_with(root.path(), opts).unwrap();
+    let start = store.stats();
+    for tx in 0..40 {
+        let lsn = append(&store, events(tx, 3)).unwrap();
+        store.wait_durable(lsn).unwrap();
+        assert!(mark_on_disk(root.path()).1 >= lsn, "LSN {lsn} acknowledged before its mark was written");
+    }
+    let stats = store.stats();
+    assert_eq!((stats.syncs - start.syncs, stats.marks - start.marks), (40, 0), "{stats:?}");
+    assert_eq!((stats.durable_lsn, stats.marked_lsn), (120, 0), "{stats:?}");
+    let t = Instant::now();
+    store.sync().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(30), "sync() waited for the interval instead of asking");
+    let stats = store.stats();
+    assert_eq!((stats.marks - start.marks, stats.marked_lsn), (1, 120), "{stats:?}");
+    // A checkpoint waits for a synced mark over its commit, asked for at once too.
+    append(&store, events(99, 2)).unwrap();
+    store.put_checkpoint(122, b"state").unwrap();
+    assert!(t.elapsed() < Duration::from_secs(30));
+    assert_eq!(store.stats().marked_lsn, 122);
+    drop(store);
+    let reopened = SqliteStore::open(root.path()).unwrap();
+    assert_eq!(reopened.open_report().acknowledged_lsn, 122);
+}
+
+/// With `ack_after_mark`, no waiter hears "durable" before the mark is synced.
+#[test]
+fn with_ack_after_mark_a_wait_returns_only_after_the_mark_is_synced() {
+    let root = tempfile::tempdir().unwrap();
+    let opts = Options { ack_after_mark: true, mark_sync_ms: Options::MAX_MARK_SYNC_MS, ..on_demand() };
+    let store = SqliteStore::open_with(root.path(), opts).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let store = &store;
+            s.spawn(move || {
+                for _ in 0..10 {
+                    let lsn = append(store, events(t, 2)).unwrap();
+                    store.wait_durable(lsn).unwrap();
+                    let marked = store.stats().marked_lsn;
+                    assert!(marked >= lsn, "LSN {lsn} acknowledged with the synced mark at {marked}");
+                }
+            });
+        }
+    });
+    let stats = store.stats();
+    assert!(stats.marks >= 1 && stats.marks <= stats.syncs, "{stats:?}");
+}
+
+#[test]
+fn a_mark_sync_interval_out_of_range_is_refused_naming_the_field() {
+    let root = tempfile::tempdir().unwrap();
+    let opts = Options { mark_sync_ms: Options::MAX_MARK_SYNC_MS + 1, ..Options::default() };
+    match SqliteStore::open_with(root.path().join("d"), opts) {
+        Err(StoreError::InvalidArgument { field, value, .. }) => {
+            assert_eq!((field, value.as_str()), ("mark_sync_ms", "60001"));
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert!(!root.path().join("d").exists(), "a refused open creates nothing");
 }
 
 /// Regression (issue 11): the read-only reader connection closed last, so SQLite never
