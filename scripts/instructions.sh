@@ -11,7 +11,10 @@
 #
 # Needs valgrind (`apt-get install valgrind`) and a release build of the binary
 # (`cargo build --release -p tidegate`; set TIDEGATE_BIN to use another). Set
-# TIDEGATE_CALLGRIND_DIR to keep the profiles (callgrind_annotate reads them).
+# TIDEGATE_CALLGRIND_DIR to keep the profiles (callgrind_annotate reads them); for
+# per-function figures with inlined frames, use the build with debug info:
+# `cargo build --profile profiling -p tidegate` and TIDEGATE_BIN=target/profiling/tidegate
+# (the counts are the same).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${TIDEGATE_BIN:-target/release/tidegate}"
