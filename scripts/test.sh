@@ -4,28 +4,46 @@
 # system Python is never installed into). .ci/run runs the same command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --workspace
+# Each stage's wall-clock time, printed when the run ends (passed or not), so a slow run says
+# where its time went.
+stages=()
+run_started=$SECONDS
+stage() {
+    local name=$1 started=$SECONDS
+    shift
+    "$@"
+    stages+=("$(printf '%6ds  %s' $((SECONDS - started)) "$name")")
+}
+report_stages() {
+    local rc=$?
+    echo "== test stages (wall clock; exit $rc)"
+    printf '%s\n' "${stages[@]}"
+    printf '%6ds  total\n' $((SECONDS - run_started))
+}
+trap report_stages EXIT
+stage "build the workspace's tests" cargo test --workspace --no-run
+stage "cargo test --workspace" cargo test --workspace
 # The CLI binary the workspace tests built: the Python tests check their trace with it.
 export TIDEGATE_BIN="$PWD/target/debug/tidegate"
 if [ -f python/run-tests.sh ]; then
     # The binding's own Rust unit tests (error mapping); the extension module is not linked here.
-    (cd python && CARGO_TARGET_DIR=../target cargo test --lib --quiet)
-    bash python/run-tests.sh
+    stage "python binding unit tests" bash -c 'cd python && CARGO_TARGET_DIR=../target cargo test --lib --quiet'
+    stage "python package (wheel build + pytest)" bash python/run-tests.sh
 fi
 # The MCP gateway: the official Python SDK (`mcp`, into .venv/mcp/) as the client of a real
 # `tidegate-mcp` in front of @modelcontextprotocol/server-memory and server-filesystem (npm,
 # into crates/mcp/tests/npm/), the suite's own upstreams and a `tidegate serve` for the
 # attached mode (about 3 min on this 2-core machine).
-bash scripts/mcp-test.sh
+stage "mcp gateway tests" bash scripts/mcp-test.sh
 # The MCP conformance suite's server scenarios against the gateway (npm, into
 # crates/mcp/tests/conformance/; under 10 s once installed).
-bash scripts/mcp-conformance.sh
+stage "mcp conformance" bash scripts/mcp-conformance.sh
 # API fuzzing against a real `tidegate serve --memory` (about 50 s; the longer run is in the
 # script's header).
-TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/fuzz-api.sh
+stage "api fuzzing" env TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/fuzz-api.sh
 # The reviewer web page in headless Chromium (Debian's chromium and chromium-driver, installed
 # by the script when missing and run as root; selenium in .venv/browser/; about 20 s).
-TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/review-browser-test.sh
+stage "reviewer page in chromium" env TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/review-browser-test.sh
 # The operator console in headless Chromium: two tenants, real agents, every view, axe-core
 # (npm, into .venv/axe/), the live view's render time with 1,000 open transactions (about 60 s).
-TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/console-browser-test.sh
+stage "console in chromium" env TIDEGATE_BIN="$TIDEGATE_BIN" bash scripts/console-browser-test.sh
