@@ -439,9 +439,7 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
                 st.committed = committed;
                 st.syncs += 1;
                 if let Some((seq, _, _)) = checkpoint {
-                    // Its caller waits for a synced mark covering this commit: ask for one now.
                     st.checkpoint_committed = Some((seq, committed));
-                    st.mark_now = true;
                 }
                 drop(st);
                 // The high-water mark follows the commit before anyone hears of it: written
@@ -460,13 +458,20 @@ fn commit_loop(shared: &Shared, conn: &mut Connection, cfg: &mut WriterConfig) {
                 }
                 // The marker sleeps without a deadline while every mark is synced: this one
                 // must wake it. Otherwise it wakes on its own deadline.
-                let wake_marker = cfg.ack_after_mark || st.mark_now || st.mark_written == st.marked;
+                let mut wake_marker = cfg.ack_after_mark || st.mark_written == st.marked;
                 st.mark_written = st.mark_written.max(committed);
-                if checkpoint.is_some() && st.marked >= committed {
-                    // Nothing new to mark (a checkpoint alone): already covered.
-                    st.checkpoint_written =
-                        st.checkpoint_written.max(st.checkpoint_committed.take().map_or(0, |c| c.0));
-                    shared.marked.notify_all();
+                if checkpoint.is_some() {
+                    if st.marked >= committed {
+                        // Nothing new to mark (a checkpoint alone): already covered.
+                        let seq = st.checkpoint_committed.take().map_or(0, |c| c.0);
+                        st.checkpoint_written = st.checkpoint_written.max(seq);
+                        shared.marked.notify_all();
+                    } else {
+                        // Its caller waits for a synced mark covering this commit: ask for one
+                        // now that the mark is written (a sync before the write would not do).
+                        st.mark_now = true;
+                        wake_marker = true;
+                    }
                 }
                 let ready = if cfg.ack_after_mark { Vec::new() } else { publish_durable(shared, &mut st, committed) };
                 drop(st);
