@@ -23,8 +23,11 @@ report_stages() {
 trap report_stages EXIT
 stage "build the workspace's tests" cargo test --workspace --no-run
 stage "cargo test --workspace" cargo test --workspace
-# The CLI binary the workspace tests built: the Python tests check their trace with it.
+# The binaries the workspace tests built (with the test build's features; a plain `cargo
+# build` of them would compile half the workspace again with other features): the Python
+# tests check their trace with the CLI, the MCP tests run the gateway and the server.
 export TIDEGATE_BIN="$PWD/target/debug/tidegate"
+export TIDEGATE_MCP_BIN="$PWD/target/debug/tidegate-mcp"
 if [ -f python/run-tests.sh ]; then
     # The binding's own Rust unit tests (error mapping); the extension module is not linked here.
     stage "python binding unit tests" bash -c 'cd python && CARGO_TARGET_DIR=../target cargo test --lib --quiet'

@@ -74,6 +74,10 @@ pub struct Server {
     pub name: String,
     /// This process's worker name in task leases.
     pub worker: String,
+    /// How long the gateway keeps asking again when the server does not answer a request
+    /// whose outcome it must learn (a ticket's result, a settlement, a task's report):
+    /// `gateway.server_patience_ms`.
+    patience: Duration,
 }
 
 impl std::fmt::Debug for Server {
@@ -89,10 +93,6 @@ impl std::fmt::Debug for Server {
 
 /// The largest answer the gateway reads from the server.
 const MAX_ANSWER_BYTES: usize = 16 << 20;
-
-/// How long the gateway keeps asking again when the server does not answer a request whose
-/// outcome it must learn (a ticket's result, a settlement, a task's report).
-const PERSIST: Duration = Duration::from_secs(120);
 
 /// How long a commit or an abort request waits for the settlement before polling on.
 const SETTLE_WAIT_MS: u64 = 30_000;
@@ -113,7 +113,14 @@ impl Server {
             .build()
             .map_err(|e| GatewayError::Serve(format!("cannot build the HTTP client: {e}")))?;
         let worker = format!("tidegate-mcp-{}-{}", settings.name, std::process::id());
-        let server = Arc::new(Server { base: settings.url.clone(), key, http, name: settings.name.clone(), worker });
+        let server = Arc::new(Server {
+            base: settings.url.clone(),
+            key,
+            http,
+            name: settings.name.clone(),
+            worker,
+            patience: Duration::from_millis(settings.patience_ms),
+        });
         server
             .send(Method::GET, "/v1/whoami", None)
             .await
@@ -199,7 +206,7 @@ impl Server {
 
     /// Sends `body` until the server answers it for good: a transport error, a 429, a 502-504
     /// or an `idempotency_key_in_progress` is sent again (with backoff, for up to
-    /// [`PERSIST`]); the request must be one the server takes twice as once (an
+    /// `gateway.server_patience_ms`); the request must be one the server takes twice as once (an
     /// `Idempotency-Key`, a ticket's result, a task's report).
     async fn send_until_answered(
         &self,
@@ -208,7 +215,7 @@ impl Server {
         body: &Value,
         key: Option<&str>,
     ) -> Result<(u16, Value), RemoteError> {
-        let deadline = tokio::time::Instant::now() + PERSIST;
+        let deadline = tokio::time::Instant::now() + self.patience;
         let mut backoff = Duration::from_millis(100);
         loop {
             let r = self.send_keyed(method.clone(), path, Some(body), key).await;
@@ -533,6 +540,7 @@ mod tests {
             http: reqwest::Client::new(),
             name: "mcp".into(),
             worker: "w".into(),
+            patience: Duration::from_secs(1),
         }
     }
 

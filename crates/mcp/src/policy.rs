@@ -12,6 +12,7 @@
 //! # server = "http://127.0.0.1:8080"  # attached: the ledger is this Tidegate server's (no store)
 //! # api_key_env = "TIDEGATE_API_KEY"  # attached: the variable holding the API key
 //! # name = "mcp"                      # attached: capabilities <name>.<upstream>, tools <name>.<upstream>.<tool>
+//! # server_patience_ms = 120000       # attached: how long a request the server does not answer is sent again
 //!
 //! [turn]
 //! mode = "turn"                   # "turn": one transaction per turn; "per_call"
@@ -188,6 +189,7 @@ struct RawGateway {
     server: Option<Spanned<String>>,
     api_key_env: Option<Spanned<String>>,
     name: Option<Spanned<String>>,
+    server_patience_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -369,6 +371,11 @@ pub struct AttachedSettings {
     /// The gateway's name on the server: its capabilities are `<name>.<upstream>` and its
     /// tools `<name>.<upstream>.<tool>` (default `mcp`).
     pub name: String,
+    /// How long a request whose outcome the gateway must learn (a ticket's result, a
+    /// settlement, a task's report) is sent again while the server does not answer, before
+    /// the agent gets a tool error (`gateway.server_patience_ms`, 1 000 to 3 600 000, default
+    /// 120 000).
+    pub patience_ms: u64,
 }
 
 /// Turn settings.
@@ -410,6 +417,8 @@ pub const DEFAULT_IDLE_MS: u64 = 300_000;
 pub const DEFAULT_APPROVAL_TIMEOUT_MS: u64 = 120_000;
 /// The default limit of one upstream call.
 pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
+/// How long an attached gateway keeps sending a request the server does not answer.
+pub const DEFAULT_SERVER_PATIENCE_MS: u64 = 120_000;
 
 fn line_of(source: &str, offset: usize) -> usize {
     source[..offset.min(source.len())].bytes().filter(|b| *b == b'\n').count() + 1
@@ -497,7 +506,18 @@ impl Policy {
                     }
                     None => "mcp".to_string(),
                 };
-                Some(AttachedSettings { url, api_key_env, name })
+                let patience_ms = match &raw.gateway.server_patience_ms {
+                    None => DEFAULT_SERVER_PATIENCE_MS,
+                    Some(v) if (1_000..=3_600_000).contains(v.get_ref()) => *v.get_ref(),
+                    Some(v) => {
+                        return Err(at(
+                            &v.span(),
+                            "gateway.server_patience_ms".into(),
+                            format!("{}; expected 1000 to 3600000 (ms)", v.get_ref()),
+                        ));
+                    }
+                };
+                Some(AttachedSettings { url, api_key_env, name, patience_ms })
             }
             None => {
                 for (v, key) in [(&raw.gateway.api_key_env, "gateway.api_key_env"), (&raw.gateway.name, "gateway.name")]
@@ -509,6 +529,13 @@ impl Policy {
                             "only meaningful with gateway.server (attached mode)".into(),
                         ));
                     }
+                }
+                if let Some(v) = &raw.gateway.server_patience_ms {
+                    return Err(at(
+                        &v.span(),
+                        "gateway.server_patience_ms".into(),
+                        "only meaningful with gateway.server (attached mode)".into(),
+                    ));
                 }
                 None
             }
@@ -1037,6 +1064,27 @@ scopes = ["kg:entity"]
         assert!(e.message.starts_with("5; expected 10 to"), "{e}");
         let e = parse(&GOOD.replace("class = \"read\"", "class = \"readonly\"")).unwrap_err();
         assert_eq!(e.line, Some(17), "{e}");
+    }
+
+    #[test]
+    fn the_server_patience_is_attached_only_and_bounded() {
+        let attached = |extra: &str| format!("{GOOD}\n[gateway]\nserver = \"http://127.0.0.1:9\"\n{extra}\n");
+        let line_of = |src: &str, key: &str| src.lines().position(|l| l.starts_with(key)).map(|i| i + 1);
+        let p = parse(&attached("")).unwrap();
+        assert_eq!(p.gateway.server.as_ref().map(|s| s.patience_ms), Some(DEFAULT_SERVER_PATIENCE_MS));
+        let p = parse(&attached("server_patience_ms = 2500")).unwrap();
+        assert_eq!(p.gateway.server.as_ref().map(|s| s.patience_ms), Some(2500));
+        let src = attached("server_patience_ms = 10");
+        let e = parse(&src).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (line_of(&src, "server_patience_ms"), Some("gateway.server_patience_ms")),
+            "{e}"
+        );
+        assert!(e.message.starts_with("10; expected 1000 to 3600000"), "{e}");
+        let e = parse(&format!("{GOOD}\n[gateway]\nserver_patience_ms = 5000\n")).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("gateway.server_patience_ms"), "{e}");
+        assert!(e.message.contains("only meaningful with gateway.server"), "{e}");
     }
 
     #[test]

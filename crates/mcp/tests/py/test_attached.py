@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -230,12 +231,16 @@ async def test_a_server_that_dies_mid_turn_is_a_tool_error_and_settles_the_turn_
     listen = f"127.0.0.1:{free_port()}"
     server = TidegateServer(workdir / "data", listen)
     try:
-        policy = attached_policy(workdir, server, "[turn]\nidle_ms = 3000\n" + log_upstream(log) + RULES)
+        # The gateway asks a silent server again for 3 s (default 120 s) before giving up.
+        policy = attached_policy(workdir, server, "[turn]\nidle_ms = 3000\n" + log_upstream(log) + RULES,
+                                 extra="server_patience_ms = 3000")
         async with stdio_session(policy, env=key_env(server)) as s:
             assert not (await s.call_tool("put", {"key": "a", "value": "1"})).is_error
             await s.call_tool("send", {"to": "x", "text": "never"})
             server.kill()
+            started = time.monotonic()
             r = await s.call_tool("put", {"key": "b", "value": "2"})
+            assert time.monotonic() - started < 60, "the gateway kept asking past gateway.server_patience_ms"
             assert r.is_error and "did not answer" in text(r) and "when its lease ends" in text(r), text(r)
             assert [e["op"] for e in read_log(log)] == ["put"], "nothing ran without a record"
             # Back on the same data: the turn's lease ends, the server aborts it and queues the
