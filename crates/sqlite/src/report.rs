@@ -120,14 +120,16 @@ pub struct StoreStats {
     pub appends: u64,
     /// Group commits (one SQLite commit and sync each) since open.
     pub syncs: u64,
-    /// High-water marks written (one sync each; one per group commit that added rows).
+    /// Syncs of the high-water mark (at most one per `mark_sync_ms` while commits happen, or
+    /// one per group commit with `ack_after_mark`; each covers every mark written before it).
     pub marks: u64,
     /// The last LSN assigned.
     pub last_lsn: Lsn,
     /// Every event up to here is durable (committed and synced by SQLite; acknowledged).
     pub durable_lsn: Lsn,
-    /// Every event up to here is covered by the synced high-water mark (at most one group
-    /// commit behind `durable_lsn`, none with [`Options::ack_after_mark`](crate::Options::ack_after_mark)).
+    /// Every event up to here is covered by the *synced* high-water mark (it reaches
+    /// `durable_lsn` at most [`Options::mark_sync_ms`](crate::Options::mark_sync_ms) later; it is
+    /// never behind it with [`Options::ack_after_mark`](crate::Options::ack_after_mark)).
     pub marked_lsn: Lsn,
     /// Rows queued for the next commit.
     pub queued_rows: usize,

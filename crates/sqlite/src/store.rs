@@ -24,8 +24,8 @@ use crate::writer::Shared;
 /// ```text
 ///   <dir>/LOCK          exclusive lock (holder's pid inside) — one owner per directory
 ///   <dir>/ledger.db     meta(key, value) · events(lsn, tx, kind, body, chain) · cut_rows · checkpoint
-///   <dir>/ledger.head   high-water mark: an acknowledged LSN and its chain value (the last one,
-///                       or one group commit behind it while its sync runs)
+///   <dir>/ledger.head   high-water mark: the last acknowledged LSN and its chain value (written
+///                       before each acknowledgement, synced behind it)
 ///   <dir>/ledger.db-wal, -shm   SQLite's write-ahead log (folded into ledger.db on a clean close)
 /// ```
 ///

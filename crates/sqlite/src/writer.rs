@@ -101,7 +101,7 @@ pub(super) struct State {
     pub(super) writer_parked: bool,
     pub(super) appends: u64,
     pub(super) syncs: u64,
-    /// High-water marks written (one per commit that added rows).
+    /// Syncs of the high-water mark (see `StoreStats::marks`).
     pub(super) marks: u64,
     pub(super) failed: Option<Arc<StoreError>>,
     pub(super) closing: bool,
