@@ -415,7 +415,7 @@ fn durable(
         "checkpoint_every_events": policy.every_events,
         "ratio_1_to_fsync": (r[0].0 / fsync * 100.0).round() / 100.0,
         "ratio_64_to_fsync": (r[1].0 / fsync * 100.0).round() / 100.0,
-        "transaction": "begin, read, one gated effect, seal, commit (SQLite WAL, synchronous=FULL, high-water mark synced per commit, after the acknowledgement unless ack_after_mark)",
+        "transaction": "begin, read, one gated effect, seal, commit (SQLite WAL, synchronous=FULL; the high-water mark written before each acknowledgement and synced within mark_sync_ms, or synced before it with ack_after_mark)",
     });
     if let (Some(m), Some(o)) = (r.get(2..5), out.as_object_mut()) {
         let round = |x: f64, k: f64| (x * k).round() / k;
