@@ -363,7 +363,11 @@ fn durable(
             lat.sort_by(f64::total_cmp);
             let p99 = lat.get(((lat.len() as f64) * 0.99) as usize).copied().unwrap_or(0.0);
             drop(tg);
-            let _ = std::fs::remove_dir_all(&sub);
+            if temporary {
+                // Five ledgers per run: keep the temporary directory small; a `--data-dir`
+                // keeps them for inspection.
+                let _ = std::fs::remove_dir_all(&sub);
+            }
             anyhow::Ok((tps, p99, syncs_per_tx, marks_per_tx))
         }
     };
