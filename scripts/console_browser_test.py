@@ -240,6 +240,8 @@ class Browser:
         self.base = args.base
         self.out = args.out
         self.wait = WebDriverWait(self.d, 20)
+        # A page that does not load in 30 s fails its test instead of stalling the run.
+        self.d.set_page_load_timeout(30)
         with open(args.axe, encoding="utf-8") as f:
             self.axe_src = f.read()
 
@@ -264,13 +266,17 @@ class Browser:
         self.d.save_screenshot(os.path.join(self.out, name + ".png"))
 
     def axe(self, view: str) -> list[str]:
+        t0 = time.monotonic()
         self.d.execute_script(self.axe_src)
+        print(f"  axe inject {view}: {time.monotonic() - t0:.2f} s")
+        t0 = time.monotonic()
         res = self.d.execute_async_script(
             "const done = arguments[arguments.length - 1];"
             "axe.run(document, {resultTypes: ['violations']}).then((r) => done(r.violations.map((v) =>"
             " ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 3).map((n) => n.target.join(' '))}))))"
             ".catch((e) => done([{id: 'axe-error', impact: 'critical', help: String(e), nodes: []}]));"
         )
+        print(f"  axe run {view}: {time.monotonic() - t0:.2f} s")
         bad = [f"{view}: {v['impact']} {v['id']} ({v['help']}) at {v['nodes']}" for v in res if v["impact"] in ("serious", "critical")]
         minor = [f"{view}: {v['impact']} {v['id']}" for v in res if v["impact"] not in ("serious", "critical")]
         if minor:
@@ -546,6 +552,23 @@ def test_roles(b: Browser, api: Api, w: World) -> None:
     b.shot("roles-reviewer")
 
 
+def test_leaving(b: Browser, w: World) -> None:
+    """A page left (for about:blank here; the browser may keep it in its back-forward cache)
+    ends its streams: more visits than the browser's six connections to one host, each page
+    with the live view's stream open, and each visit still loads at once. Before the console
+    ended its streams on `pagehide`, a load after a few such visits waited about 50 s for the
+    server to end an old stream."""
+    b.sign_in(w.keys["operator"], "operator")
+    for i in range(8):
+        b.wait.until(ec.presence_of_element_located((By.ID, "live-table")))
+        b.d.get("about:blank")
+        started = time.monotonic()
+        b.d.get(b.base + "/console#/live")
+        b.wait.until(ec.presence_of_element_located((By.ID, "live-table")))
+        took = time.monotonic() - started
+        check(took < 10, f"visit {i + 1}: the console took {took:.1f} s to show its live view again")
+
+
 def test_axe(b: Browser, w: World) -> list[str]:
     bad: list[str] = []
     b.d.get(b.base + "/console")
@@ -636,8 +659,12 @@ def main() -> int:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     hooks = f"http://127.0.0.1:{server.server_address[1]}"
+    started = time.monotonic()
     w = make_world(api, args.key, hooks)
+    print(f"ok   world ({time.monotonic() - started:.1f} s)")
+    started = time.monotonic()
     b = Browser(args)
+    print(f"ok   browser started ({time.monotonic() - started:.1f} s)")
     failures: list[str] = []
     tests = [
         ("live", lambda: test_live(b, api, w)),
@@ -647,29 +674,33 @@ def main() -> int:
         ("registry-ledger-picture-plans", lambda: test_registry_ledger_picture_plans(b, api, w)),
         ("isolation", lambda: test_isolation(b, api, w, args.key2)),
         ("roles", lambda: test_roles(b, api, w)),
+        ("leaving", lambda: test_leaving(b, w)),
     ]
     try:
         for name, t in tests:
+            started = time.monotonic()
             try:
                 t()
-                print(f"ok   {name}")
+                print(f"ok   {name} ({time.monotonic() - started:.1f} s)")
             except Exception:  # noqa: BLE001 (every test runs; all failures are reported)
                 b.shot("failure-" + name)
                 failures.append(name + ":\n" + traceback.format_exc())
                 print(f"FAIL {name}")
+        started = time.monotonic()
         try:
             bad = test_axe(b, w)
             if bad:
                 failures.append("axe: serious or critical violations:\n  " + "\n  ".join(bad))
                 print("FAIL axe")
             else:
-                print("ok   axe: no serious or critical violation on any view")
+                print(f"ok   axe: no serious or critical violation on any view ({time.monotonic() - started:.1f} s)")
         except Exception:  # noqa: BLE001
             b.shot("failure-axe")
             failures.append("axe:\n" + traceback.format_exc())
+        started = time.monotonic()
         try:
             test_speed(b, api, args.key2)
-            print("ok   speed")
+            print(f"ok   speed ({time.monotonic() - started:.1f} s)")
         except Exception:  # noqa: BLE001
             b.shot("failure-speed")
             failures.append("speed:\n" + traceback.format_exc())

@@ -886,6 +886,13 @@
   });
   $("signout").addEventListener("click", () => signedOut(""));
   window.addEventListener("hashchange", route);
+  // Leaving the page (a navigation, a closed tab, the back-forward cache) ends the view's
+  // streams and timers: a page kept in the back-forward cache with its stream open holds one of
+  // the browser's six connections to this host, and after a few such pages the next page's
+  // requests wait until the server ends those streams. Back from the cache, the view starts
+  // again.
+  window.addEventListener("pagehide", () => { if (stopView) { stopView(); stopView = null; } });
+  window.addEventListener("pageshow", (ev) => { if (ev.persisted) route(); });
   if (key) signIn();
   else $("key").focus();
 })();
