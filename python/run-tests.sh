@@ -2,8 +2,9 @@
 # Builds and tests the `tidegate` Python package in the repository's own virtual environments
 # (never the system Python): .venv/ at the repository root is created on first use and reused,
 # the pinned dependencies are installed into it when python/requirements-*.txt change, the
-# wheel is built once (release, cached in python/target) and installed, and pytest runs from
-# it. Then the same wheel is tested on each CPython named in $TIDEGATE_PYTHON_VERSIONS (none
+# wheel is built (a dev build by default, in the repository's target/ beside the binding's unit
+# tests, whose compiled crates it reuses; TIDEGATE_WHEEL_PROFILE=release for an optimised one, in
+# python/target) and installed, and pytest runs from it. Then the same wheel is tested on each CPython named in $TIDEGATE_PYTHON_VERSIONS (none
 # by default; scripts/test-python-versions.sh names the oldest and newest supported, 3.10 and
 # 3.13; see scripts/python-env.sh for where it looks), each in its own environment under
 # .venv/versions/.
@@ -14,6 +15,7 @@
 #   TIDEGATE_PYTHON_VERSIONS="3.10 3.13" ...  # also these interpreters
 #   TIDEGATE_PYTHON_MAIN=0 ...                # skip the main interpreter's pytest run
 #   TIDEGATE_REQUIRE_PYTHON_VERSIONS=1 ...    # fail (not skip) when one is missing (.ci/run)
+#   TIDEGATE_WHEEL_PROFILE=release ...        # test the optimised wheel (as python/bench/ wants)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../scripts/python-env.sh
@@ -24,11 +26,21 @@ tidegate_make_venv "${PYTHON:-python3}" "$venv"
 tidegate_install_requirements "$venv" "$here/requirements-dev.txt"
 tidegate_install_requirements "$venv" "$here/requirements-test.txt"
 
-# One abi3 wheel for every interpreter; cargo's incremental build in python/target makes an
-# unchanged tree cost a few seconds.
-wheels="$here/target/wheels-test"
+# One abi3 wheel for every interpreter; cargo's incremental build makes an unchanged tree cost a
+# few seconds. The tests check behaviour, not speed: the dev build (about 10 s after the unit
+# tests' build, against about 100 s for a release build on the 2-core machine) runs them as fast.
+profile="${TIDEGATE_WHEEL_PROFILE:-dev}"
+case "$profile" in
+    dev) target_dir="$(cd "$here/.." && pwd)/target" ;;
+    release) target_dir="$here/target" ;;
+    *)
+        echo "error: TIDEGATE_WHEEL_PROFILE = '$profile': expected dev or release" >&2
+        exit 2
+        ;;
+esac
+wheels="$target_dir/wheels-test"
 rm -rf "$wheels"
-(cd "$here" && "$venv/bin/maturin" build --release --quiet --out "$wheels" >/dev/null)
+(cd "$here" && CARGO_TARGET_DIR="$target_dir" "$venv/bin/maturin" build --profile "$profile" --quiet --out "$wheels" >/dev/null)
 wheel="$(ls "$wheels"/tidegate-*.whl)"
 "$venv/bin/python" -m pip install --require-virtualenv --quiet --disable-pip-version-check \
     --force-reinstall --no-deps "$wheel"

@@ -22,7 +22,16 @@ report_stages() {
 }
 trap report_stages EXIT
 stage "build the workspace's tests" cargo test --workspace --no-run
-stage "cargo test --workspace" cargo test --workspace
+# cargo-nextest (on the project's machines) runs every test binary's tests side by side, each in
+# its own process, instead of one binary after the other (about 130 s instead of 220 s on the
+# 2-core machine); it does not run doctests, so they run after it. Without nextest, cargo test.
+if cargo nextest --version >/dev/null 2>&1; then
+    stage "cargo nextest run --workspace" cargo nextest run --workspace --no-fail-fast
+    stage "cargo test --workspace --doc" cargo test --workspace --doc
+else
+    echo "cargo-nextest not found: running the tests with cargo test (slower)" >&2
+    stage "cargo test --workspace" cargo test --workspace
+fi
 # The binaries the workspace tests built (with the test build's features; a plain `cargo
 # build` of them would compile half the workspace again with other features): the Python
 # tests check their trace with the CLI, the MCP tests run the gateway and the server.

@@ -8,6 +8,9 @@ Measures, with time.perf_counter_ns over many repetitions (best of 5 runs, per c
              called inside an open transaction (begin/commit excluded; reported separately);
   gated      a gated tool (recorded and queued; the function runs at commit, excluded here);
   tx         begin + one reversible call + commit, per transaction (in-memory engine).
+Measure the release wheel (`TIDEGATE_WHEEL_PROFILE=release TIDEGATE_PYTHON_MAIN=0 bash
+python/run-tests.sh` installs it into .venv/ without running the tests); the test run installs a
+dev build, which is slower per call.
 Goals: issue 6 set <= 5 us of added cost per wrapped call; issue 31 sets <= 2 us, and <= 6 us
 for begin + one call + commit.
 """
