@@ -8,6 +8,10 @@
 #       transactions of 100 reversible calls each (`bench micro --calls`), reported per
 #       transaction and per call; lower TIDEGATE_TX_SMALL/TIDEGATE_TX_LARGE (default 200 and
 #       2200) for large call counts, e.g. 2 and 22 for 1000 calls.
+#   TIDEGATE_PAPER=1 bash scripts/instructions.sh
+#       the source paper's overhead loop (`bench micro --paper-overhead`): tasks of ten
+#       one-call transactions on a fresh engine, 20 and 220 tasks, reported per task and per
+#       step (docs/performance.md, "The paper's overhead loop").
 #
 # Needs valgrind (`apt-get install valgrind`) and a release build of the binary
 # (`cargo build --release -p tidegate`; set TIDEGATE_BIN to use another). Set
@@ -18,8 +22,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${TIDEGATE_BIN:-target/release/tidegate}"
-small="${TIDEGATE_TX_SMALL:-200}"
-large="${TIDEGATE_TX_LARGE:-2200}"
+paper="${TIDEGATE_PAPER:-0}"
+if [ "$paper" = 1 ]; then
+    small="${TIDEGATE_TX_SMALL:-20}"
+    large="${TIDEGATE_TX_LARGE:-220}"
+else
+    small="${TIDEGATE_TX_SMALL:-200}"
+    large="${TIDEGATE_TX_LARGE:-2200}"
+fi
 if ! command -v valgrind >/dev/null; then
     echo "valgrind is not installed (apt-get install valgrind)" >&2
     exit 2
@@ -31,14 +41,18 @@ fi
 calls="${TIDEGATE_CALLS:-}"
 extra=()
 [ -n "$calls" ] && extra=(--calls "$calls")
+[ "$paper" = 1 ] && extra=(--paper-overhead)
 out="${TIDEGATE_CALLGRIND_DIR:-$(mktemp -d)}"
 mkdir -p "$out"
 levels=("$@")
 [ ${#levels[@]} -eq 0 ] && levels=(L0 L1 L4)
+[ "$paper" = 1 ] && levels=(default)
 collected() {
     local n=$1 level=$2
+    local lv=(--level "$level")
+    [ "$paper" = 1 ] && lv=() # the engine's default level (L4), as a user gets it
     valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.$level.$n" \
-        "$bin" bench micro --tx "$n" --level "$level" "${extra[@]}" >/dev/null 2>"$out/valgrind.$level.$n.log"
+        "$bin" bench micro --tx "$n" "${lv[@]}" "${extra[@]}" >/dev/null 2>"$out/valgrind.$level.$n.log"
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/valgrind.$level.$n.log"
 }
 for level in "${levels[@]}"; do
@@ -49,7 +63,9 @@ for level in "${levels[@]}"; do
         exit 1
     fi
     per_tx=$(( (b - a) / (large - small) ))
-    if [ -n "$calls" ]; then
+    if [ "$paper" = 1 ]; then
+        echo "paper overhead loop: $per_tx instructions per task of ten transactions, $(( per_tx / 10 )) per step"
+    elif [ -n "$calls" ]; then
         echo "$level $per_tx instructions per transaction of $calls calls, $(( per_tx / calls )) per call"
     else
         echo "$level $per_tx instructions per transaction"

@@ -55,6 +55,12 @@ pub enum Which {
         /// whether the cost per call stays flat as a transaction grows (1 to 100,000).
         #[arg(long, requires = "tx", value_parser = clap::value_parser!(u64).range(1..=100_000))]
         calls: Option<u64>,
+        /// With `--tx`: instead of the per-level workload, run N tasks of the source paper's
+        /// overhead loop (`paper_overhead` in the report; docs/performance.md): a fresh
+        /// engine per task (at its default level, L4), ten one-call transactions on
+        /// `resource:r0` .. `resource:r9`.
+        #[arg(long, requires = "tx", conflicts_with_all = ["calls", "level"])]
+        paper_overhead: bool,
     },
     /// Durable transactions on the embedded ledger against the disk's own fsync rate.
     Durable {
@@ -149,6 +155,7 @@ pub enum Which {
 
 pub fn run(which: Which) -> anyhow::Result<()> {
     match which {
+        Which::Micro { tx: Some(n), paper_overhead: true, .. } => paper_overhead_tasks(n),
         Which::Micro { tx: Some(n), level, calls, .. } => fixed_tx(n, level, calls),
         Which::Micro { json, history, .. } => micro(json, history),
         Which::Durable { json, data_dir, seconds, reopen_tx, checkpoint_every, postgres } => {
@@ -626,6 +633,118 @@ fn fixed_tx(n: u64, level: MicroLevel, calls: Option<u64>) -> anyhow::Result<()>
     })
 }
 
+/// The state the paper-overhead loop's tool writes, as the prototype's benchmark keeps it.
+type Resources = Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>;
+
+/// Steps per task of the paper's overhead loop.
+const PAPER_STEPS: u64 = 10;
+
+/// The paper-overhead loop's tool: a reversible write of `value` under `key` into
+/// `resources`, compensated by removing the key; scope `resource:{key}`.
+fn paper_step_tool(resources: &Resources) -> anyhow::Result<Tool> {
+    let (w, d) = (resources.clone(), resources.clone());
+    Ok(Tool::builder("task_step", EffectClass::Reversible)
+        .scope(|a| format!("resource:{}", a["key"].as_str().unwrap_or_default()))
+        .call(move |a: Arc<Value>| {
+            let w = w.clone();
+            async move {
+                let (k, v) = (a["key"].as_str().unwrap_or_default(), a["value"].as_str().unwrap_or_default());
+                w.lock()
+                    .map_err(|_| tidegate_runtime::ToolError::failed("resources poisoned"))?
+                    .insert(k.to_owned(), v.to_owned());
+                Ok(Value::Null)
+            }
+        })
+        .compensate(move |a: Arc<Value>, _| {
+            let d = d.clone();
+            async move {
+                if let Ok(mut m) = d.lock() {
+                    m.remove(a["key"].as_str().unwrap_or_default());
+                }
+                Ok(tidegate_runtime::Compensation::clean())
+            }
+        })
+        .build()?)
+}
+
+/// One task of the source paper's overhead benchmark, on Tidegate: a fresh in-memory engine
+/// (the prototype builds a fresh runtime per task), then ten steps, each its own transaction
+/// declaring `resource:r<i>`, making one reversible call that writes `v<i>` under `r<i>`, and
+/// committing (docs/performance.md, "The paper's overhead loop"). Returns the engine.
+async fn paper_task(tool: &Tool) -> anyhow::Result<Tidegate> {
+    let tg = engine()?;
+    for step in 0..PAPER_STEPS {
+        let key = format!("r{step}");
+        let tx = tg.begin_with(TxOptions::agent("paper").may_touch([format!("resource:{key}")]))?;
+        tx.call(tool, json!({"key": key, "value": format!("v{step}")})).await?;
+        tx.seal_and_commit().await?;
+    }
+    Ok(tg)
+}
+
+/// The same task without transactions (the prototype's `No-Tx`, which also builds its
+/// runtime per task): the engine is built, then the ten writes are made directly.
+fn paper_task_notx(resources: &Resources) -> anyhow::Result<()> {
+    let tg = engine()?;
+    for step in 0..PAPER_STEPS {
+        if let Ok(mut m) = resources.lock() {
+            m.insert(format!("r{step}"), format!("v{step}"));
+        }
+    }
+    drop(std::hint::black_box(tg));
+    Ok(())
+}
+
+/// `bench micro --tx N --paper-overhead`: N tasks of the paper's loop, nothing printed.
+fn paper_overhead_tasks(n: u64) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let resources = Resources::default();
+    let tool = paper_step_tool(&resources)?;
+    rt.block_on(async {
+        for _ in 0..n {
+            drop(paper_task(&tool).await?);
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// The paper's overhead loop: median ns per task over rounds of 1,000 tasks, with and
+/// without transactions, measured alternately.
+fn paper_overhead(rt: &tokio::runtime::Runtime) -> anyhow::Result<Value> {
+    const TASKS: u64 = 1000;
+    let resources = Resources::default();
+    let tool = paper_step_tool(&resources)?;
+    let (mut tx_ns, mut notx_ns) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for _ in 0..TASKS {
+            drop(paper_task(&tool).await?); // warm-up
+        }
+        for _ in 0..7 {
+            let t = Instant::now();
+            for _ in 0..TASKS {
+                drop(paper_task(&tool).await?);
+            }
+            tx_ns.push(t.elapsed().as_nanos() as f64 / TASKS as f64);
+            let t = Instant::now();
+            for _ in 0..TASKS {
+                paper_task_notx(std::hint::black_box(&resources))?;
+            }
+            notx_ns.push(t.elapsed().as_nanos() as f64 / TASKS as f64);
+        }
+        anyhow::Ok(())
+    })?;
+    let (task, notx) = (median(tx_ns), median(notx_ns));
+    let steps = PAPER_STEPS as f64;
+    Ok(json!({
+        "steps_per_task": PAPER_STEPS,
+        "tasks_per_round": TASKS,
+        "ns_per_task": task.round(),
+        "ns_per_step": (task / steps).round(),
+        "notx_ns_per_step": (notx / steps).round(),
+        "added_ns_per_step": ((task - notx) / steps).round(),
+    }))
+}
+
 fn micro(as_json: bool, history: u64) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (rev, gated) = tools()?;
@@ -680,6 +799,8 @@ fn micro(as_json: bool, history: u64) -> anyhow::Result<()> {
         anyhow::Ok(median(per))
     })?;
 
+    let paper = paper_overhead(&rt)?;
+
     let mt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (disjoint_wait, disjoint_waits, disjoint_commits) = mt.block_on(async {
         let tg = engine()?;
@@ -724,6 +845,7 @@ fn micro(as_json: bool, history: u64) -> anyhow::Result<()> {
         "notx_ns_per_tx_equivalent": notx.round(),
         "ns_per_tx_by_level": by_level,
         "level_ratio_to_l0": ratio_to_l0,
+        "paper_overhead": paper,
     });
     if as_json {
         println!("{out}");
@@ -744,6 +866,9 @@ fn micro(as_json: bool, history: u64) -> anyhow::Result<()> {
         }
         for (k, ns) in &levels {
             println!("  {:<30} {:>12} ns  ({:.2}x L0)", format!("ns_per_tx {k}"), ns.round(), ns / l0);
+        }
+        for k in ["ns_per_step", "notx_ns_per_step", "added_ns_per_step", "ns_per_task"] {
+            println!("  {:<30} {:>12} ns", format!("paper_overhead {k}"), out["paper_overhead"][k]);
         }
     }
     Ok(())
@@ -850,4 +975,26 @@ fn cluster(
         f["failover_ms"], f["killed"], f["lease_ms"], f["goal_ms"]
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The paper's loop does the work it claims: ten committed one-call transactions per task,
+    /// each leaving its write, and the `No-Tx` variant the same writes.
+    #[test]
+    fn the_paper_overhead_task_commits_ten_transactions_that_each_write_their_resource() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let resources = Resources::default();
+        let tool = paper_step_tool(&resources).expect("tool");
+        let tg = rt.block_on(paper_task(&tool)).expect("task");
+        assert_eq!(tg.stats().committed, PAPER_STEPS);
+        let expected: std::collections::HashMap<String, String> =
+            (0..PAPER_STEPS).map(|i| (format!("r{i}"), format!("v{i}"))).collect();
+        assert_eq!(*resources.lock().expect("lock"), expected);
+        let direct = Resources::default();
+        paper_task_notx(&direct).expect("no-tx task");
+        assert_eq!(*direct.lock().expect("lock"), expected);
+    }
 }
