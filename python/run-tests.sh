@@ -3,11 +3,11 @@
 # (never the system Python): .venv/ at the repository root is created on first use and reused,
 # the pinned dependencies are installed into it when python/requirements-*.txt change, the
 # wheel is built (a dev build by default, in the repository's target/ beside the binding's unit
-# tests, whose compiled crates it reuses; TIDEGATE_WHEEL_PROFILE=release for an optimised one, in
-# python/target) and installed, and pytest runs from it. Then the same wheel is tested on each CPython named in $TIDEGATE_PYTHON_VERSIONS (none
-# by default; scripts/test-python-versions.sh names the oldest and newest supported, 3.10 and
-# 3.13; see scripts/python-env.sh for where it looks), each in its own environment under
-# .venv/versions/.
+# tests, whose compiled crates it reuses; TIDEGATE_WHEEL_PROFILE=release for an optimised one,
+# in python/target) and installed, and pytest runs from it. Then the same wheel is tested on
+# each CPython named in $TIDEGATE_PYTHON_VERSIONS (none by default;
+# scripts/test-python-versions.sh names the oldest and newest supported, 3.10 and 3.13; see
+# scripts/python-env.sh for where it looks), each in its own environment under .venv/versions/.
 #
 #   python/run-tests.sh              # the main interpreter (called by scripts/test.sh)
 #   python/run-tests.sh -k order     # extra arguments go to pytest (main interpreter only)
