@@ -246,6 +246,34 @@ def test_a_plan_over_http_commits_retires_and_refuses_a_step_without_a_descripto
         client.get_plan("plan_zz_999999")
     assert unknown.value.kind == "unknown_plan"
 
+def test_a_task_leased_while_its_client_closes_is_run_not_left_to_its_lease(
+    server: Server, client: tidegate.Client, sink: Sink
+) -> None:
+    """close() stops the worker after its long poll. A task that this poll leases after close()
+    was called is run and reported before the thread ends; it was once dropped, and the plan
+    waited for the task's lease (30 s) to run out before any worker could take it."""
+    s = unique("c")
+    _, book = webhook_tools(client, sink, s)
+    cancel = f"py_close{s}"
+    plan = client.open_plan(owner="ops", deadline=3600)
+    with plan.transaction(may_touch=[f"travel:hotel:{s}"]) as tx:
+        comp = tidegate.Compensate(cancel, {"booking": tidegate.Compensate.output("/receipt")})
+        tx.call(book, room=s, _compensate=comp)
+    ran: List[str] = []
+    worker = tidegate.connect(server.url, api_key=server.key, timeout=20)
+    worker.capability(cancel)(lambda req: ran.append(req.key))
+    time.sleep(0.3)  # its worker thread is in its first long poll (2 s)
+    closer = threading.Thread(target=worker.close)
+    closer.start()
+    time.sleep(0.2)  # close() has stopped the worker and waits for that poll
+    client.get_plan(plan.remote_id).fail("the customer cancelled")  # the task arrives in it
+    closer.join(timeout=15)
+    assert not closer.is_alive()
+    final = client.get_plan(plan.remote_id).wait(10)
+    assert final["state"] == "unwound" and final["held"] == 0, final
+    assert len(ran) == 1, ran
+
+
 def test_a_capability_served_by_a_client_worker_unwinds_a_plan_whose_agent_is_gone(
     server: Server, client: tidegate.Client, sink: Sink
 ) -> None:

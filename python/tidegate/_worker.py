@@ -310,8 +310,11 @@ class _Worker:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stops the thread between tasks (leased tasks it did not run go back to the queue
-        when their lease ends) and waits for it, unless called from it."""
+        """Stops the thread after its current long poll and the tasks that poll leased, which
+        it runs and reports (a leased task left unrun would wait for its lease to run out before
+        any worker could take it), and waits for it, up to 10 s, unless called from it. A task
+        still running then is reported if the connection is still open, or offered again when
+        its lease ends."""
         self._stop.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
@@ -333,9 +336,9 @@ class _Worker:
                 if self._stop.wait(0.5):
                     return
                 continue
+            # Tasks leased to this worker are run even when it is stopping: only their lease
+            # would give them back, so another worker could take them only after it ran out.
             for task in r.get("tasks", ()):
-                if self._stop.is_set():
-                    return  # leased tasks not run go back to the queue when their lease ends
                 self._run_task(task)
 
     def _run_task(self, task: Mapping[str, Any]) -> None:
