@@ -246,6 +246,7 @@ def test_a_plan_over_http_commits_retires_and_refuses_a_step_without_a_descripto
         client.get_plan("plan_zz_999999")
     assert unknown.value.kind == "unknown_plan"
 
+
 def test_a_task_leased_while_its_client_closes_is_run_not_left_to_its_lease(
     server: Server, client: tidegate.Client, sink: Sink
 ) -> None:
