@@ -91,12 +91,17 @@ pub enum Which {
     },
     /// `tidegate serve` on loopback against the same workload in-process: begin + a
     /// reversible effect + a webhook-released gated effect + commit, at each client count,
-    /// in memory and on the embedded durable store (docs/server.md, "Benchmark").
+    /// in memory and on the embedded durable store, as five requests (`steps`) and as one
+    /// (`batch`) (docs/server.md, "Benchmark").
     Serve {
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
-        /// Seconds per measurement (2 modes × stores × client counts of them).
+        /// Forms of the transaction: `steps` (five API requests, the reversible effect
+        /// client-executed), `batch` (one request, `POST /v1/batches`).
+        #[arg(long, value_delimiter = ',', default_values_t = [String::from("steps"), String::from("batch")])]
+        forms: Vec<String>,
+        /// Seconds per measurement (2 modes × forms × stores × client counts of them).
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
         /// Client counts.
@@ -164,8 +169,8 @@ pub fn run(which: Which) -> anyhow::Result<()> {
         Which::Detect { json, sizes, seed } => crate::bench_detect::run(json, &sizes, seed),
         Which::Review(args) => crate::bench_review::run(args),
         Which::Plans(args) => crate::bench_plans::run(args),
-        Which::Serve { json, seconds, clients, data_dir, memory_only } => {
-            serve(json, seconds, clients, data_dir, memory_only)
+        Which::Serve { json, forms, seconds, clients, data_dir, memory_only } => {
+            serve(json, &forms, seconds, clients, data_dir, memory_only)
         }
         Which::Cluster { json, postgres, seconds, clients, nodes, tenants, lease_ms } => {
             cluster(json, postgres, seconds, clients, nodes, tenants, lease_ms)
@@ -876,16 +881,25 @@ fn micro(as_json: bool, history: u64) -> anyhow::Result<()> {
 
 fn serve(
     as_json: bool,
+    forms: &[String],
     seconds: f64,
     clients: Vec<usize>,
     data_dir: Option<std::path::PathBuf>,
     memory_only: bool,
 ) -> anyhow::Result<()> {
-    use tidegate_server::bench::{BenchOptions, StoreKind};
+    use tidegate_server::bench::{BenchOptions, Form, StoreKind};
+    let forms = forms
+        .iter()
+        .map(|f| match f.as_str() {
+            "steps" => Ok(Form::Steps),
+            "batch" => Ok(Form::Batch),
+            other => Err(anyhow::anyhow!("--forms {other}: expected `steps` or `batch` (comma-separated)")),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     anyhow::ensure!(seconds > 0.0 && seconds <= 600.0, "--seconds {seconds}: expected more than 0 and at most 600");
     anyhow::ensure!(clients.iter().all(|c| (1..=1024).contains(c)), "--clients {clients:?}: expected 1 to 1024 each");
     let stores = if memory_only { vec![StoreKind::Memory] } else { vec![StoreKind::Memory, StoreKind::Durable] };
-    let opts = BenchOptions { seconds, clients, stores, data_dir };
+    let opts = BenchOptions { seconds, clients, stores, forms, data_dir };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = rt.block_on(tidegate_server::bench::run(&opts))?;
     if as_json {
@@ -893,13 +907,14 @@ fn serve(
         return Ok(());
     }
     println!(
-        "{:<11} {:<8} {:>7} {:>10} {:>9} {:>9} {:>7}",
-        "mode", "store", "clients", "tx/s", "p50 ms", "p99 ms", "failed"
+        "{:<11} {:<6} {:<8} {:>7} {:>10} {:>9} {:>9} {:>7}",
+        "mode", "form", "store", "clients", "tx/s", "p50 ms", "p99 ms", "failed"
     );
     for m in report["measurements"].as_array().into_iter().flatten() {
         println!(
-            "{:<11} {:<8} {:>7} {:>10} {:>9} {:>9} {:>7}",
+            "{:<11} {:<6} {:<8} {:>7} {:>10} {:>9} {:>9} {:>7}",
             m["mode"].as_str().unwrap_or(""),
+            m["form"].as_str().unwrap_or(""),
             m["store"].as_str().unwrap_or(""),
             m["clients"].to_string(),
             m["tx_per_s"].to_string(),
@@ -910,7 +925,8 @@ fn serve(
     }
     for r in report["ratios"].as_array().into_iter().flatten() {
         println!(
-            "server/in-process tx/s, {} at {} clients: {}",
+            "server/in-process tx/s, {}, {} at {} clients: {}",
+            r["form"].as_str().unwrap_or(""),
             r["store"].as_str().unwrap_or(""),
             r["clients"],
             r["server_over_in_process"]

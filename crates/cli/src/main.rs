@@ -17,6 +17,10 @@ mod tenant;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc (docs/performance.md, "The allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Tidegate: transactions for the side effects of AI agents.
 #[derive(Debug, Parser)]
 #[command(name = "tidegate", version, about)]

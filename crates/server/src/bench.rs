@@ -2,13 +2,19 @@
 //! workload run in-process (docs/server.md, "Benchmark").
 //!
 //! One transaction is: begin (may-touch two scopes of the client's own), one reversible
-//! effect, one gated effect released at commit by a webhook, seal and commit. Over HTTP the
-//! reversible effect is client-executed (the two-step protocol: a ticket, the client's own
-//! call, its result), so a server transaction is five API requests (begin, ticket, result,
-//! gated effect, commit) and one webhook request (the release). In-process, the reversible
-//! effect runs in the caller (a closure) and the gated release POSTs to the same webhook: one
-//! webhook request. Both sides share the machine with the webhook receiver and,
-//! over HTTP, with the clients: the figures are of the whole loop on one host.
+//! effect, one gated effect released at commit by a webhook, seal and commit, in two forms:
+//!
+//! - `steps`: the reversible effect is client-executed (the two-step protocol: a ticket, the
+//!   client's own call, its result), so a server transaction is five API requests (begin,
+//!   ticket, result, gated effect, commit) and one webhook request (the release).
+//!   In-process, the reversible effect runs in the caller (a closure): one webhook request.
+//! - `batch`: the whole transaction is one request (`POST /v1/batches`) and the server runs
+//!   the reversible effect through its webhook capability: one API request and two webhook
+//!   requests. In-process, the reversible tool POSTs to the same receiver: two webhook
+//!   requests.
+//!
+//! Both sides share the machine with the webhook receiver and, over HTTP, with the clients:
+//! the figures are of the whole loop on one host.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -67,6 +73,25 @@ impl StoreKind {
     }
 }
 
+/// How a transaction is sent (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Five API requests, the reversible effect client-executed.
+    Steps,
+    /// One API request (`POST /v1/batches`), the reversible effect run by a webhook.
+    Batch,
+}
+
+impl Form {
+    /// Its name in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Form::Steps => "steps",
+            Form::Batch => "batch",
+        }
+    }
+}
+
 /// Options of a run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -76,6 +101,8 @@ pub struct BenchOptions {
     pub clients: Vec<usize>,
     /// Stores to measure on.
     pub stores: Vec<StoreKind>,
+    /// Forms of the transaction to measure.
+    pub forms: Vec<Form>,
     /// Parent of the durable stores' data directories (default: a temporary directory,
     /// removed afterwards).
     pub data_dir: Option<PathBuf>,
@@ -87,6 +114,7 @@ impl Default for BenchOptions {
             seconds: 3.0,
             clients: vec![1, 64],
             stores: vec![StoreKind::Memory, StoreKind::Durable],
+            forms: vec![Form::Steps, Form::Batch],
             data_dir: None,
         }
     }
@@ -97,6 +125,8 @@ impl Default for BenchOptions {
 pub struct Measurement {
     /// `server` (HTTP on loopback) or `in_process`.
     pub mode: &'static str,
+    /// `steps` or `batch` (module docs).
+    pub form: &'static str,
     /// `memory` or `durable`.
     pub store: &'static str,
     /// Concurrent clients.
@@ -156,6 +186,7 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn measurement(
     mode: &'static str,
+    form: Form,
     store: StoreKind,
     clients: usize,
     mut lat: Vec<f64>,
@@ -165,6 +196,7 @@ fn measurement(
     lat.sort_by(f64::total_cmp);
     Measurement {
         mode,
+        form: form.name(),
         store: store.name(),
         clients,
         committed: lat.len() as u64,
@@ -188,6 +220,7 @@ pub(crate) async fn ok_json(
 
 /// Runs the server on `dir` (or in memory) and `clients` HTTP clients for `secs`.
 async fn server_run(
+    form: Form,
     store: StoreKind,
     dir: Option<&Path>,
     clients: usize,
@@ -248,9 +281,16 @@ async fn server_run(
             let begin =
                 json!({"agent": format!("c{c}"), "may_touch": [format!("kv:bench:{c}"), format!("mail:bench:{c}")]});
             let args = json!({"c": c});
+            let batch = json!({"agent": format!("c{c}"), "effects": [
+                {"tool": "reserve", "args": args}, {"tool": "notify", "args": args}]});
             while Instant::now() < deadline {
                 let t = Instant::now();
                 let one = async {
+                    if form == Form::Batch {
+                        let r = http.post(format!("{base}/v1/batches")).bearer_auth(&key).json(&batch).send().await;
+                        let v = ok_json("batch", r, &[200]).await?;
+                        return Ok(v["transaction"]["outcome"]["committed"] == true);
+                    }
                     let r = http.post(format!("{base}/v1/transactions")).bearer_auth(&key).json(&begin).send().await;
                     let tx = ok_json("begin", r, &[201]).await?;
                     let id = tx["id"].as_str().unwrap_or_default();
@@ -308,11 +348,12 @@ async fn server_run(
     if let Ok(r) = server.await {
         r?;
     }
-    Ok(measurement("server", store, clients, lat, failed, elapsed))
+    Ok(measurement("server", form, store, clients, lat, failed, elapsed))
 }
 
 /// The same workload on an in-process engine.
 async fn in_process_run(
+    form: Form,
     store: StoreKind,
     dir: Option<&Path>,
     clients: usize,
@@ -330,9 +371,23 @@ async fn in_process_run(
         .timeout(Duration::from_secs(60))
         .build()
         .map_err(|e| BenchError::Http { step: "building the client", detail: e.to_string() })?;
+    let reserve_url = (form == Form::Batch).then(|| format!("{}/reserve", receiver.url));
+    let reserve_http = http.clone();
     let reserve = Tool::builder("reserve", EffectClass::Reversible)
         .scope(|a: &Value| format!("kv:bench:{}", a["c"]))
-        .call(|_| async { Ok(json!({})) })
+        .call(move |a: Arc<Value>| {
+            let (http, url) = (reserve_http.clone(), reserve_url.clone());
+            async move {
+                // `steps`: the caller's own call (nothing to do); `batch`: the webhook.
+                let Some(url) = url else { return Ok(json!({})) };
+                let r = http.post(&url).json(&*a).send().await.map_err(|e| ToolError::unknown(e.to_string()))?;
+                if r.status().is_success() {
+                    Ok(r.json::<Value>().await.unwrap_or(Value::Null))
+                } else {
+                    Err(ToolError::failed(format!("HTTP {}", r.status())))
+                }
+            }
+        })
         .compensate(|_, _| async { Ok(Compensation::clean()) })
         .build()?;
     let url = format!("{}/notify", receiver.url);
@@ -386,7 +441,7 @@ async fn in_process_run(
     }
     let elapsed = start.elapsed().as_secs_f64();
     drop(tg);
-    Ok(measurement("in_process", store, clients, lat, failed, elapsed))
+    Ok(measurement("in_process", form, store, clients, lat, failed, elapsed))
 }
 
 /// Runs every measurement; returns the report (`measurements`, and per store and client
@@ -399,29 +454,33 @@ pub async fn run(opts: &BenchOptions) -> Result<Value, BenchError> {
     let receiver = Receiver::start().await?;
     let mut out = Vec::new();
     let mut ratios = Vec::new();
-    for &store in &opts.stores {
-        for &clients in &opts.clients {
-            let mut pair = Vec::new();
-            for mode in ["server", "in_process"] {
-                let dir = (store == StoreKind::Durable).then(|| root.join(format!("{mode}-{clients}")));
-                if let Some(d) = &dir {
-                    let _ = std::fs::remove_dir_all(d);
-                    std::fs::create_dir_all(d)
-                        .map_err(|source| BenchError::Io { op: "creating the data directory", source })?;
+    for &form in &opts.forms {
+        for &store in &opts.stores {
+            for &clients in &opts.clients {
+                let mut pair = Vec::new();
+                for mode in ["server", "in_process"] {
+                    let dir =
+                        (store == StoreKind::Durable).then(|| root.join(format!("{}-{mode}-{clients}", form.name())));
+                    if let Some(d) = &dir {
+                        let _ = std::fs::remove_dir_all(d);
+                        std::fs::create_dir_all(d)
+                            .map_err(|source| BenchError::Io { op: "creating the data directory", source })?;
+                    }
+                    let m = if mode == "server" {
+                        server_run(form, store, dir.as_deref(), clients, opts.seconds, &receiver).await?
+                    } else {
+                        in_process_run(form, store, dir.as_deref(), clients, opts.seconds, &receiver).await?
+                    };
+                    pair.push(m.tx_per_s);
+                    out.push(m);
                 }
-                let m = if mode == "server" {
-                    server_run(store, dir.as_deref(), clients, opts.seconds, &receiver).await?
-                } else {
-                    in_process_run(store, dir.as_deref(), clients, opts.seconds, &receiver).await?
-                };
-                pair.push(m.tx_per_s);
-                out.push(m);
-            }
-            ratios.push(json!({
+                ratios.push(json!({
+                "form": form.name(),
                 "store": store.name(),
                 "clients": clients,
                 "server_over_in_process": if pair[1] > 0.0 { (pair[0] / pair[1] * 1000.0).round() / 1000.0 } else { 0.0 },
             }));
+            }
         }
     }
     if temporary {
@@ -429,7 +488,7 @@ pub async fn run(opts: &BenchOptions) -> Result<Value, BenchError> {
     }
     Ok(json!({
         "bench": "serve",
-        "workload": "begin + client-executed reversible effect (ticket + result over HTTP) + gated effect released by a webhook + seal + commit; per-client scopes",
+        "workload": "begin + reversible effect + gated effect released by a webhook + seal + commit; per-client scopes. steps: five API requests, the reversible effect client-executed (ticket + result over HTTP); batch: one API request (POST /v1/batches), the reversible effect run by a webhook",
         "seconds_per_measurement": opts.seconds,
         "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
         "measurements": out,

@@ -253,6 +253,28 @@ impl ServiceError {
         }
     }
 
+    /// The same refusal with its field named under `prefix` (`effects[2]` + `tool` is
+    /// `effects[2].tool`): a request that carries several calls names the one at fault.
+    /// Refusals without a field are returned as they are.
+    pub fn under(self, prefix: &str) -> ServiceError {
+        let join = |f: &str| if f.is_empty() { prefix.to_owned() } else { format!("{prefix}.{f}") };
+        match self {
+            ServiceError::Invalid { field, value, expected } => {
+                ServiceError::Invalid { field: join(&field), value, expected }
+            }
+            ServiceError::CrossTenant { field, found, detail } => {
+                ServiceError::CrossTenant { field: join(&field), found, detail }
+            }
+            ServiceError::Engine(e) => match &*e {
+                tidegate_runtime::Error::InvalidArgument { field, value, expected } => {
+                    ServiceError::Invalid { field: join(field), value: value.clone(), expected: (*expected).to_owned() }
+                }
+                _ => ServiceError::Engine(e),
+            },
+            other => other,
+        }
+    }
+
     /// Whether the refusal says that the transaction it concerns aborted (the engine's abort,
     /// or a call that failed after it ran and took its transaction down).
     pub fn is_abort(&self) -> bool {

@@ -178,6 +178,65 @@ impl BeginRequest {
     }
 }
 
+/// Most effects in one batch transaction ([`Tenant::batch`]).
+pub const MAX_BATCH_EFFECTS: usize = 64;
+/// Most reads in one batch transaction.
+pub const MAX_BATCH_READS: usize = 64;
+
+/// A short transaction in one request: begun, its reads recorded, its effects run in order,
+/// sealed and committed.
+#[derive(Debug, Clone, Default)]
+pub struct BatchRequest {
+    /// How it is begun (`plan` must be unset; `may_touch` defaults to the scopes of its reads
+    /// and effects).
+    pub begin: BeginRequest,
+    /// Scopes read at their committed version before the first effect (at most
+    /// [`MAX_BATCH_READS`]).
+    pub reads: Vec<String>,
+    /// The effects, in order (1 to [`MAX_BATCH_EFFECTS`]; none `by_client`).
+    pub effects: Vec<EffectCall>,
+}
+
+/// A read of a batch: the scope as given and the committed version it saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadAnswer {
+    /// The scope as the request gave it.
+    pub scope: String,
+    /// The committed version read.
+    pub version: u64,
+}
+
+/// A batch transaction past its effects: its commit is running.
+#[derive(Debug)]
+pub struct Batch {
+    /// Each read's version, in order.
+    pub reads: Vec<ReadAnswer>,
+    /// Each effect's answer, in order.
+    pub answers: Vec<EffectAnswer>,
+    /// The commit started after the seal; wait on it to answer settled or still settling.
+    pub commit: SettleOp,
+}
+
+/// Which step of a batch failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchStep {
+    /// The read at this index.
+    Read(usize),
+    /// The effect at this index.
+    Effect(usize),
+    /// The seal.
+    Seal,
+}
+
+/// A batch transaction that began and then failed: the step, and why.
+#[derive(Debug)]
+pub struct BatchFailure {
+    /// The step that failed (the ones before it took effect and are being compensated).
+    pub step: BatchStep,
+    /// Its error (an invalid field is named under the step, e.g. `effects[1].scopes`).
+    pub error: ServiceError,
+}
+
 /// A one-call transaction past its call: its commit is running.
 #[derive(Debug)]
 pub struct OneCall {
@@ -218,31 +277,140 @@ impl Tenant {
         req: BeginRequest,
         call: EffectCall,
     ) -> Result<(TxId, Result<OneCall>)> {
-        // The transaction's own fields are checked before the call is planned, so a request
-        // wrong in both is refused for its transaction fields first (as before).
-        check_agent(&req.agent)?;
-        check_scopes("may_touch", &req.may_touch)?;
-        check_lease(req.lease_ms)?;
-        let planned = self.plan_effect(&call)?;
-        let (opts, _) = BeginRequest { plan: None, ..req }.options(Some(planned.scopes))?;
-        let handle = self.engine.begin_with(opts).map_err(ServiceError::engine)?;
-        let tx = handle.id();
-        let id = ids::tx(&self.tag, tx);
-        let lt = self.add_live(handle, None);
-        let answer = match self.call(node, &id, call).await {
-            Ok(a) => a,
-            Err(e) => {
-                if !e.is_abort() {
-                    let _ = self.start_abort(node, &lt, format!("the one-call transaction's call was refused: {e}"));
+        let batch = BatchRequest { begin: req, reads: Vec::new(), effects: vec![call] };
+        // One call: its fields are named as before (`tool`, not `effects[0].tool`).
+        let (tx, ran) = self.run_batch(node, batch, false).await?;
+        Ok((
+            tx,
+            ran.map_err(|f| f.error).and_then(|mut b| match b.answers.pop() {
+                Some(answer) => Ok(OneCall { answer, commit: b.commit }),
+                None => Err(ServiceError::Internal("the one-call transaction has no answer".into())),
+            }),
+        ))
+    }
+
+    /// A short transaction in one operation: begins it (touching the scopes of its reads and
+    /// effects unless `req.begin.may_touch` says otherwise), records each read, runs each
+    /// effect in order (server-executed: a batch hands out no tickets), seals and starts the
+    /// commit. Every effect is planned before anything begins, so a request wrong anywhere
+    /// is refused whole, naming the field (`effects[2].tool`).
+    ///
+    /// `Err` is a refusal before anything began. Once the transaction exists, the outcome is
+    /// `(tx, Err(BatchFailure))`: the step that failed, and its error; the transaction is
+    /// aborted (here, for a step refused before it ran; by the engine, for a call that failed
+    /// after it ran), its executed effects compensated.
+    pub async fn batch(
+        self: &Arc<Self>,
+        node: &Service,
+        req: BatchRequest,
+    ) -> Result<(TxId, std::result::Result<Batch, BatchFailure>)> {
+        self.run_batch(node, req, true).await
+    }
+
+    async fn run_batch(
+        self: &Arc<Self>,
+        node: &Service,
+        req: BatchRequest,
+        indexed: bool,
+    ) -> Result<(TxId, std::result::Result<Batch, BatchFailure>)> {
+        let BatchRequest { begin, reads, effects } = req;
+        let field = |i: usize, e: ServiceError| if indexed { e.under(&format!("effects[{i}]")) } else { e };
+        // The transaction's own fields are checked before the calls are planned, so a request
+        // wrong in both is refused for its transaction fields first.
+        check_agent(&begin.agent)?;
+        check_scopes("may_touch", &begin.may_touch)?;
+        check_lease(begin.lease_ms)?;
+        if begin.plan.is_some() {
+            return Err(ServiceError::invalid(
+                "plan",
+                begin.plan.as_deref().unwrap_or_default(),
+                "no plan: a step of a plan is begun on its own (POST /v1/transactions)",
+            ));
+        }
+        if effects.is_empty() || effects.len() > MAX_BATCH_EFFECTS {
+            return Err(ServiceError::invalid(
+                "effects",
+                format!("{} effects", effects.len()),
+                format!("1 to {MAX_BATCH_EFFECTS} effects"),
+            ));
+        }
+        if reads.len() > MAX_BATCH_READS {
+            return Err(ServiceError::invalid(
+                "reads",
+                format!("{} reads", reads.len()),
+                format!("at most {MAX_BATCH_READS} reads"),
+            ));
+        }
+        if let Some((i, big)) = reads.iter().enumerate().find(|(_, r)| r.len() > MAX_SCOPE_BYTES) {
+            return Err(ServiceError::invalid(
+                format!("reads[{i}]"),
+                big.as_str(),
+                format!("a scope of at most {MAX_SCOPE_BYTES} bytes"),
+            ));
+        }
+        let mut planned = Vec::with_capacity(effects.len());
+        for (i, call) in effects.iter().enumerate() {
+            if call.by_client {
+                return Err(field(
+                    i,
+                    ServiceError::invalid(
+                        "execute",
+                        "client",
+                        "server execution: a batch runs its effects itself and hands out no tickets",
+                    ),
+                ));
+            }
+            planned.push(self.plan_effect(call).map_err(|e| field(i, e))?);
+        }
+        let default_touch = match begin.may_touch {
+            Some(_) => None,
+            None => {
+                let mut all: Vec<String> = reads.clone();
+                for p in &planned {
+                    all.extend(p.scopes.iter().cloned());
                 }
-                return Ok((tx, Err(e)));
+                let mut seen = std::collections::HashSet::with_capacity(all.len());
+                all.retain(|s| seen.insert(s.clone()));
+                Some(all)
             }
         };
+        let (opts, _) = BeginRequest { plan: None, ..begin }.options(default_touch)?;
+        let handle = self.engine.begin_with(opts).map_err(ServiceError::engine)?;
+        let tx = handle.id();
+        let lt = self.add_live(handle, None);
+        let fail = |step: BatchStep, error: ServiceError| Ok((tx, Err(BatchFailure { step, error })));
+        let mut read_answers = Vec::with_capacity(reads.len());
+        for (i, scope) in reads.into_iter().enumerate() {
+            match lt.handle.read(&scope) {
+                Ok(r) => read_answers.push(ReadAnswer { scope, version: r.version.0 }),
+                Err(e) => {
+                    let e = ServiceError::engine(e);
+                    if !e.is_abort() {
+                        let _ = self.start_abort(node, &lt, format!("the batch's read {i} was refused: {e}"));
+                    }
+                    return fail(BatchStep::Read(i), if indexed { e.under(&format!("reads[{i}]")) } else { e });
+                }
+            }
+        }
+        let mut answers = Vec::with_capacity(planned.len());
+        for (i, p) in planned.into_iter().enumerate() {
+            match self.call_planned(node, &lt, p).await {
+                Ok(a) => answers.push(a),
+                Err(e) => {
+                    if !e.is_abort() {
+                        let what =
+                            if indexed { format!("batch's effect {i}") } else { "one-call transaction's call".into() };
+                        let _ = self.start_abort(node, &lt, format!("the {what} was refused: {e}"));
+                    }
+                    return fail(BatchStep::Effect(i), field(i, e));
+                }
+            }
+        }
         if let Err(e) = lt.handle.seal() {
-            return Ok((tx, Err(ServiceError::engine(e))));
+            return fail(BatchStep::Seal, ServiceError::engine(e));
         }
         let commit = self.start_commit(node, &lt, None);
-        Ok((tx, Ok(OneCall { answer, commit })))
+        Ok((tx, Ok(Batch { reads: read_answers, answers, commit })))
     }
 
     /// The transaction named by the public id `id` (`tx_<tag>_<n>`); another tenant's id, or
@@ -341,6 +509,16 @@ impl Tenant {
         if by_client {
             return self.record(node, &lt, planned).await;
         }
+        self.call_planned(node, &lt, planned).await
+    }
+
+    /// Runs a planned call in the live transaction `lt` on a task the node owns.
+    async fn call_planned(
+        self: &Arc<Self>,
+        node: &Service,
+        lt: &Arc<LiveTx>,
+        planned: Planned,
+    ) -> Result<EffectAnswer> {
         let tx = lt.handle.id();
         let (tool, args, opts) = planned.parts();
         let handle = lt.handle.clone();

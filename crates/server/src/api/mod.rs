@@ -91,6 +91,7 @@ fn method_routers() -> Vec<UtoipaMethodRouter<AppState>> {
         routes!(transactions::events),
         routes!(transactions::timeline),
         routes!(transactions::call),
+        routes!(transactions::batch),
         routes!(groups::begin),
         routes!(groups::get),
         routes!(groups::commit),

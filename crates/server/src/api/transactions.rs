@@ -1,5 +1,5 @@
 //! Transactions: begin, read, effect, seal, commit, abort, outcome long-poll, SSE, timeline,
-//! and the single-request form.
+//! and the single-request forms (one call, a batch).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use tidegate_service::index::{ListFilter, Phase};
 use tidegate_service::settle::CommitRequest;
 use tidegate_service::tenant::Tenant;
 use tidegate_service::tools::legacy_envelope;
-use tidegate_service::transactions::{BeginRequest, EffectCall, OneCall};
+use tidegate_service::transactions::{Batch, BatchFailure, BatchRequest, BatchStep, BeginRequest, EffectCall, OneCall};
 
 fn respond(t: &Tenant, tx: TxId, settled: bool) -> ApiResult<(StatusCode, Json<TransactionOut>)> {
     let v = t.view(tx)?.ok_or_else(|| ApiError::internal("transaction vanished from the ledger"))?;
@@ -470,4 +470,67 @@ pub async fn call(
     let settled = wait::settle(&state, t, tx, Some(commit.done), wait_for, &caller.slot).await?;
     let (code, Json(transaction)) = respond(t, tx, settled)?;
     Ok((code, Json(CallOut { transaction, ack: kind, output: answer.output })))
+}
+
+/// A short transaction in one request: begin, reads, effects in order, seal, commit.
+#[utoipa::path(
+    post, path = "/v1/batches", tag = "transactions", operation_id = "batch_transaction",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of this request return the first response")),
+    request_body = BatchIn,
+    responses(
+        (status = 200, description = "Settled: committed, or aborted at commit with the reason in `transaction.outcome`", body = BatchOut),
+        (status = 202, description = "Still settling", body = BatchOut),
+        (status = 409, description = "A step failed and the transaction aborted (`transaction_aborted`, with the transaction; `field` names the step, e.g. `effects[1]`)", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Refused before anything began (`field` names the step's field, e.g. `effects[1].tool`)", body = Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "Server fault", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn batch(
+    State(state): State<AppState>,
+    caller: Caller<TxWrite>,
+    ApiJson(body): ApiJson<BatchIn>,
+) -> ApiResult<(StatusCode, Json<BatchOut>)> {
+    let t = &caller.tenant;
+    let wait_for = wait_duration(&state, "wait_ms", body.wait_ms)?;
+    let effects = body
+        .effects
+        .into_iter()
+        .map(|e| EffectCall {
+            tool: e.tool,
+            args: e.args,
+            key: e.key,
+            scopes: e.scopes,
+            compensate: None,
+            by_client: false,
+        })
+        .collect();
+    let req = BatchRequest {
+        begin: BeginRequest { agent: body.agent, may_touch: body.may_touch, lease_ms: body.lease_ms, plan: None },
+        reads: body.reads,
+        effects,
+    };
+    let (tx, ran) = t.batch(state.service(), req).await?;
+    let Batch { reads, answers, commit } = ran.map_err(|BatchFailure { step, error }| {
+        let mut e = with_tx(t, tx, error.into());
+        if e.field.is_none() {
+            e.field = Some(match step {
+                BatchStep::Read(i) => format!("reads[{i}]"),
+                BatchStep::Effect(i) => format!("effects[{i}]"),
+                BatchStep::Seal => "effects".into(),
+            });
+        }
+        e
+    })?;
+    let id = ids::tx(&t.tag, tx);
+    let effects = answers.into_iter().map(|a| super::common::answer_out(t, &id, a)).collect::<ApiResult<Vec<_>>>()?;
+    let settled = wait::settle(&state, t, tx, Some(commit.done), wait_for, &caller.slot).await?;
+    if !settled {
+        // The id is answered before the settlement: only once its begin is durable, so that
+        // a crash cannot hand it to another transaction.
+        t.engine.appended_durable().await.map_err(from_runtime)?;
+    }
+    let (code, Json(transaction)) = respond(t, tx, settled)?;
+    let reads = reads.into_iter().map(|r| BatchReadOut { scope: r.scope, version: r.version }).collect();
+    Ok((code, Json(BatchOut { transaction, reads, effects })))
 }

@@ -255,6 +255,97 @@ async fn a_one_call_transaction_commits_in_one_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_runs_its_reads_and_effects_in_order_and_commits_in_one_request() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "reserve", "reversible", true, false).await;
+    h.webhook_tool(&k.admin, &sink, "notify", "gated", false, false).await;
+    let body = json!({"reads": ["kv:stock:7"], "agent": "shop",
+        "effects": [{"tool": "reserve", "args": {"id": "r1"}}, {"tool": "notify", "args": {"id": "n1"}, "key": "n-1"}]});
+    let r = h.req("POST", "/v1/batches", Some(&k.agent), Some(body)).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["transaction"]["state"], "committed", "{r:?}");
+    assert_eq!(r.body["transaction"]["agent"], "shop");
+    assert_eq!(r.body["transaction"]["may_touch"], json!(["kv:stock:7", "kv:reserve:r1", "kv:notify:n1"]));
+    assert_eq!(r.body["reads"], json!([{"scope": "kv:stock:7", "version": 0}]));
+    let acks: Vec<&str> = r.body["effects"].as_array().unwrap().iter().map(|e| e["ack"].as_str().unwrap()).collect();
+    assert_eq!(acks, ["executed", "queued"]);
+    assert_eq!(r.body["effects"][1]["effect"]["key"], "n-1");
+    assert_eq!(sink.on("reserve/call").len(), 1);
+    assert_eq!(sink.on("notify/call").len(), 1);
+    // A later batch reads the version the first one committed on a scope it wrote.
+    let r = h
+        .req(
+            "POST",
+            "/v1/batches",
+            Some(&k.agent),
+            Some(json!({"reads": ["kv:reserve:r1"], "effects": [{"tool": "notify", "args": {"id": "n2"}}]})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body["reads"][0]["version"].as_u64().unwrap() > 0, "{r:?}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_anywhere_begins_nothing_and_names_the_step() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "notify", "gated", false, false).await;
+    let ok = json!({"tool": "notify", "args": {"id": "a"}});
+    let refused = [
+        (json!({"effects": []}), "effects"),
+        (json!({"effects": vec![ok.clone(); 65]}), "effects"),
+        (json!({"effects": [ok, {"tool": "nope"}]}), "effects[1].tool"),
+        (json!({"effects": [{"tool": "notify", "args": {}}]}), "effects[0].scopes[0] of tool `notify`"),
+        (json!({"effects": [{"tool": "notify", "args": {"id": "b"}, "key": ""}]}), "effects[0].key"),
+        (json!({"effects": [{"tool": "notify", "args": {"id": "b"}, "execute": "client"}]}), ""),
+        (json!({"effects": [{"tool": "notify", "args": {"id": "b"}}], "reads": ["x".repeat(2000)]}), "reads[0]"),
+        (json!({"effects": [{"tool": "notify", "args": {"id": "b"}}], "lease_ms": 0}), "lease_ms"),
+    ];
+    for (body, field) in refused {
+        let r = h.req("POST", "/v1/batches", Some(&k.agent), Some(body.clone())).await;
+        assert_eq!(r.status, 400, "{body}: {r:?}");
+        if !field.is_empty() {
+            assert_eq!(r.body["field"], field, "{body}: {r:?}");
+        }
+    }
+    // Nothing began and nothing was sent.
+    let r = h.req("GET", "/v1/transactions", Some(&k.reviewer), None).await;
+    assert_eq!(r.body["data"], json!([]), "{r:?}");
+    assert!(sink.on("notify/call").is_empty());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_effect_fails_aborts_and_compensates_what_ran_before_it() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "reserve", "reversible", true, false).await;
+    h.webhook_tool(&k.admin, &sink, "charge", "reversible", true, false).await;
+    h.webhook_tool(&k.admin, &sink, "notify", "gated", false, false).await;
+    // The charge is refused (both attempts).
+    sink.script("charge/call", &[400, 400]);
+    let body = json!({"effects": [
+        {"tool": "reserve", "args": {"id": "r1"}},
+        {"tool": "charge", "args": {"id": "c1"}},
+        {"tool": "notify", "args": {"id": "n1"}}]});
+    let r = h.req("POST", "/v1/batches", Some(&k.agent), Some(body)).await;
+    assert_eq!((r.status, r.body["code"].as_str()), (409, Some("transaction_aborted")), "{r:?}");
+    assert_eq!(r.body["field"], "effects[1]", "{r:?}");
+    let tx = r.body["transaction"]["id"].as_str().expect("the aborted transaction is attached").to_owned();
+    let r = h.req("GET", &format!("/v1/transactions/{tx}/outcome?timeout_ms=5000"), Some(&k.agent), None).await;
+    assert_eq!(r.body["state"], "aborted", "{r:?}");
+    // The reservation that ran was undone; the held notification never left.
+    assert_eq!(sink.on("reserve/undo").len(), 1);
+    assert!(sink.on("notify/call").is_empty());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_speculation_group_fires_only_the_winners_held_effect() {
     let h = Harness::memory(|_| {}).await;
     let (_, k) = h.tenant("acme");

@@ -29,6 +29,7 @@ fn body_for(operation: &str, ids: &Ids) -> Option<Option<Value>> {
         "report_effect_result" => Some(json!({"status": "done", "output": {}})),
         "commit_transaction" | "abort_transaction" | "abort_group" => Some(json!({"wait_ms": 0})),
         "one_call_transaction" => Some(json!({"tool": ids.tool, "args": {"id": "1"}, "wait_ms": 0})),
+        "batch_transaction" => Some(json!({"effects": [{"tool": ids.tool, "args": {"id": "1"}}], "wait_ms": 0})),
         "begin_group" => Some(json!({"branches": 2})),
         "commit_group" => Some(json!({"winner": ids.branch, "wait_ms": 0})),
         "put_tool" => Some(json!({"class": "gated", "scopes": ["kv:iso:x"], "call": ids.capability})),
@@ -477,6 +478,8 @@ struct World {
     /// The idempotency keys of `tx`'s effect 0 and of `committing`'s.
     effect_key: String,
     release_key: String,
+    /// The key of the effect of a batch transaction.
+    batch_key: String,
 }
 
 async fn world(h: &Harness, name: &str) -> World {
@@ -495,6 +498,10 @@ async fn world(h: &Harness, name: &str) -> World {
     let effect = json!({"tool": tool, "args": {"id": "1"}});
     let r = h.req("POST", &format!("/v1/transactions/{committing}/effects"), Some(&k.agent), Some(effect)).await;
     let release_key = r.body["effect"]["key"].as_str().unwrap().to_owned();
+    let batch_key = format!("{name}-batch-key");
+    let batch = json!({"effects": [{"tool": tool, "args": {"id": "b"}, "key": batch_key}], "wait_ms": 0});
+    let r = h.req("POST", "/v1/batches", Some(&k.agent), Some(batch)).await;
+    assert_eq!(r.status, 202, "{r:?}");
     let body = json!({"seal": true, "wait_ms": 0});
     let r = h.req("POST", &format!("/v1/transactions/{committing}/commit"), Some(&k.agent), Some(body)).await;
     assert_eq!(r.status, 202, "{r:?}");
@@ -553,6 +560,7 @@ async fn world(h: &Harness, name: &str) -> World {
         template,
         effect_key,
         release_key,
+        batch_key,
     }
 }
 
@@ -612,6 +620,8 @@ const BODY_IDS: &[(&str, &str, IdKind)] = &[
     ("begin_transaction", "/plan", IdKind::Plan),
     ("one_call_transaction", "/tool", IdKind::Tool),
     ("one_call_transaction", "/key", IdKind::EffectKey),
+    ("batch_transaction", "/effects/0/tool", IdKind::Tool),
+    ("batch_transaction", "/effects/0/key", IdKind::EffectKey),
     ("call_effect", "/tool", IdKind::Tool),
     ("call_effect", "/key", IdKind::EffectKey),
     ("call_effect", "/compensate/capability", IdKind::Capability),
@@ -665,6 +675,7 @@ const NOT_ID_PROPERTIES: &[&str] = &[
     "deadline_ms",
     "description",
     "effect",
+    "effects",
     "error",
     "execute",
     "kind",
@@ -677,6 +688,7 @@ const NOT_ID_PROPERTIES: &[&str] = &[
     "owner",
     "params",
     "predicate",
+    "reads",
     "reason",
     "residue",
     "result",
@@ -892,6 +904,9 @@ async fn issue_26_item_6_a_foreign_id_is_answered_as_a_never_issued_one_on_every
             // A key is used once per tenant: each operation gets its own.
             (never, theirs) = (format!("{never}-{operation}"), a.release_key.clone());
         }
+        if *kind == IdKind::EffectKey && operation == "batch_transaction" {
+            (never, theirs) = (format!("{never}-{operation}"), a.batch_key.clone());
+        }
         for id in [never, theirs] {
             // Scopes and keys no earlier request used.
             fresh += 1;
@@ -918,6 +933,10 @@ async fn issue_26_item_6_a_foreign_id_is_answered_as_a_never_issued_one_on_every
                         "begin_transaction" => json!({"plan": b.plan}),
                         "one_call_transaction" => json!({
                             "tool": b.tool, "args": {"id": format!("oc{fresh}")}, "key": format!("own-{fresh}"),
+                            "wait_ms": 0
+                        }),
+                        "batch_transaction" => json!({
+                            "effects": [{"tool": b.tool, "args": {"id": format!("bt{fresh}")}, "key": format!("own-{fresh}")}],
                             "wait_ms": 0
                         }),
                         "call_effect" => {

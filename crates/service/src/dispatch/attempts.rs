@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::Operation;
 use crate::error::Result;
-use crate::state::{AttemptStore, detach};
+use crate::state::AttemptStore;
 
 /// One attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -56,7 +56,7 @@ impl AttemptLog {
     /// Records an attempt under `effect_key`. The dispatch does not wait for it: the record
     /// is submitted now (so a later [`AttemptLog::get`] sees it) and a failure is logged.
     pub fn record(&self, effect_key: &str, attempt: Attempt) {
-        detach("recording a dispatch attempt", self.store.record(effect_key, attempt));
+        self.store.record_unwaited(effect_key, attempt);
     }
 
     /// Records an attempt under `effect_key` and waits until the state has it (a worker's

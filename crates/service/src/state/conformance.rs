@@ -195,6 +195,31 @@ pub(super) async fn attempts_bounds(s: &TenantState) {
     assert!(a.list("none").await.unwrap().is_empty());
 }
 
+/// Records nobody waits on (which a store may gather into one write) keep the same bounds
+/// and order as waited ones, and a read right after them sees them all.
+pub(super) async fn unwaited_attempts_keep_the_bounds(s: &TenantState) {
+    let a = &s.attempts;
+    let per_key = ATTEMPTS_PER_KEY as u32 + 100;
+    for key in ["u1", "u2", "u3"] {
+        for n in 1..=per_key {
+            a.record_unwaited(key, attempt(n));
+        }
+    }
+    // This state keeps 2 keys: `u1` is gone, the two newest hold their newest attempts.
+    assert!(a.list("u1").await.unwrap().is_empty());
+    for key in ["u2", "u3"] {
+        let got = a.list(key).await.unwrap();
+        assert_eq!(got.len(), ATTEMPTS_PER_KEY, "{key}");
+        assert_eq!(got[0], attempt(per_key - ATTEMPTS_PER_KEY as u32 + 1), "{key}: the oldest dropped");
+        assert_eq!(got.last(), Some(&attempt(per_key)), "{key}");
+    }
+    // A waited record after unwaited ones comes after them.
+    a.record_unwaited("u3", attempt(per_key + 1));
+    a.record("u3", attempt(per_key + 2)).await.unwrap();
+    let got = a.list("u3").await.unwrap();
+    assert_eq!(&got[got.len() - 2..], &[attempt(per_key + 1), attempt(per_key + 2)]);
+}
+
 /// Operations are submitted when called: a future dropped unpolled still takes effect, in
 /// order.
 pub(super) async fn operations_take_effect_unpolled(s: &TenantState) {
@@ -211,6 +236,7 @@ async fn run_all(make: impl Fn(Limits) -> TenantState) {
     tasks_lease_heartbeat_report(&make(LIMITS)).await;
     tasks_expire_and_withdraw(&make(LIMITS)).await;
     attempts_bounds(&make(Limits { attempts_retained: 2, ..LIMITS })).await;
+    unwaited_attempts_keep_the_bounds(&make(Limits { attempts_retained: 2, ..LIMITS })).await;
     operations_take_effect_unpolled(&make(LIMITS)).await;
 }
 
@@ -228,6 +254,18 @@ async fn sqlite_state_conforms() {
         TenantState::open_sqlite(&dir, limits, "t").unwrap()
     })
     .await;
+}
+
+#[tokio::test]
+async fn sqlite_state_writes_gathered_attempts_before_it_closes() {
+    let root = tempfile::tempdir().unwrap();
+    let s = TenantState::open_sqlite(root.path(), LIMITS, "t").unwrap();
+    for n in 1..=10 {
+        s.attempts.record_unwaited("k", attempt(n));
+    }
+    s.close();
+    let s = TenantState::open_sqlite(root.path(), LIMITS, "t").unwrap();
+    assert_eq!(s.attempts.list("k").await.unwrap(), (1..=10).map(attempt).collect::<Vec<_>>());
 }
 
 /// A database of this test's own on the PostgreSQL at `TIDEGATE_PG_URL` (default

@@ -375,6 +375,11 @@ pub trait TaskStore: Send + Sync + fmt::Debug {
 pub trait AttemptStore: Send + Sync + fmt::Debug {
     /// Records `attempt` under `effect_key`.
     fn record(&self, effect_key: &str, attempt: Attempt) -> StateFuture<()>;
+    /// Records `attempt` under `effect_key` with nobody waiting: submitted now (a later
+    /// `list` sees it), a failure logged. Stores may gather such records into one write.
+    fn record_unwaited(&self, effect_key: &str, attempt: Attempt) {
+        detach("recording a dispatch attempt", self.record(effect_key, attempt));
+    }
     /// The attempts filed under `effect_key`.
     fn list(&self, effect_key: &str) -> StateFuture<Vec<Attempt>>;
 }

@@ -1,5 +1,6 @@
-//! Transactions (`/v1/transactions`, `/v1/calls`): the transaction view, begin, read,
-//! commit, abort, the one-call transaction, the long-poll, the event streams and the timeline.
+//! Transactions (`/v1/transactions`, `/v1/calls`, `/v1/batches`): the transaction view,
+//! begin, read, commit, abort, the one-call and batch transactions, the long-poll, the event
+//! streams and the timeline.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -11,7 +12,7 @@ use tidegate_service::ids;
 use tidegate_service::index::TxView;
 use tidegate_service::tenant::Tenant;
 
-use super::{AckKind, EffectOut, LedgerEventOut, effect_out, empty_object};
+use super::{AckKind, EffectAckOut, EffectOut, LedgerEventOut, effect_out, empty_object};
 
 /// A transaction's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -329,6 +330,75 @@ pub struct CallOut {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub output: Option<Value>,
+}
+
+/// A short transaction in one request: begin, the reads, each effect in order (run by the
+/// server), seal and commit. Limits: 1 to 64 effects, at most 64 reads.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(examples(
+    json!({"reads": ["inventory:sku-7"],
+           "effects": [{"tool": "send_invoice", "args": {"order_id": "o-1042", "amount_cents": 1999}},
+                       {"tool": "send_invoice", "args": {"order_id": "o-1043", "amount_cents": 500}}],
+           "agent": "billing-agent", "wait_ms": 1000})
+))]
+pub struct BatchIn {
+    /// The effects, run in this order (1 to 64); the first that fails aborts the transaction.
+    pub effects: Vec<BatchEffectIn>,
+    /// Scopes read at their committed version before the first effect (at most 64).
+    #[serde(default)]
+    pub reads: Vec<String>,
+    /// The agent.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// May-touch scopes (default: the scopes of the reads and the effects).
+    #[serde(default)]
+    pub may_touch: Option<Vec<String>>,
+    /// Lease in milliseconds.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+    /// How long to wait for the settlement before answering 202 (default 30000).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// One effect of a batch: a server tool's call (a batch hands out no tickets).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchEffectIn {
+    /// The tool's name.
+    pub tool: String,
+    /// The arguments (default `{}`).
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub args: Value,
+    /// The idempotency key (default: the tool's key template, else `<tx>:<tool>:<n>`), at
+    /// most 512 bytes.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Scopes overriding the tool's scope templates.
+    #[serde(default)]
+    pub scopes: Option<Vec<String>>,
+}
+
+/// A read of a batch.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchReadOut {
+    /// The scope as the request gave it.
+    pub scope: String,
+    /// Its committed version when it was read.
+    pub version: u64,
+}
+
+/// The result of a batch transaction.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchOut {
+    /// The transaction (settled unless the answer is 202).
+    pub transaction: TransactionOut,
+    /// Each read, in the request's order.
+    pub reads: Vec<BatchReadOut>,
+    /// Each effect's acknowledgement, in the request's order.
+    pub effects: Vec<EffectAckOut>,
 }
 
 /// Query of the transaction list.

@@ -18,7 +18,9 @@
 //! [`StateError::Corrupt`] (the tenant does not open; nothing is reset behind anyone's back).
 //! A row that does not decode is `Corrupt` for the operation that read it.
 //!
-//! Durability: each operation is one write transaction. What is acknowledged to someone (a
+//! Durability: each operation is one write transaction, except attempt records, which the
+//! thread gathers while more jobs are queued and writes together (at most 256 in one
+//! transaction) once the queue is empty or before any other job runs. What is acknowledged to someone (a
 //! completed idempotency record, a task queued, leased, heartbeaten, reported or adopted)
 //! commits with `synchronous=FULL`; what is not (a running idempotency marker, which is
 //! dropped at the next open anyway, a freed key, a withdrawn task, an attempt record, the
@@ -143,7 +145,16 @@ pub(super) struct Db {
     attempt_keys: Option<u64>,
     /// Settlements since the settled tasks were last pruned.
     settled_since_prune: usize,
+    /// Attempt records gathered for one write ([`Db::flush_attempts`]), with whoever waits
+    /// on each.
+    pending_attempts: Vec<(String, crate::dispatch::Attempt, Option<AttemptWaiter>)>,
 }
+
+/// Who waits on an attempt record.
+type AttemptWaiter = tokio::sync::oneshot::Sender<Result<(), StateError>>;
+
+/// Most attempt records gathered into one write.
+const MAX_GATHERED_ATTEMPTS: usize = 256;
 
 /// Maps SQLite's error for `op` on `path`: a damaged file or one that is not a database is
 /// [`StateError::Corrupt`].
@@ -180,6 +191,8 @@ impl Db {
     fn open(path: &Path, limits: Limits) -> Result<Db, StateError> {
         let conn = Connection::open(path).map_err(sql_err(path, "open"))?;
         conn.busy_timeout(Duration::from_secs(5)).map_err(sql_err(path, "set the busy timeout"))?;
+        // Every statement of the hot paths stays prepared (rusqlite keeps 16 by default).
+        conn.set_prepared_statement_cache_capacity(64);
         let mut db = Db {
             conn,
             path: path.to_owned(),
@@ -188,6 +201,7 @@ impl Db {
             idempotency_rows: None,
             attempt_keys: None,
             settled_since_prune: 0,
+            pending_attempts: Vec::new(),
         };
         db.prepare()?;
         Ok(db)
@@ -334,9 +348,25 @@ impl SqliteState {
         let thread = std::thread::Builder::new()
             .name(format!("tidegate-state-{name}"))
             .spawn(move || {
-                while let Ok(job) = rx.recv() {
+                // Attempt records wait while more jobs are queued and are written together
+                // once the queue is empty (or before any other job, which flushes them first).
+                loop {
+                    let job = if db.pending_attempts.is_empty() {
+                        rx.recv().ok()
+                    } else {
+                        match rx.try_recv() {
+                            Ok(job) => Some(job),
+                            Err(mpsc::TryRecvError::Empty) => {
+                                db.flush_attempts();
+                                continue;
+                            }
+                            Err(mpsc::TryRecvError::Disconnected) => None,
+                        }
+                    };
+                    let Some(job) = job else { break };
                     job(&mut db);
                 }
+                db.flush_attempts();
             })
             .map_err(|source| StateError::Io {
                 path: path.clone(),
@@ -358,6 +388,8 @@ impl SqliteState {
     ) -> StateFuture<T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |db| {
+            // Gathered attempt records are written before anything that could read them.
+            db.flush_attempts();
             let _ = tx.send(f(db));
         });
         let sent = self.jobs.lock().as_ref().is_some_and(|s| s.send(job).is_ok());
@@ -366,6 +398,36 @@ impl SqliteState {
                 return Err(StateError::Closed);
             }
             rx.await.unwrap_or(Err(StateError::Closed))
+        })
+    }
+
+    /// Sends an attempt record to the state's thread, which gathers it with others into one
+    /// write; the future (when `wait`) yields once it is written.
+    fn submit_attempt(&self, effect_key: String, attempt: crate::dispatch::Attempt, wait: bool) -> StateFuture<()> {
+        let (tx, rx) = if wait {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let job: Job = Box::new(move |db| {
+            db.pending_attempts.push((effect_key, attempt, tx));
+            if db.pending_attempts.len() >= MAX_GATHERED_ATTEMPTS {
+                db.flush_attempts();
+            }
+        });
+        let sent = self.jobs.lock().as_ref().is_some_and(|s| s.send(job).is_ok());
+        if !sent && !wait {
+            tracing::warn!("recording a dispatch attempt: {}", StateError::Closed);
+        }
+        Box::pin(async move {
+            if !sent {
+                return Err(StateError::Closed);
+            }
+            match rx {
+                Some(rx) => rx.await.unwrap_or(Err(StateError::Closed)),
+                None => Ok(()),
+            }
         })
     }
 

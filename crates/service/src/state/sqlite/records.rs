@@ -113,59 +113,30 @@ impl Db {
         }
     }
 
-    fn record_attempt(&mut self, effect_key: &str, a: Attempt) -> Result<(), StateError> {
-        // A diagnostic record nobody was told about.
-        self.write(Sync::Relaxed, "record an attempt", |tx, c| {
-            let e = |op| sql_err(c.path, op);
-            let new = tx
-                .execute("INSERT OR IGNORE INTO attempt_keys(effect_key) VALUES (?1)", [effect_key])
-                .map_err(e("record an attempt"))?;
-            if new == 1 {
-                let keys = match *c.attempt_keys {
-                    Some(n) => n + 1,
-                    None => c.count(tx, "attempt_keys")?,
-                };
-                let excess = keys.saturating_sub(c.limits.attempts_retained as u64);
-                if excess > 0 {
-                    tx.execute(
-                        "DELETE FROM attempts WHERE effect_key IN \
-                         (SELECT effect_key FROM attempt_keys ORDER BY id LIMIT ?1)",
-                        [i64_of(excess)],
-                    )
-                    .map_err(e("forget old attempts"))?;
-                    tx.execute(
-                        "DELETE FROM attempt_keys WHERE id IN (SELECT id FROM attempt_keys ORDER BY id LIMIT ?1)",
-                        [i64_of(excess)],
-                    )
-                    .map_err(e("forget old attempts"))?;
-                }
-                *c.attempt_keys = Some(keys - excess);
+    /// Writes the gathered attempt records in one transaction (committed `NORMAL`: nobody was
+    /// told about them) and answers whoever waits on them. A failure fails them all (the
+    /// transaction rolls back whole) and is logged for those nobody waits on.
+    pub(super) fn flush_attempts(&mut self) {
+        if self.pending_attempts.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending_attempts);
+        let result = self.write(Sync::Relaxed, "record attempts", |tx, c| {
+            for (key, a, _) in &pending {
+                record_one(tx, c, key, a)?;
             }
-            tx.execute(
-                "INSERT INTO attempts(effect_key, operation, capability, kind, attempt, key, started_ms, finished_ms, \
-                 result, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                params![
-                    effect_key,
-                    a.operation.as_str(),
-                    a.capability,
-                    a.kind,
-                    a.attempt,
-                    a.key,
-                    i64_of(a.started_at_ms),
-                    a.finished_at_ms.map(i64_of),
-                    a.result,
-                    a.detail,
-                ],
-            )
-            .map_err(e("record an attempt"))?;
-            tx.execute(
-                "DELETE FROM attempts WHERE effect_key = ?1 AND id <= \
-                 (SELECT id FROM attempts WHERE effect_key = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
-                params![effect_key, i64_of(ATTEMPTS_PER_KEY as u64)],
-            )
-            .map_err(e("forget old attempts"))?;
             Ok(())
-        })
+        });
+        if let Err(e) = &result
+            && pending.iter().any(|(_, _, w)| w.is_none())
+        {
+            tracing::warn!("recording dispatch attempts: {e}");
+        }
+        for (_, _, waiter) in pending {
+            if let Some(w) = waiter {
+                let _ = w.send(result.clone());
+            }
+        }
     }
 
     fn attempts(&mut self, effect_key: &str) -> Result<Vec<Attempt>, StateError> {
@@ -218,12 +189,79 @@ impl IdempotencyStore for SqliteState {
 
 impl AttemptStore for SqliteState {
     fn record(&self, effect_key: &str, attempt: Attempt) -> StateFuture<()> {
-        let key = effect_key.to_owned();
-        self.submit(move |db| db.record_attempt(&key, attempt))
+        self.submit_attempt(effect_key.to_owned(), attempt, true)
+    }
+
+    fn record_unwaited(&self, effect_key: &str, attempt: Attempt) {
+        // Submitted when called; the future only reports, and nobody waits on this one.
+        drop(self.submit_attempt(effect_key.to_owned(), attempt, false));
     }
 
     fn list(&self, effect_key: &str) -> StateFuture<Vec<Attempt>> {
         let key = effect_key.to_owned();
         self.submit(move |db| db.attempts(&key))
     }
+}
+
+/// One attempt record, inside a write: its key registered (the oldest keys past
+/// `attempts_retained` forgotten), the row inserted, the key's rows past
+/// [`ATTEMPTS_PER_KEY`] dropped.
+fn record_one(
+    tx: &rusqlite::Transaction<'_>,
+    c: &mut super::Counts<'_>,
+    effect_key: &str,
+    a: &Attempt,
+) -> Result<(), StateError> {
+    let e = |op| sql_err(c.path, op);
+    let new = tx
+        .prepare_cached("INSERT OR IGNORE INTO attempt_keys(effect_key) VALUES (?1)")
+        .and_then(|mut st| st.execute([effect_key]))
+        .map_err(e("record an attempt"))?;
+    if new == 1 {
+        let keys = match *c.attempt_keys {
+            Some(n) => n + 1,
+            None => c.count(tx, "attempt_keys")?,
+        };
+        let excess = keys.saturating_sub(c.limits.attempts_retained as u64);
+        if excess > 0 {
+            tx.prepare_cached(
+                "DELETE FROM attempts WHERE effect_key IN \
+                 (SELECT effect_key FROM attempt_keys ORDER BY id LIMIT ?1)",
+            )
+            .and_then(|mut st| st.execute([i64_of(excess)]))
+            .map_err(e("forget old attempts"))?;
+            tx.prepare_cached(
+                "DELETE FROM attempt_keys WHERE id IN (SELECT id FROM attempt_keys ORDER BY id LIMIT ?1)",
+            )
+            .and_then(|mut st| st.execute([i64_of(excess)]))
+            .map_err(e("forget old attempts"))?;
+        }
+        *c.attempt_keys = Some(keys - excess);
+    }
+    tx.prepare_cached(
+        "INSERT INTO attempts(effect_key, operation, capability, kind, attempt, key, started_ms, finished_ms, \
+         result, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            effect_key,
+            a.operation.as_str(),
+            a.capability,
+            a.kind,
+            a.attempt,
+            a.key,
+            i64_of(a.started_at_ms),
+            a.finished_at_ms.map(i64_of),
+            a.result,
+            a.detail,
+        ])
+    })
+    .map_err(e("record an attempt"))?;
+    tx.prepare_cached(
+        "DELETE FROM attempts WHERE effect_key = ?1 AND id <= \
+         (SELECT id FROM attempts WHERE effect_key = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+    )
+    .and_then(|mut st| st.execute(params![effect_key, i64_of(ATTEMPTS_PER_KEY as u64)]))
+    .map_err(e("forget old attempts"))?;
+    Ok(())
 }
