@@ -158,6 +158,32 @@ def test_server_tools_commit_and_release_through_the_webhook_once(client: tidega
     assert tx.state is None and isinstance(tx.id, int) and tx.id > 0
 
 
+def test_a_batch_commits_in_one_request_and_a_failing_step_compensates_the_ones_before(client: tidegate.Client, sink: Sink) -> None:
+    send, book = webhook_tools(client, sink, unique("bt"))
+    out = client.batch(
+        [{"tool": book, "args": {"room": "9"}}, {"tool": send, "args": {"to": "eve", "body": "booked"}}],
+        reads=["travel:hotel:9"],
+        agent="batcher",
+    )
+    assert out["transaction"]["state"] == "committed"
+    assert [e["ack"] for e in out["effects"]] == ["executed", "queued"]
+    assert out["reads"] == [{"scope": "travel:hotel:9", "version": 0}]
+    assert [r["args"] for r in sink.log("send")] == [{"to": "eve", "body": "booked"}]
+    with pytest.raises(tidegate.InvalidArgument) as bad:
+        client.batch([{"tool": send, "args": {"to": "x"}}, {"tool": "no_such_tool"}])
+    assert bad.value.argument == "effects[1].tool"
+    # The second step is outside the declared may-touch set: the server aborts, and the
+    # booking that ran first is compensated.
+    with pytest.raises(tidegate.TidegateError) as failed:
+        client.batch(
+            [{"tool": book, "args": {"room": "10"}}, {"tool": send, "args": {"to": "mallory"}}],
+            may_touch=["travel:hotel:10"],
+        )
+    assert failed.value.outcome is not None and not failed.value.outcome.committed
+    assert len(sink.wait_for("unbook", 1)) == 1
+    assert len(sink.log("send")) == 1, "the aborted batch's held effect never fired"
+
+
 def test_an_exception_aborts_and_the_server_compensates(client: tidegate.Client, sink: Sink) -> None:
     send, book = webhook_tools(client, sink, unique("b"))
     with pytest.raises(RuntimeError, match="changed my mind"):

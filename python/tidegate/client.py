@@ -169,6 +169,36 @@ class Client:
         tx._begin()
         return tx
 
+    def batch(
+        self,
+        effects: Sequence[Mapping[str, Any]],
+        *,
+        reads: Sequence[str] = (),
+        agent: Optional[str] = None,
+        may_touch: Optional[Sequence[str]] = None,
+        lease: Optional[float] = None,
+        wait_timeout: Optional[float] = None,
+    ) -> Dict[str, Any]:
+        """A short transaction of server tools in one request (``POST /v1/batches``): the
+        ``reads`` (scopes) are recorded, each effect (``{"tool": name, "args": {...}}``, with
+        ``key`` and ``scopes`` optional) runs in order, then the transaction is sealed and
+        committed. Returns the server's answer: ``transaction`` (settled unless still
+        settling after ``wait_timeout`` seconds), ``reads`` and ``effects`` (each one's
+        acknowledgement). A step that fails raises the package's exception with the
+        transaction's ``outcome`` (everything before it compensated); a bad request raises
+        :class:`InvalidArgument` naming the field (``effects[1].tool``) and begins nothing.
+        At most 64 effects and 64 reads."""
+        body: Dict[str, Any] = {"effects": [dict(e) for e in effects], "reads": list(reads)}
+        if agent is not None:
+            body["agent"] = agent
+        if may_touch is not None:
+            body["may_touch"] = list(may_touch)
+        if lease is not None:
+            body["lease_ms"] = max(1, int(lease * 1000))
+        if wait_timeout is not None:
+            body["wait_ms"] = max(0, int(wait_timeout * 1000))
+        return dict(self._request("POST", "/v1/batches", body, ok=(200, 202))[1])
+
     def get(self, transaction_id: str) -> Dict[str, Any]:
         """The server's view of a transaction (``GET /v1/transactions/{id}``)."""
         return dict(self._request("GET", f"/v1/transactions/{transaction_id}")[1])

@@ -468,6 +468,10 @@ pub async fn call(
     let OneCall { answer, commit } = started.map_err(|e| with_tx(t, tx, e.into()))?;
     let kind = super::common::ack_kind(answer.ack);
     let settled = wait::settle(&state, t, tx, Some(commit.done), wait_for, &caller.slot).await?;
+    if !settled {
+        // Answered before the settlement: only once the begin is durable (as `batch`).
+        t.engine.appended_durable().await.map_err(from_runtime)?;
+    }
     let (code, Json(transaction)) = respond(t, tx, settled)?;
     Ok((code, Json(CallOut { transaction, ack: kind, output: answer.output })))
 }

@@ -19,8 +19,9 @@
 //! A row that does not decode is `Corrupt` for the operation that read it.
 //!
 //! Durability: each operation is one write transaction, except attempt records, which the
-//! thread gathers while more jobs are queued and writes together (at most 256 in one
-//! transaction) once the queue is empty or before any other job runs. What is acknowledged to someone (a
+//! thread gathers and writes together (at most 256 in one transaction): before any other job
+//! runs, once the queue is empty when someone waits on one, else once 64 are gathered or the
+//! oldest has waited 10 ms. What is acknowledged to someone (a
 //! completed idempotency record, a task queued, leased, heartbeaten, reported or adopted)
 //! commits with `synchronous=FULL`; what is not (a running idempotency marker, which is
 //! dropped at the next open anyway, a freed key, a withdrawn task, an attempt record, the
@@ -148,6 +149,8 @@ pub(super) struct Db {
     /// Attempt records gathered for one write ([`Db::flush_attempts`]), with whoever waits
     /// on each.
     pending_attempts: Vec<(String, crate::dispatch::Attempt, Option<AttemptWaiter>)>,
+    /// When the oldest of them was gathered.
+    pending_since: Option<std::time::Instant>,
 }
 
 /// Who waits on an attempt record.
@@ -155,6 +158,9 @@ type AttemptWaiter = tokio::sync::oneshot::Sender<Result<(), StateError>>;
 
 /// Most attempt records gathered into one write.
 const MAX_GATHERED_ATTEMPTS: usize = 256;
+
+/// How long an attempt record nobody waits on may wait for others to share its write.
+const ATTEMPT_GATHER: Duration = Duration::from_millis(10);
 
 /// Maps SQLite's error for `op` on `path`: a damaged file or one that is not a database is
 /// [`StateError::Corrupt`].
@@ -202,6 +208,7 @@ impl Db {
             attempt_keys: None,
             settled_since_prune: 0,
             pending_attempts: Vec::new(),
+            pending_since: None,
         };
         db.prepare()?;
         Ok(db)
@@ -350,17 +357,25 @@ impl SqliteState {
             .spawn(move || {
                 // Attempt records wait while more jobs are queued and are written together
                 // once the queue is empty (or before any other job, which flushes them first).
+                // Records nobody waits on also wait up to `ATTEMPT_GATHER` for company (a
+                // read flushes them first, so nothing is hidden from it meanwhile).
                 loop {
                     let job = if db.pending_attempts.is_empty() {
                         rx.recv().ok()
                     } else {
-                        match rx.try_recv() {
+                        let waited = db.pending_attempts.iter().any(|(_, _, w)| w.is_some());
+                        let left = if waited || db.pending_attempts.len() >= MAX_GATHERED_ATTEMPTS / 4 {
+                            Duration::ZERO
+                        } else {
+                            db.pending_since.map_or(Duration::ZERO, |t| ATTEMPT_GATHER.saturating_sub(t.elapsed()))
+                        };
+                        match rx.recv_timeout(left) {
                             Ok(job) => Some(job),
-                            Err(mpsc::TryRecvError::Empty) => {
+                            Err(mpsc::RecvTimeoutError::Timeout) => {
                                 db.flush_attempts();
                                 continue;
                             }
-                            Err(mpsc::TryRecvError::Disconnected) => None,
+                            Err(mpsc::RecvTimeoutError::Disconnected) => None,
                         }
                     };
                     let Some(job) = job else { break };
@@ -411,6 +426,9 @@ impl SqliteState {
             (None, None)
         };
         let job: Job = Box::new(move |db| {
+            if db.pending_attempts.is_empty() {
+                db.pending_since = Some(std::time::Instant::now());
+            }
             db.pending_attempts.push((effect_key, attempt, tx));
             if db.pending_attempts.len() >= MAX_GATHERED_ATTEMPTS {
                 db.flush_attempts();

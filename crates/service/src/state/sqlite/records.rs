@@ -121,6 +121,7 @@ impl Db {
             return;
         }
         let pending = std::mem::take(&mut self.pending_attempts);
+        self.pending_since = None;
         let result = self.write(Sync::Relaxed, "record attempts", |tx, c| {
             for (key, a, _) in &pending {
                 record_one(tx, c, key, a)?;
