@@ -279,7 +279,7 @@ impl Tenant {
     ) -> Result<(TxId, Result<OneCall>)> {
         let batch = BatchRequest { begin: req, reads: Vec::new(), effects: vec![call] };
         // One call: its fields are named as before (`tool`, not `effects[0].tool`).
-        let (tx, ran) = self.run_batch(node, batch, false).await?;
+        let (tx, ran) = self.spawn_batch(node, batch, false).await?;
         Ok((
             tx,
             ran.map_err(|f| f.error).and_then(|mut b| match b.answers.pop() {
@@ -304,7 +304,22 @@ impl Tenant {
         node: &Service,
         req: BatchRequest,
     ) -> Result<(TxId, std::result::Result<Batch, BatchFailure>)> {
-        self.run_batch(node, req, true).await
+        self.spawn_batch(node, req, true).await
+    }
+
+    /// Runs the batch on a task the node owns: a caller that goes away between two steps
+    /// does not leave the transaction half done until its lease ends.
+    async fn spawn_batch(
+        self: &Arc<Self>,
+        node: &Service,
+        req: BatchRequest,
+        indexed: bool,
+    ) -> Result<(TxId, std::result::Result<Batch, BatchFailure>)> {
+        let (tenant, n) = (self.clone(), node.clone());
+        node.spawn(async move { tenant.run_batch(&n, req, indexed).await })
+            .await
+            .map_err(|_| ServiceError::Internal("the batch's task failed".into()))?
+            .ok_or(ServiceError::ShuttingDown)?
     }
 
     async fn run_batch(

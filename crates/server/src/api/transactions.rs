@@ -515,17 +515,30 @@ pub async fn batch(
         effects,
     };
     let (tx, ran) = t.batch(state.service(), req).await?;
-    let Batch { reads, answers, commit } = ran.map_err(|BatchFailure { step, error }| {
-        let mut e = with_tx(t, tx, error.into());
-        if e.field.is_none() {
-            e.field = Some(match step {
-                BatchStep::Read(i) => format!("reads[{i}]"),
-                BatchStep::Effect(i) => format!("effects[{i}]"),
-                BatchStep::Seal => "effects".into(),
+    let Batch { reads, answers, commit } = match ran {
+        Ok(b) => b,
+        Err(BatchFailure { step, error }) => {
+            // The failed step aborted the transaction: the answer waits (up to `wait_ms`) for
+            // the abort to settle, so that it carries the outcome and why.
+            let settled = wait::settle(&state, t, tx, None, wait_for, &caller.slot).await?;
+            let mut e: ApiError = error.into();
+            if settled {
+                let mut aborted = ApiError::conflict("transaction_aborted", e.detail.clone());
+                aborted.field = e.field.take();
+                e = aborted;
+            }
+            e.field = Some(match (step, e.field.take()) {
+                (_, Some(f)) => f,
+                (BatchStep::Read(i), None) => format!("reads[{i}]"),
+                (BatchStep::Effect(i), None) => format!("effects[{i}]"),
+                (BatchStep::Seal, None) => "effects".into(),
             });
+            if let Ok(Some(v)) = t.view(tx) {
+                e.transaction = serde_json::to_value(tx_out(t, &v)).ok();
+            }
+            return Err(e);
         }
-        e
-    })?;
+    };
     let id = ids::tx(&t.tag, tx);
     let effects = answers.into_iter().map(|a| super::common::answer_out(t, &id, a)).collect::<ApiResult<Vec<_>>>()?;
     let settled = wait::settle(&state, t, tx, Some(commit.done), wait_for, &caller.slot).await?;

@@ -320,6 +320,34 @@ async fn a_batch_refused_anywhere_begins_nothing_and_names_the_step() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_client_goes_away_mid_way_still_runs_to_its_settlement() {
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("acme");
+    let sink = Sink::start().await;
+    h.webhook_tool(&k.admin, &sink, "reserve", "reversible", true, false).await;
+    h.webhook_tool(&k.admin, &sink, "notify", "gated", false, false).await;
+    sink.delay("reserve/call", Duration::from_millis(800));
+    // A lease far longer than the test: only the batch's own task can settle it in time.
+    let body = json!({"lease_ms": 600000, "effects": [
+        {"tool": "reserve", "args": {"id": "r1"}}, {"tool": "notify", "args": {"id": "n1"}}]});
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(300), h.req("POST", "/v1/batches", Some(&k.agent), Some(body)));
+    assert!(dropped.await.is_err(), "the request was cut off while its first effect ran");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let state = loop {
+        let r = h.req("GET", "/v1/transactions", Some(&k.reviewer), None).await;
+        let state = r.body["data"][0]["state"].as_str().unwrap_or("none").to_owned();
+        if state == "committed" || tokio::time::Instant::now() > deadline {
+            break state;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(state, "committed");
+    assert_eq!(sink.on("notify/call").len(), 1);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_effect_fails_aborts_and_compensates_what_ran_before_it() {
     let h = Harness::memory(|_| {}).await;
     let (_, k) = h.tenant("acme");
