@@ -363,6 +363,16 @@ impl Tenant {
                 format!("a scope of at most {MAX_SCOPE_BYTES} bytes"),
             ));
         }
+        // A read's scope is parsed before anything begins, as the effects are planned.
+        for (i, scope) in reads.iter().enumerate() {
+            if let Err(e) = self.engine.scope(scope) {
+                return Err(ServiceError::invalid(
+                    format!("reads[{i}]"),
+                    scope.as_str(),
+                    format!("a well-formed `type:path` scope ({e})"),
+                ));
+            }
+        }
         let mut planned = Vec::with_capacity(effects.len());
         for (i, call) in effects.iter().enumerate() {
             if call.by_client {

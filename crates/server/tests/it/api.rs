@@ -303,6 +303,8 @@ async fn a_batch_refused_anywhere_begins_nothing_and_names_the_step() {
         (json!({"effects": [{"tool": "notify", "args": {"id": "b"}, "key": ""}]}), "effects[0].key"),
         (json!({"effects": [{"tool": "notify", "args": {"id": "b"}, "execute": "client"}]}), ""),
         (json!({"effects": [{"tool": "notify", "args": {"id": "b"}}], "reads": ["x".repeat(2000)]}), "reads[0]"),
+        (json!({"effects": [{"tool": "notify", "args": {"id": "b"}}], "reads": ["kv:a", "no-type"]}), "reads[1]"),
+        (json!({"effects": [{"tool": "notify", "args": {"id": "b"}}], "reads": vec!["kv:r"; 65]}), "reads"),
         (json!({"effects": [{"tool": "notify", "args": {"id": "b"}}], "lease_ms": 0}), "lease_ms"),
     ];
     for (body, field) in refused {
