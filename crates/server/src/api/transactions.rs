@@ -533,7 +533,10 @@ pub async fn batch(
                 (BatchStep::Effect(i), None) => format!("effects[{i}]"),
                 (BatchStep::Seal, None) => "effects".into(),
             });
-            if let Ok(Some(v)) = t.view(tx) {
+            // The problem names the transaction: only once its begin is durable (as a 202).
+            if t.engine.appended_durable().await.is_ok()
+                && let Ok(Some(v)) = t.view(tx)
+            {
                 e.transaction = serde_json::to_value(tx_out(t, &v)).ok();
             }
             return Err(e);
