@@ -351,6 +351,16 @@ async fn server_run(
     Ok(measurement("server", form, store, clients, lat, failed, elapsed))
 }
 
+/// The in-process tools' webhook call: POST the arguments, a 2xx's JSON is the output.
+async fn post_webhook(http: reqwest::Client, url: String, args: Arc<Value>) -> Result<Value, ToolError> {
+    let r = http.post(&url).json(&*args).send().await.map_err(|e| ToolError::unknown(e.to_string()))?;
+    if r.status().is_success() {
+        Ok(r.json::<Value>().await.unwrap_or(Value::Null))
+    } else {
+        Err(ToolError::failed(format!("HTTP {}", r.status())))
+    }
+}
+
 /// The same workload on an in-process engine.
 async fn in_process_run(
     form: Form,
@@ -379,12 +389,9 @@ async fn in_process_run(
             let (http, url) = (reserve_http.clone(), reserve_url.clone());
             async move {
                 // `steps`: the caller's own call (nothing to do); `batch`: the webhook.
-                let Some(url) = url else { return Ok(json!({})) };
-                let r = http.post(&url).json(&*a).send().await.map_err(|e| ToolError::unknown(e.to_string()))?;
-                if r.status().is_success() {
-                    Ok(r.json::<Value>().await.unwrap_or(Value::Null))
-                } else {
-                    Err(ToolError::failed(format!("HTTP {}", r.status())))
+                match url {
+                    Some(url) => post_webhook(http, url, a).await,
+                    None => Ok(json!({})),
                 }
             }
         })
@@ -393,17 +400,7 @@ async fn in_process_run(
     let url = format!("{}/notify", receiver.url);
     let notify = Tool::builder("notify", EffectClass::Gated)
         .scope(|a: &Value| format!("mail:bench:{}", a["c"]))
-        .call(move |a: Arc<Value>| {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let r = http.post(&url).json(&*a).send().await.map_err(|e| ToolError::unknown(e.to_string()))?;
-                if r.status().is_success() {
-                    Ok(r.json::<Value>().await.unwrap_or(Value::Null))
-                } else {
-                    Err(ToolError::failed(format!("HTTP {}", r.status())))
-                }
-            }
-        })
+        .call(move |a: Arc<Value>| post_webhook(http.clone(), url.clone(), a))
         .build()?;
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();

@@ -356,21 +356,15 @@ impl Tenant {
                 format!("at most {MAX_BATCH_READS} reads"),
             ));
         }
-        if let Some((i, big)) = reads.iter().enumerate().find(|(_, r)| r.len() > MAX_SCOPE_BYTES) {
-            return Err(ServiceError::invalid(
-                format!("reads[{i}]"),
-                big.as_str(),
-                format!("a scope of at most {MAX_SCOPE_BYTES} bytes"),
-            ));
-        }
-        // A read's scope is parsed before anything begins, as the effects are planned.
+        // A read's scope is checked before anything begins, as the effects are planned.
         for (i, scope) in reads.iter().enumerate() {
-            if let Err(e) = self.engine.scope(scope) {
-                return Err(ServiceError::invalid(
-                    format!("reads[{i}]"),
-                    scope.as_str(),
-                    format!("a well-formed `type:path` scope ({e})"),
-                ));
+            let refused = if scope.len() > MAX_SCOPE_BYTES {
+                Some(format!("a scope of at most {MAX_SCOPE_BYTES} bytes"))
+            } else {
+                self.engine.scope(scope).err().map(|e| format!("a well-formed `type:path` scope ({e})"))
+            };
+            if let Some(expected) = refused {
+                return Err(ServiceError::invalid(format!("reads[{i}]"), scope.as_str(), expected));
             }
         }
         let mut planned = Vec::with_capacity(effects.len());
@@ -413,7 +407,7 @@ impl Tenant {
                     if !e.is_abort() {
                         let _ = self.start_abort(node, &lt, format!("the batch's read {i} was refused: {e}"));
                     }
-                    return fail(BatchStep::Read(i), if indexed { e.under(&format!("reads[{i}]")) } else { e });
+                    return fail(BatchStep::Read(i), e.under(&format!("reads[{i}]")));
                 }
             }
         }
@@ -432,7 +426,12 @@ impl Tenant {
             }
         }
         if let Err(e) = lt.handle.seal() {
-            return fail(BatchStep::Seal, ServiceError::engine(e));
+            // Its effects ran: a refused seal must not leave them to the lease.
+            let e = ServiceError::engine(e);
+            if !e.is_abort() {
+                let _ = self.start_abort(node, &lt, format!("the batch's seal was refused: {e}"));
+            }
+            return fail(BatchStep::Seal, e);
         }
         let commit = self.start_commit(node, &lt, None);
         Ok((tx, Ok(Batch { reads: read_answers, answers, commit })))

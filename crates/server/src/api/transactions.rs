@@ -527,11 +527,16 @@ pub async fn batch(
                 aborted.field = e.field.take();
                 e = aborted;
             }
-            e.field = Some(match (step, e.field.take()) {
-                (_, Some(f)) => f,
-                (BatchStep::Read(i), None) => format!("reads[{i}]"),
-                (BatchStep::Effect(i), None) => format!("effects[{i}]"),
-                (BatchStep::Seal, None) => "effects".into(),
+            // The field names the step, whatever layer named the field inside it.
+            let prefix = match step {
+                BatchStep::Read(i) => format!("reads[{i}]"),
+                BatchStep::Effect(i) => format!("effects[{i}]"),
+                BatchStep::Seal => "effects".into(),
+            };
+            e.field = Some(match e.field.take() {
+                Some(f) if f.starts_with(&prefix) => f,
+                Some(f) => format!("{prefix}.{f}"),
+                None => prefix,
             });
             // The problem names the transaction: only once its begin is durable (as a 202).
             if t.engine.appended_durable().await.is_ok()

@@ -372,6 +372,15 @@ async fn a_batch_whose_effect_fails_aborts_and_compensates_what_ran_before_it() 
     // The reservation that ran was undone; the held notification never left.
     assert_eq!(sink.on("reserve/undo").len(), 1);
     assert!(sink.on("notify/call").is_empty());
+    // A step outside the declared may-touch set: the engine refuses it after the begin, and
+    // the field still names the step.
+    let body = json!({"may_touch": ["kv:reserve:r2"], "effects": [
+        {"tool": "reserve", "args": {"id": "r2"}}, {"tool": "notify", "args": {"id": "elsewhere"}}]});
+    let r = h.req("POST", "/v1/batches", Some(&k.agent), Some(body)).await;
+    assert_eq!((r.status, r.body["code"].as_str()), (409, Some("transaction_aborted")), "{r:?}");
+    assert!(r.body["field"].as_str().unwrap().starts_with("effects[1]"), "{r:?}");
+    assert_eq!(r.body["transaction"]["state"], "aborted", "{r:?}");
+    assert_eq!(sink.on("reserve/undo").len(), 2);
     h.stop().await;
 }
 
