@@ -16,6 +16,7 @@
 #   TIDEGATE_PYTHON_MAIN=0 ...                # skip the main interpreter's pytest run
 #   TIDEGATE_REQUIRE_PYTHON_VERSIONS=1 ...    # fail (not skip) when one is missing (.ci/run)
 #   TIDEGATE_WHEEL_PROFILE=release ...        # test the optimised wheel (as python/bench/ wants)
+#   TIDEGATE_PYTHON_TEST_WORKERS=1 ...        # the main interpreter's tests in one process (default 2)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../scripts/python-env.sh
@@ -48,8 +49,19 @@ wheel="$(ls "$wheels"/tidegate-*.whl)"
 # Tests run from python/tests, which does not contain the source package, so the installed one
 # is tested. mypy and the API reference check are tests there (tests/test_docs.py).
 cd "$here/tests"
+# The main interpreter's run uses two pytest-xdist processes (much of the suite waits on
+# leases, subprocesses and sleeps); the other interpreters run in one.
+workers="${TIDEGATE_PYTHON_TEST_WORKERS:-2}"
+case "$workers" in
+    '' | *[!0-9]* | 0)
+        echo "error: TIDEGATE_PYTHON_TEST_WORKERS = '$workers': expected a whole number of processes, 1 or more" >&2
+        exit 2
+        ;;
+esac
+parallel=()
+[ "$workers" -gt 1 ] && parallel=(-n "$workers")
 if [ "${TIDEGATE_PYTHON_MAIN:-1}" != 0 ]; then
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" .
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "$@" .
 fi
 
 missing=()

@@ -347,3 +347,29 @@ def test_async_hook_and_arun(tg, world):
     r = asyncio.run(main())
     assert r.value == 42 and r.attempts == 1
     assert world.events == [("do", "2", 1)]
+
+
+def test_an_outcome_from_the_engine_is_the_dataclass_the_constructor_makes(tg, world):
+    """`Outcome._from_dict` fills the frozen dataclasses' fields directly (it runs once per
+    settled transaction): a field added to either class and not filled there would be missing
+    here, and equality, repr and immutability must be those of the constructor's objects."""
+    import dataclasses
+
+    from tidegate.outcome import EffectOutcome, Outcome
+
+    act = declare(world, "reversible")
+    with tg.transaction("agent") as tx:
+        act("A1")
+        act("A2", 3)
+    out = tx.outcome
+    assert out is not None and len(out.effects) == 2
+    rebuilt = Outcome(**{f.name: getattr(out, f.name) for f in dataclasses.fields(Outcome)})
+    assert out == rebuilt and repr(out) == repr(rebuilt)
+    for e in out.effects:
+        assert set(vars(e)) == {f.name for f in dataclasses.fields(EffectOutcome)}
+        assert e == EffectOutcome(**{f.name: getattr(e, f.name) for f in dataclasses.fields(EffectOutcome)})
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            e.tag = "leaked"  # type: ignore[misc]
+    assert set(vars(out)) == {f.name for f in dataclasses.fields(Outcome)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.committed = False  # type: ignore[misc]

@@ -56,8 +56,15 @@ class Outcome:
 
     @classmethod
     def _from_dict(cls, d: Mapping[str, Any]) -> "Outcome":
-        effects = tuple(
-            EffectOutcome(
+        # Every settled transaction builds one: the generated `__init__` of a frozen dataclass
+        # sets each field through `object.__setattr__`, which made this 2.7 us of a 17 us
+        # transaction. Filling `__dict__` directly gives the same objects (fields, equality,
+        # hashing and repr are unchanged) in a fraction of the time.
+        new = object.__new__
+        effects = []
+        for e in d.get("effects", ()):
+            eo = new(EffectOutcome)
+            eo.__dict__.update(
                 id=e["id"],
                 tool=e["tool"],
                 effect=e["class"],
@@ -66,17 +73,18 @@ class Outcome:
                 tag=e["tag"],
                 detail=e.get("detail"),
             )
-            for e in d.get("effects", ())
-        )
-        return cls(
+            effects.append(eo)
+        o = new(cls)
+        o.__dict__.update(
             tx=d["tx"],
             epoch=d["epoch"],
             agent=d["agent"],
             committed=d["committed"],
-            effects=effects,
+            effects=tuple(effects),
             reason=d.get("reason"),
             partial=d.get("partial"),
         )
+        return o
 
     @property
     def is_clean(self) -> bool:

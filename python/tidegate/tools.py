@@ -19,6 +19,7 @@ from typing import (
 )
 
 from . import _context
+from ._context import current as _current
 from .errors import InvalidArgument
 from .outcome import Held
 
@@ -186,6 +187,8 @@ class Tool:
         self._names = _positional_names(fn)
         #: Which of (fn, compensate, probe) take ``call_id``.
         self._wants_call_id = (_takes_call_id(fn), _takes_call_id(compensate), _takes_call_id(probe))
+        #: Whether any of them does (read on every call).
+        self._any_call_id = any(self._wants_call_id)
         self._engine: Optional[Tidegate] = None
         functools.update_wrapper(self, fn)
 
@@ -194,7 +197,7 @@ class Tool:
     def _bind(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
         """Binds positional arguments to parameter names, so that the scope, key, probe and
         compensation functions receive them by name (``lambda order_id, **_: ...``)."""
-        if CALL_ID in kwargs and any(self._wants_call_id):
+        if kwargs and self._any_call_id and CALL_ID in kwargs:
             raise InvalidArgument(
                 f"invalid `call_id` passed to tool `{self.name}`: Tidegate supplies the call id; do not pass it",
                 kind="invalid_argument",
@@ -279,9 +282,12 @@ class Tool:
         return default_engine()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        tx = _context.current.get()
+        tx = _current.get()
         if tx is not None:
-            return tx.call(self, *args, **kwargs)
+            # Not `tx.call(self, *args, **kwargs)`: this path is in front of every call, and the
+            # arguments would be unpacked and packed again (a remote transaction overrides
+            # `_call_tool` too).
+            return tx._call_tool(self, args, kwargs)
         args, kwargs = self._bind(args, kwargs)
         scopes = self._scopes(args, kwargs)
         plan = _context.plan.get()

@@ -249,6 +249,11 @@ class Transaction:
     #: Alias of :meth:`call`.
     effect = call
 
+    def _call_tool(self, tool: Tool, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """A declared tool called inside this transaction's block (``Tool.__call__``)."""
+        args, kwargs = tool._bind(args, kwargs)
+        return self._call(tool, args, kwargs, None)
+
     def _prepare(
         self,
         tool: Tool,
@@ -260,7 +265,7 @@ class Transaction:
         native = self._tx()
         handle = self._engine._handle(tool)
         scopes, key = tool._footprint(args, kwargs, scopes, key)
-        call_id = (key or uuid.uuid4().hex) if any(tool._wants_call_id) else None
+        call_id = (key or uuid.uuid4().hex) if tool._any_call_id else None
         return native, handle, scopes, key, call_id
 
     def _call(
@@ -271,13 +276,28 @@ class Transaction:
         scopes: Optional[List[str]],
         key: Optional[str] = None,
     ) -> Any:
-        native, handle, scopes, key, call_id = self._prepare(tool, args, kwargs, scopes, key)
+        # `_prepare` written out: this runs in front of every call of every tool.
+        native = self._native
+        if native is None:
+            raise _not_begun()
+        handle = self._engine._handles.get(tool)
+        if handle is None:
+            handle = self._engine.register(tool)
+        if scopes is None:
+            scopes = tool._const_scopes
+            if scopes is None:
+                scopes = tool._scopes(args, kwargs)
+        if key is None and tool.key is not None:
+            key = tool._key(args, kwargs)
+        call_id = (key or uuid.uuid4().hex) if tool._any_call_id else None
         try:
             ack = native.call(handle, args, kwargs or None, scopes, key, call_id)
         except TidegateError as e:
             self._record_abort(e)
             raise
-        return self._answer(tool.name, ack)
+        if not ack.held:
+            return ack.output
+        return self._hold(tool.name, ack.effect, ack.kind)
 
     def _answer(self, tool_name: str, ack: Any) -> Any:
         """The agent's answer to a call: the output of an executed or replayed call, else a
@@ -330,7 +350,8 @@ class Transaction:
 
     def _settled(self, settled: Any) -> Outcome:
         self.outcome = Outcome._from_dict(settled.outcome)
-        _fill_held(self._held, self.outcome, list(settled.released))
+        if self._held:
+            _fill_held(self._held, self.outcome, list(settled.released))
         if self.outcome.partial is not None:
             raise PartialCommit(
                 _partial_message(self.outcome), kind="partial_commit", retryable=False, outcome=settled.outcome
