@@ -12,6 +12,11 @@
 #       the source paper's overhead loop (`bench micro --paper-overhead`): tasks of ten
 #       one-call transactions on a fresh engine, 20 and 220 tasks, reported per task and per
 #       step (docs/performance.md, "The paper's overhead loop").
+#   TIDEGATE_SPEC=1 bash scripts/instructions.sh
+#       the speculation benchmark (`bench micro --speculation`): 16 branches that each queue
+#       a gated call and seal, then the commit of one winner; reported per round, and for the
+#       commit alone (callgrind collecting only inside the benchmark's `speculation_commit`,
+#       its `block_on` included), 20 and 220 rounds.
 #
 # Needs valgrind (`apt-get install valgrind`) and a release build of the binary
 # (`cargo build --release -p tidegate`; set TIDEGATE_BIN to use another). Set
@@ -23,7 +28,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${TIDEGATE_BIN:-target/release/tidegate}"
 paper="${TIDEGATE_PAPER:-0}"
-if [ "$paper" = 1 ]; then
+spec="${TIDEGATE_SPEC:-0}"
+if [ "$paper" = 1 ] || [ "$spec" = 1 ]; then
     small="${TIDEGATE_TX_SMALL:-20}"
     large="${TIDEGATE_TX_LARGE:-220}"
 else
@@ -42,16 +48,21 @@ calls="${TIDEGATE_CALLS:-}"
 extra=()
 [ -n "$calls" ] && extra=(--calls "$calls")
 [ "$paper" = 1 ] && extra=(--paper-overhead)
+[ "$spec" = 1 ] && extra=(--speculation)
 out="${TIDEGATE_CALLGRIND_DIR:-$(mktemp -d)}"
 mkdir -p "$out"
 levels=("$@")
 [ ${#levels[@]} -eq 0 ] && levels=(L0 L1 L4)
 [ "$paper" = 1 ] && levels=(default)
+[ "$spec" = 1 ] && levels=(default commit)
 collected() {
     local n=$1 level=$2
-    local lv=(--level "$level")
-    [ "$paper" = 1 ] && lv=() # the engine's default level (L4), as a user gets it
-    valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.$level.$n" \
+    local lv=(--level "$level") only=()
+    # The paper's loop and the speculation run at the engine's default level (L4), as a user
+    # gets it; `commit` counts only what runs inside the speculation's commit.
+    { [ "$paper" = 1 ] || [ "$spec" = 1 ]; } && lv=()
+    [ "$level" = commit ] && only=(--toggle-collect='*speculation_commit*')
+    valgrind --tool=callgrind "${only[@]}" --callgrind-out-file="$out/callgrind.$level.$n" \
         "$bin" bench micro --tx "$n" "${lv[@]}" "${extra[@]}" >/dev/null 2>"$out/valgrind.$level.$n.log"
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/valgrind.$level.$n.log"
 }
@@ -63,7 +74,11 @@ for level in "${levels[@]}"; do
         exit 1
     fi
     per_tx=$(( (b - a) / (large - small) ))
-    if [ "$paper" = 1 ]; then
+    if [ "$spec" = 1 ] && [ "$level" = commit ]; then
+        echo "speculation: $per_tx instructions per 16-branch commit (the commit alone)"
+    elif [ "$spec" = 1 ]; then
+        echo "speculation: $per_tx instructions per round (16 branches begun, called and sealed, then the commit)"
+    elif [ "$paper" = 1 ]; then
         echo "paper overhead loop: $per_tx instructions per task of ten transactions, $(( per_tx / 10 )) per step"
     elif [ -n "$calls" ]; then
         echo "$level $per_tx instructions per transaction of $calls calls, $(( per_tx / calls )) per call"

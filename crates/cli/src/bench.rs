@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 use tidegate_core::engine::{BeginRequest, Decision, Settlement};
-use tidegate_core::{Core, CoreConfig, EffectDecl, Event, Scope, ScopeRegistry, Timestamp};
-use tidegate_runtime::{CheckpointPolicy, EffectClass, Isolation, Level, Tidegate, Tool, TxOptions};
+use tidegate_core::{Core, CoreConfig, EffectDecl, Event, Scope, ScopeRegistry, Timestamp, TxId};
+use tidegate_runtime::{CheckpointPolicy, EffectClass, Isolation, Level, Speculation, Tidegate, Tool, TxOptions};
 use tidegate_storage::{LedgerStore, MemoryStore};
 
 /// The level of `bench micro --tx`.
@@ -61,6 +61,12 @@ pub enum Which {
         /// `resource:r0` .. `resource:r9`.
         #[arg(long, requires = "tx", conflicts_with_all = ["calls", "level"])]
         paper_overhead: bool,
+        /// With `--tx`: instead of the per-level workload, run N rounds of the speculation
+        /// benchmark (`spec16_commit_ns`): 16 branches that each queue a gated call and seal,
+        /// then the commit of one winner. `TIDEGATE_SPEC=1 bash scripts/instructions.sh`
+        /// counts the commit alone.
+        #[arg(long, requires = "tx", conflicts_with_all = ["calls", "level", "paper_overhead"])]
+        speculation: bool,
     },
     /// Durable transactions on the embedded ledger against the disk's own fsync rate.
     Durable {
@@ -161,6 +167,7 @@ pub enum Which {
 pub fn run(which: Which) -> anyhow::Result<()> {
     match which {
         Which::Micro { tx: Some(n), paper_overhead: true, .. } => paper_overhead_tasks(n),
+        Which::Micro { tx: Some(n), speculation: true, .. } => speculation_rounds(n),
         Which::Micro { tx: Some(n), level, calls, .. } => fixed_tx(n, level, calls),
         Which::Micro { json, history, .. } => micro(json, history),
         Which::Durable { json, data_dir, seconds, reopen_tx, checkpoint_every, postgres } => {
@@ -700,6 +707,47 @@ fn paper_task_notx(resources: &Resources) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The speculation benchmark's set-up: 16 branches that each queue a gated call and seal.
+/// Returns them and the winner, branch `r % 16`.
+async fn speculation_branches(tg: &Tidegate, gated: &Tool, r: u64) -> anyhow::Result<(Speculation, TxId)> {
+    let spec = tg.speculate(TxOptions::agent("bench"), 16)?;
+    for (k, b) in spec.branches().iter().enumerate() {
+        b.call(gated, json!(r * 16 + k as u64)).await?;
+        b.seal()?;
+    }
+    let winner = spec.branches()[(r % 16) as usize].id();
+    Ok((spec, winner))
+}
+
+/// One round of the speculation benchmark: the set-up, then the winner's commit (the other
+/// 15 abort). Returns the commit's time.
+async fn speculation_round(tg: &Tidegate, gated: &Tool, r: u64) -> anyhow::Result<std::time::Duration> {
+    let (spec, winner) = speculation_branches(tg, gated, r).await?;
+    let t = Instant::now();
+    spec.commit_winner(winner).await?;
+    Ok(t.elapsed())
+}
+
+/// `bench micro --tx N --speculation`: N rounds of the speculation benchmark, nothing printed.
+fn speculation_rounds(n: u64) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (_, gated) = tools()?;
+    let tg = rt.block_on(async { engine() })?;
+    for r in 0..n {
+        let (spec, winner) = rt.block_on(speculation_branches(&tg, &gated, r))?;
+        speculation_commit(&rt, &spec, winner)?;
+    }
+    Ok(())
+}
+
+/// The commit of `bench micro --tx N --speculation`, on its own frame so that callgrind can
+/// count it alone (`--toggle-collect='*speculation_commit*'`, scripts/instructions.sh).
+#[inline(never)]
+fn speculation_commit(rt: &tokio::runtime::Runtime, spec: &Speculation, winner: TxId) -> anyhow::Result<()> {
+    rt.block_on(spec.commit_winner(winner))?;
+    Ok(())
+}
+
 /// `bench micro --tx N --paper-overhead`: N tasks of the paper's loop, nothing printed.
 fn paper_overhead_tasks(n: u64) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -791,15 +839,7 @@ fn micro(as_json: bool, history: u64) -> anyhow::Result<()> {
         let tg = engine()?;
         let mut per = Vec::new();
         for r in 0..300u64 {
-            let spec = tg.speculate(TxOptions::agent("bench"), 16)?;
-            for (k, b) in spec.branches().iter().enumerate() {
-                b.call(&gated, json!(r * 16 + k as u64)).await?;
-                b.seal()?;
-            }
-            let winner = spec.branches()[(r % 16) as usize].id();
-            let t = Instant::now();
-            spec.commit_winner(winner).await?;
-            per.push(t.elapsed().as_nanos() as f64);
+            per.push(speculation_round(&tg, &gated, r).await?.as_nanos() as f64);
         }
         anyhow::Ok(median(per))
     })?;
@@ -996,6 +1036,22 @@ fn cluster(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The speculation rounds that `--speculation` counts do the work they claim: per round
+    /// one winner committed and fifteen losers aborted, nothing left open.
+    #[test]
+    fn a_speculation_round_commits_one_branch_and_aborts_fifteen() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let (_, gated) = tools().expect("tools");
+        let tg = rt.block_on(async { engine() }).expect("engine");
+        for r in 0..3 {
+            let (spec, winner) = rt.block_on(speculation_branches(&tg, &gated, r)).expect("branches");
+            assert_eq!(spec.branches().len(), 16);
+            speculation_commit(&rt, &spec, winner).expect("commit");
+        }
+        let s = tg.stats();
+        assert_eq!((s.committed, s.aborted, s.unfinished), (3, 45, 0));
+    }
 
     /// The paper's loop does the work it claims: ten committed one-call transactions per task,
     /// each leaving its write, and the `No-Tx` variant the same writes.

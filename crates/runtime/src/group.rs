@@ -1,6 +1,7 @@
 //! Speculation: alternative branches of one decision, run as transactions sharing one epoch.
 //! Exactly one wins; the others abort and leave no bufferable or irreversible residue.
 
+use smallvec::SmallVec;
 use tidegate_core::{AbortReason, Epoch, GroupId, Outcome, TxId, TxState};
 
 use crate::Result;
@@ -65,13 +66,34 @@ impl Tidegate {
     }
 
     /// Runs the losers' aborts in a task of their own (dropping the caller's future does not
-    /// leave them aborting).
+    /// leave them aborting), in the plans' order.
+    ///
+    /// Consecutive plans with nothing to compensate (branches that only held effects, the
+    /// usual loser) finish in one transition: the same events in the same order as one
+    /// transition each, but one lock, one append and one durability wait for the run instead
+    /// of one per branch (a 16-branch commit made 15 such rounds).
     async fn run_aborts_detached(&self, plans: Vec<tidegate_core::engine::AbortPlan>) -> Result<Vec<Outcome>> {
         let tg = self.clone();
         self.detached(async move {
             let mut out = Vec::with_capacity(plans.len());
-            for plan in plans {
-                out.push(tg.run_abort(plan).await?);
+            let mut plans = plans.into_iter().peekable();
+            while let Some(plan) = plans.next() {
+                if !plan.compensations.is_empty() {
+                    out.push(tg.run_abort(plan).await?);
+                    continue;
+                }
+                let mut run: SmallVec<[TxId; 16]> = SmallVec::new();
+                run.push(plan.tx);
+                while let Some(next) = plans.next_if(|p| p.compensations.is_empty()) {
+                    run.push(next.tx);
+                }
+                // Stops at the first refusal, as one transition per plan did; the plans
+                // finished before it are in the ledger either way.
+                let (outcomes, lsn) = tg.with_core(|c| {
+                    run.iter().map(|tx| c.finish_abort(*tx)).collect::<std::result::Result<Vec<_>, _>>()
+                })?;
+                tg.durable(lsn).await?;
+                out.extend(outcomes);
             }
             Ok(out)
         })

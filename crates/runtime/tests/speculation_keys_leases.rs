@@ -301,3 +301,69 @@ fn a_wake_between_parking_and_waiting_is_not_lost() {
         }
     });
 }
+
+/// The losers of a commit settle in branch order. Runs of losers with nothing to compensate
+/// (they only held effects) settle together in one transition, and a loser with a
+/// compensation between them still settles in its place, after its compensation ran. A
+/// reopen replays the same: every branch is settled, only the winner committed.
+#[tokio::test]
+async fn losers_settle_in_branch_order_whether_or_not_they_compensate() {
+    use std::sync::Arc;
+
+    use tidegate_core::Event;
+    use tidegate_storage::{LedgerStore, MemoryStore};
+
+    let w = World::new();
+    let store = Arc::new(MemoryStore::new());
+    let tg = Tidegate::builder().store(store.clone()).build().unwrap();
+    let book = w.tool("book", EffectClass::Reversible, "travel:hotel");
+    let send = w.tool("send", EffectClass::Gated, "mail");
+    let spec = tg.speculate(TxOptions::agent("planner"), 7).unwrap();
+    // Branches 2 and 5 executed a reversible call (their abort compensates it); the others
+    // only queued a gated one. Branch 0 wins.
+    let compensating = [2usize, 5];
+    for (i, b) in spec.branches().iter().enumerate() {
+        if compensating.contains(&i) {
+            b.call(&book, json!({"id": format!("b{i}")})).await.unwrap();
+        }
+        b.call(&send, json!({"id": format!("b{i}@x")})).await.unwrap();
+        b.seal().unwrap();
+    }
+    let ids: Vec<_> = spec.branches().iter().map(|b| b.id()).collect();
+    let out = spec.commit_winner(ids[0]).await.unwrap();
+    assert!(out.winner.committed);
+    let losers: Vec<_> = out.losers.iter().map(|o| o.tx).collect();
+    assert_eq!(losers, ids[1..], "the losers' outcomes come in branch order");
+    assert!(out.losers.iter().all(|o| !o.committed && o.is_clean()), "{:?}", out.losers);
+    assert_eq!(w.count("book", "compensate"), compensating.len());
+    assert_eq!(w.count("send", "fire"), 1, "only the winner's gated call was sent");
+
+    // In the ledger: every loser settles before the winner, in branch order, and each
+    // compensating loser's compensation comes before its own settlement.
+    let mut settled = Vec::new();
+    let mut compensated_before = Vec::new();
+    store
+        .scan(1, &mut |_, e| {
+            match e {
+                Event::Settled { tx, .. } => settled.push(*tx),
+                Event::Compensated { tx, .. } => compensated_before.push((*tx, settled.len())),
+                _ => {}
+            }
+            true
+        })
+        .unwrap();
+    let mut expected = ids[1..].to_vec();
+    expected.push(ids[0]);
+    assert_eq!(settled, expected);
+    for (tx, settled_so_far) in compensated_before {
+        let place = ids[1..].iter().position(|l| *l == tx).expect("a loser compensated");
+        assert_eq!(settled_so_far, place, "{tx} compensated right before its own settlement");
+    }
+    let before = tg.stats();
+    assert_eq!((before.committed, before.aborted, before.unfinished), (1, 6, 0));
+    drop(tg);
+
+    let reopened = Tidegate::builder().store(Arc::new(MemoryStore::from_events(store.events()))).build().unwrap();
+    let after = reopened.stats();
+    assert_eq!((after.committed, after.aborted, after.unfinished), (1, 6, 0), "the replay settles the same");
+}
