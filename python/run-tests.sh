@@ -51,15 +51,8 @@ wheel="$(ls "$wheels"/tidegate-*.whl)"
 cd "$here/tests"
 # The main interpreter's run uses two pytest-xdist processes (much of the suite waits on
 # leases, subprocesses and sleeps); the other interpreters run in one.
-workers="${TIDEGATE_PYTHON_TEST_WORKERS:-2}"
-case "$workers" in
-    '' | *[!0-9]* | 0)
-        echo "error: TIDEGATE_PYTHON_TEST_WORKERS = '$workers': expected a whole number of processes, 1 or more" >&2
-        exit 2
-        ;;
-esac
-parallel=()
-[ "$workers" -gt 1 ] && parallel=(-n "$workers")
+xdist="$(tidegate_xdist_args TIDEGATE_PYTHON_TEST_WORKERS 2)" || exit 2
+read -r -a parallel <<<"$xdist"
 if [ "${TIDEGATE_PYTHON_MAIN:-1}" != 0 ]; then
     "$venv/bin/python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "$@" .
 fi

@@ -20,13 +20,6 @@ npm_dir=crates/mcp/tests/npm
 tidegate_npm_ci "$npm_dir"
 tidegate_mcp_env
 export TIDEGATE_MCP_NPM="$PWD/$npm_dir/node_modules/.bin"
-workers="${TIDEGATE_MCP_TEST_WORKERS:-2}"
-case "$workers" in
-    '' | *[!0-9]* | 0)
-        echo "error: TIDEGATE_MCP_TEST_WORKERS = '$workers': expected a whole number of processes, 1 or more" >&2
-        exit 2
-        ;;
-esac
-parallel=()
-[ "$workers" -gt 1 ] && parallel=(-n "$workers")
+xdist="$(tidegate_xdist_args TIDEGATE_MCP_TEST_WORKERS 2)" || exit 2
+read -r -a parallel <<<"$xdist"
 exec "$tidegate_mcp_venv/bin/python" -m pytest -q -p no:cacheprovider "${parallel[@]}" crates/mcp/tests/py "$@"

@@ -62,3 +62,18 @@ tidegate_find_python() {
     done
     return 1
 }
+
+# Prints the pytest-xdist arguments for the number of processes in the variable named $1
+# (default $2): `-n N` for more than one, nothing for one. Refuses anything but a whole number
+# of processes, naming the variable.
+tidegate_xdist_args() {
+    local name="$1" workers="${!1:-$2}"
+    case "$workers" in
+        '' | *[!0-9]* | 0)
+            echo "error: $name = '$workers': expected a whole number of processes, 1 or more" >&2
+            return 2
+            ;;
+    esac
+    [ "$workers" -gt 1 ] && echo "-n $workers"
+    return 0
+}
