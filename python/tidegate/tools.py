@@ -285,8 +285,8 @@ class Tool:
         tx = _current.get()
         if tx is not None:
             # Not `tx.call(self, *args, **kwargs)`: this path is in front of every call, and the
-            # arguments would be unpacked and packed again (a remote transaction overrides
-            # `_call_tool` too).
+            # arguments would be unpacked and packed again (`_call_tool` reaches a remote
+            # transaction's own `_call` the same way).
             return tx._call_tool(self, args, kwargs)
         args, kwargs = self._bind(args, kwargs)
         scopes = self._scopes(args, kwargs)
