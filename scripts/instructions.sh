@@ -17,6 +17,13 @@
 #       a gated call and seal, then the commit of one winner; reported per round, and for the
 #       commit alone (callgrind collecting only inside the benchmark's `speculation_commit`,
 #       its `block_on` included), 20 and 220 rounds.
+#   TIDEGATE_SERVE=1 bash scripts/instructions.sh [memory durable]
+#       the server's instructions per transaction: `tidegate serve` runs under callgrind in a
+#       process of its own and `tidegate bench serve --against` (another process, with the
+#       webhook receiver) sends it 20 and then 220 one-request transactions (`--forms batch`,
+#       one client: begin, a reversible and a gated webhook effect, seal, commit), so only
+#       the server's own work is counted: HTTP, JSON, authentication, the engine, the ledger
+#       and both webhook calls. Memory and the embedded durable store by default.
 #
 # Needs valgrind (`apt-get install valgrind`) and a release build of the binary
 # (`cargo build --release -p tidegate`; set TIDEGATE_BIN to use another). Set
@@ -29,7 +36,8 @@ cd "$(dirname "$0")/.."
 bin="${TIDEGATE_BIN:-target/release/tidegate}"
 paper="${TIDEGATE_PAPER:-0}"
 spec="${TIDEGATE_SPEC:-0}"
-if [ "$paper" = 1 ] || [ "$spec" = 1 ]; then
+serve="${TIDEGATE_SERVE:-0}"
+if [ "$paper" = 1 ] || [ "$spec" = 1 ] || [ "$serve" = 1 ]; then
     small="${TIDEGATE_TX_SMALL:-20}"
     large="${TIDEGATE_TX_LARGE:-220}"
 else
@@ -66,6 +74,58 @@ collected() {
         "$bin" bench micro --tx "$n" "${lv[@]}" "${extra[@]}" >/dev/null 2>"$out/valgrind.$level.$n.log"
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/valgrind.$level.$n.log"
 }
+# The server under callgrind, driven from another process; prints the instructions it
+# executed from start to its exit on SIGTERM.
+serve_collected() {
+    local n=$1 store=$2 tmp
+    tmp=$(mktemp -d)
+    local where=(--memory)
+    [ "$store" = durable ] && where=(--data-dir "$tmp/data")
+    valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.serve-$store.$n" \
+        "$bin" serve --listen 127.0.0.1:0 "${where[@]}" --bootstrap-tenant bench \
+        >"$tmp/stdout" 2>"$out/valgrind.serve-$store.$n.log" &
+    local pid=$! waited=0
+    until grep -qs '^listening on ' "$tmp/stdout"; do
+        if ! kill -0 "$pid" 2>/dev/null || [ "$waited" -ge 600 ]; then
+            echo "the server did not start (see $out/valgrind.serve-$store.$n.log)" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+            return 1
+        fi
+        sleep 0.2
+        waited=$((waited + 1))
+    done
+    local addr key
+    addr=$(sed -n 's/^listening on //p' "$tmp/stdout")
+    key=$(sed -n 's/^tenant=bench role=admin key=//p' "$tmp/stdout")
+    if ! "$bin" bench serve --against "http://$addr" --key "$key" --transactions "$n" \
+        --forms batch --clients 1 >"$tmp/load" 2>&1; then
+        echo "the load failed: $(cat "$tmp/load")" >&2
+        kill -KILL "$pid" 2>/dev/null || true
+        return 1
+    fi
+    kill -TERM "$pid"
+    wait "$pid" || true
+    rm -rf "$tmp"
+    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/valgrind.serve-$store.$n.log"
+}
+if [ "$serve" = 1 ]; then
+    stores=("$@")
+    [ ${#stores[@]} -eq 0 ] && stores=(memory durable)
+    for store in "${stores[@]}"; do
+        case "$store" in
+            memory | durable) ;;
+            *) echo "store $store: expected memory or durable" >&2; exit 2 ;;
+        esac
+        a=$(serve_collected "$small" "$store")
+        b=$(serve_collected "$large" "$store")
+        if [ -z "$a" ] || [ -z "$b" ]; then
+            echo "serve $store: callgrind reported no count (see $out/valgrind.serve-$store.*.log)" >&2
+            exit 1
+        fi
+        echo "serve $store: $(( (b - a) / (large - small) )) instructions per one-request transaction (the server process alone)"
+    done
+    exit 0
+fi
 for level in "${levels[@]}"; do
     a=$(collected "$small" "$level")
     b=$(collected "$large" "$level")

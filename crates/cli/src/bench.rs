@@ -119,6 +119,18 @@ pub enum Which {
         /// Only the in-memory store.
         #[arg(long)]
         memory_only: bool,
+        /// Instead of starting servers, drive the `tidegate serve` at this base URL
+        /// (`http://127.0.0.1:7878`): define the benchmark's capabilities and tools in the
+        /// key's tenant, then run `--transactions` per client of one form at one client count
+        /// (`scripts/instructions.sh` counts the server's instructions this way).
+        #[arg(long, value_name = "URL", requires_all = ["key", "transactions"], conflicts_with_all = ["data_dir", "memory_only", "seconds"])]
+        against: Option<String>,
+        /// With `--against`: an admin key of the tenant to run in.
+        #[arg(long, requires = "against")]
+        key: Option<String>,
+        /// With `--against`: transactions per client (1 to 10,000,000).
+        #[arg(long, requires = "against", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+        transactions: Option<u64>,
     },
     /// Several `tidegate serve` nodes on one PostgreSQL, on loopback: tx/s and p99 with 1, 2
     /// and 3 nodes (tenants spread over them), one node on the embedded store beside them,
@@ -176,8 +188,11 @@ pub fn run(which: Which) -> anyhow::Result<()> {
         Which::Detect { json, sizes, seed } => crate::bench_detect::run(json, &sizes, seed),
         Which::Review(args) => crate::bench_review::run(args),
         Which::Plans(args) => crate::bench_plans::run(args),
-        Which::Serve { json, forms, seconds, clients, data_dir, memory_only } => {
-            serve(json, &forms, seconds, clients, data_dir, memory_only)
+        Which::Serve { json, forms, seconds, clients, data_dir, memory_only, against, key, transactions } => {
+            match (against, key, transactions) {
+                (Some(url), Some(key), Some(n)) => serve_against(json, &forms, clients, &url, &key, n),
+                _ => serve(json, &forms, seconds, clients, data_dir, memory_only),
+            }
         }
         Which::Cluster { json, postgres, seconds, clients, nodes, tenants, lease_ms } => {
             cluster(json, postgres, seconds, clients, nodes, tenants, lease_ms)
@@ -919,6 +934,52 @@ fn micro(as_json: bool, history: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn serve_forms(forms: &[String]) -> anyhow::Result<Vec<tidegate_server::bench::Form>> {
+    use tidegate_server::bench::Form;
+    forms
+        .iter()
+        .map(|f| match f.as_str() {
+            "steps" => Ok(Form::Steps),
+            "batch" => Ok(Form::Batch),
+            other => Err(anyhow::anyhow!("--forms {other}: expected `steps` or `batch` (comma-separated)")),
+        })
+        .collect()
+}
+
+/// `bench serve --against URL`: one form, one client count, a fixed number of transactions.
+fn serve_against(
+    as_json: bool,
+    forms: &[String],
+    clients: Vec<usize>,
+    url: &str,
+    key: &str,
+    transactions: u64,
+) -> anyhow::Result<()> {
+    let [form] = serve_forms(forms)?[..] else {
+        anyhow::bail!("--forms {}: expected one form with --against", forms.join(","));
+    };
+    let [clients] = clients[..] else {
+        anyhow::bail!("--clients {clients:?}: expected one client count with --against");
+    };
+    anyhow::ensure!((1..=1024).contains(&clients), "--clients {clients}: expected 1 to 1024");
+    anyhow::ensure!(
+        url.starts_with("http://") || url.starts_with("https://"),
+        "--against {url}: expected an http:// or https:// base URL"
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let m = rt.block_on(tidegate_server::bench::against(form, url, key, clients, transactions))?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&m)?);
+    } else {
+        println!(
+            "{} at {url}, {} clients: {} committed, {} failed, {} tx/s, p50 {} ms, p99 {} ms",
+            m.form, m.clients, m.committed, m.failed, m.tx_per_s, m.p50_ms, m.p99_ms
+        );
+    }
+    anyhow::ensure!(m.failed == 0, "{} of {} transactions failed", m.failed, m.failed + m.committed);
+    Ok(())
+}
+
 fn serve(
     as_json: bool,
     forms: &[String],
@@ -927,15 +988,8 @@ fn serve(
     data_dir: Option<std::path::PathBuf>,
     memory_only: bool,
 ) -> anyhow::Result<()> {
-    use tidegate_server::bench::{BenchOptions, Form, StoreKind};
-    let forms = forms
-        .iter()
-        .map(|f| match f.as_str() {
-            "steps" => Ok(Form::Steps),
-            "batch" => Ok(Form::Batch),
-            other => Err(anyhow::anyhow!("--forms {other}: expected `steps` or `batch` (comma-separated)")),
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    use tidegate_server::bench::{BenchOptions, StoreKind};
+    let forms = serve_forms(forms)?;
     anyhow::ensure!(seconds > 0.0 && seconds <= 600.0, "--seconds {seconds}: expected more than 0 and at most 600");
     anyhow::ensure!(clients.iter().all(|c| (1..=1024).contains(c)), "--clients {clients:?}: expected 1 to 1024 each");
     let stores = if memory_only { vec![StoreKind::Memory] } else { vec![StoreKind::Memory, StoreKind::Durable] };

@@ -62,6 +62,8 @@ pub enum StoreKind {
     Memory,
     /// The embedded SQLite ledger in a data directory.
     Durable,
+    /// Whatever the server driven with `--against` runs on.
+    External,
 }
 
 impl StoreKind {
@@ -69,6 +71,7 @@ impl StoreKind {
         match self {
             StoreKind::Memory => "memory",
             StoreKind::Durable => "durable",
+            StoreKind::External => "external",
         }
     }
 }
@@ -218,6 +221,16 @@ pub(crate) async fn ok_json(
     if expect.contains(&status) { Ok(v) } else { Err(BenchError::Http { step, detail: format!("HTTP {status}: {v}") }) }
 }
 
+/// When a run's clients stop.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// At this instant (the timed measurements).
+    At(Instant),
+    /// After this many transactions per client, successful or not (a fixed amount of work
+    /// for instruction counters).
+    After(u64),
+}
+
 /// Runs the server on `dir` (or in memory) and `clients` HTTP clients for `secs`.
 async fn server_run(
     form: Form,
@@ -237,7 +250,6 @@ async fn server_run(
     let state = AppState::open(cfg).await?;
     state.catalog().create_tenant("bench")?;
     let (key, _) = state.catalog().create_key("bench", Role::Admin, Some("bench serve"))?;
-    let key = key.key;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|source| BenchError::Io { op: "binding the server", source })?;
@@ -252,29 +264,80 @@ async fn server_run(
         .await
     });
     let base = format!("http://{addr}");
-    let http = reqwest::Client::builder()
+    let http = client(clients)?;
+    define(&http, &base, &key.key, receiver).await?;
+    let start = Instant::now();
+    let stop = Stop::At(start + Duration::from_secs_f64(secs));
+    let (lat, failed) = drive(form, &http, &base, &key.key, clients, stop).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    let _ = stop_tx.send(());
+    if let Ok(r) = server.await {
+        r?;
+    }
+    Ok(measurement("server", form, store, clients, lat, failed, elapsed))
+}
+
+/// Drives a server that runs elsewhere (`tidegate bench serve --against URL`): defines the
+/// benchmark's capabilities and tools in the key's tenant (pointing at this process's
+/// receiver), then runs exactly `transactions` transactions per client, one after another.
+/// The store is the server's (`external` in the measurement). `scripts/instructions.sh` uses
+/// it to count the server's instructions per transaction in a process of its own.
+pub async fn against(
+    form: Form,
+    base: &str,
+    key: &str,
+    clients: usize,
+    transactions: u64,
+) -> Result<Measurement, BenchError> {
+    let receiver = Receiver::start().await?;
+    let base = base.trim_end_matches('/');
+    let http = client(clients)?;
+    define(&http, base, key, &receiver).await?;
+    let start = Instant::now();
+    let (lat, failed) = drive(form, &http, base, key, clients, Stop::After(transactions)).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok(measurement("server", form, StoreKind::External, clients, lat, failed, elapsed))
+}
+
+fn client(clients: usize) -> Result<reqwest::Client, BenchError> {
+    reqwest::Client::builder()
         .pool_max_idle_per_host(clients * 2)
         .timeout(Duration::from_secs(60))
         .build()
-        .map_err(|e| BenchError::Http { step: "building the client", detail: e.to_string() })?;
+        .map_err(|e| BenchError::Http { step: "building the client", detail: e.to_string() })
+}
+
+/// The benchmark's two capabilities (webhooks to `receiver`) and tools, as a tenant's admin
+/// defines them.
+async fn define(http: &reqwest::Client, base: &str, key: &str, receiver: &Receiver) -> Result<(), BenchError> {
     for (cap, path) in [("bench-reserve", "reserve"), ("bench-notify", "notify")] {
         let spec = json!({"kind": "webhook", "url": format!("{}/{path}", receiver.url), "timeout_ms": 10000, "attempts": 3, "backoff_ms": 10});
-        let r = http.put(format!("{base}/v1/capabilities/{cap}")).bearer_auth(&key).json(&spec).send().await;
+        let r = http.put(format!("{base}/v1/capabilities/{cap}")).bearer_auth(key).json(&spec).send().await;
         ok_json("defining a capability", r, &[200, 201]).await?;
     }
     for (tool, def) in [
         ("reserve", json!({"class": "reversible", "scopes": ["kv:bench:{c}"], "call": "bench-reserve"})),
         ("notify", json!({"class": "gated", "scopes": ["mail:bench:{c}"], "call": "bench-notify"})),
     ] {
-        let r = http.put(format!("{base}/v1/tools/{tool}")).bearer_auth(&key).json(&def).send().await;
+        let r = http.put(format!("{base}/v1/tools/{tool}")).bearer_auth(key).json(&def).send().await;
         ok_json("defining a tool", r, &[200, 201]).await?;
     }
+    Ok(())
+}
 
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let start = Instant::now();
+/// `clients` concurrent HTTP clients, each running transactions of `form` until `stop`:
+/// the latencies of the committed ones (ms) and the count of the others.
+async fn drive(
+    form: Form,
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    clients: usize,
+    stop: Stop,
+) -> (Vec<f64>, u64) {
     let mut handles = Vec::new();
     for c in 0..clients {
-        let (http, base, key) = (http.clone(), base.clone(), key.clone());
+        let (http, base, key) = (http.clone(), base.to_owned(), key.to_owned());
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut failed = 0u64;
@@ -283,7 +346,12 @@ async fn server_run(
             let args = json!({"c": c});
             let batch = json!({"agent": format!("c{c}"), "effects": [
                 {"tool": "reserve", "args": args}, {"tool": "notify", "args": args}]});
-            while Instant::now() < deadline {
+            let mut done = 0u64;
+            while match stop {
+                Stop::At(deadline) => Instant::now() < deadline,
+                Stop::After(n) => done < n,
+            } {
+                done += 1;
                 let t = Instant::now();
                 let one = async {
                     if form == Form::Batch {
@@ -343,12 +411,7 @@ async fn server_run(
             failed += f;
         }
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    let _ = stop_tx.send(());
-    if let Ok(r) = server.await {
-        r?;
-    }
-    Ok(measurement("server", form, store, clients, lat, failed, elapsed))
+    (lat, failed)
 }
 
 /// The in-process tools' webhook call: POST the arguments, a 2xx's JSON is the output.

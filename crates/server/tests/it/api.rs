@@ -56,6 +56,12 @@ async fn gated_release_reaches_the_webhook_once_with_the_effects_key_at_commit()
     assert_eq!(d[0].key, key);
     assert_eq!(d[0].operation, "release");
     assert_eq!(d[0].body["args"]["body"], "refunded");
+    // The whole body: receivers see exactly these fields (a release carries no output).
+    assert_eq!(
+        d[0].body,
+        json!({"args": {"body": "refunded", "id": "ann"}, "capability": "send_email-call",
+            "key": key, "operation": "release", "tool": "send_email"})
+    );
 
     // Asking again answers the settled transaction and sends nothing more.
     let r = h.req("POST", &format!("/v1/transactions/{tx}/commit"), Some(&k.agent), None).await;
@@ -111,6 +117,11 @@ async fn compensation_after_an_abort_reaches_the_webhook_once_with_a_derived_key
     assert_eq!(undo[0].key, "trip-T1#compensate");
     assert_eq!(undo[0].operation, "compensate");
     assert_eq!(undo[0].body["output"], json!({"receipt": "trip-T1"}), "the forward output travels with the undo");
+    assert_eq!(
+        undo[0].body,
+        json!({"args": {"id": "T1"}, "capability": "book-undo", "key": "trip-T1#compensate",
+            "operation": "compensate", "output": {"receipt": "trip-T1"}, "tool": "book"})
+    );
     h.stop().await;
 }
 
@@ -699,4 +710,21 @@ async fn shutdown_drains_a_request_in_flight_and_refuses_new_ones() {
     assert_eq!((status, body["ack"].as_str()), (200, Some("executed")), "{body}");
     stopping.await.unwrap();
     assert_eq!(sink.on("slow/call").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_benchmark_drives_a_server_running_elsewhere_for_a_fixed_count() {
+    use tidegate_server::bench::{Form, against};
+    let h = Harness::memory(|_| {}).await;
+    let (_, k) = h.tenant("bench");
+    for (form, clients, each) in [(Form::Batch, 2, 3), (Form::Steps, 1, 2)] {
+        let m = against(form, &h.base, &k.admin, clients, each).await.unwrap();
+        assert_eq!((m.committed, m.failed, m.store), (clients as u64 * each, 0, "external"), "{m:?}");
+    }
+    let refused = against(Form::Batch, &h.base, &k.agent, 1, 1).await;
+    assert!(
+        matches!(&refused, Err(tidegate_server::bench::BenchError::Http { step: "defining a capability", .. })),
+        "an agent key cannot define the benchmark's capabilities: {refused:?}"
+    );
+    h.stop().await;
 }
