@@ -51,9 +51,16 @@ fn label(outcome: &CallOutcome) -> &'static str {
     }
 }
 
+/// A registered capability: its spec and, for a webhook, its URL parsed once (the HTTP client
+/// would otherwise parse the text on every request).
+struct Registered {
+    spec: CapabilitySpec,
+    url: Option<reqwest::Url>,
+}
+
 /// Dispatches one tenant's operations.
 pub struct Dispatcher {
-    capabilities: RwLock<HashMap<String, CapabilitySpec>>,
+    capabilities: RwLock<HashMap<String, Arc<Registered>>>,
     http: reqwest::Client,
     queue: Arc<TaskQueue>,
     attempts: Arc<AttemptLog>,
@@ -84,7 +91,13 @@ impl Dispatcher {
 
     /// Adds or replaces a capability.
     pub fn put_capability(&self, name: &str, spec: CapabilitySpec) {
-        self.capabilities.write().insert(name.to_owned(), spec);
+        // The spec was validated, so its URL parses; one that did not would be sent as text
+        // and refused by the client, as before.
+        let url = match &spec {
+            CapabilitySpec::Webhook(w) => reqwest::Url::parse(&w.url).ok(),
+            CapabilitySpec::Worker(_) => None,
+        };
+        self.capabilities.write().insert(name.to_owned(), Arc::new(Registered { spec, url }));
     }
 
     /// Removes a capability.
@@ -94,12 +107,12 @@ impl Dispatcher {
 
     /// A capability's spec.
     pub fn capability(&self, name: &str) -> Option<CapabilitySpec> {
-        self.capabilities.read().get(name).cloned()
+        self.capabilities.read().get(name).map(|r| r.spec.clone())
     }
 
     /// Every capability, by name.
     pub fn capabilities(&self) -> Vec<(String, CapabilitySpec)> {
-        let mut v: Vec<_> = self.capabilities.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut v: Vec<_> = self.capabilities.read().iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -144,16 +157,21 @@ impl Dispatcher {
 
     /// Runs `req` on its capability (see the module contract).
     pub async fn dispatch(&self, req: DispatchRequest) -> CallOutcome {
-        let Some(spec) = self.capability(&req.capability) else {
+        let registered = self.capabilities.read().get(&req.capability).cloned();
+        let Some(registered) = registered else {
             let outcome = CallOutcome::not_applied(format!("capability `{}` is not registered", req.capability), false);
             self.count("none", req.operation, &outcome);
             return outcome;
         };
-        let (kind, outcome) = match spec {
+        let (kind, outcome) = match &registered.spec {
             CapabilitySpec::Webhook(w) => {
-                ("webhook", webhook::send(&self.http, &w, &self.defaults, &req, &self.attempts, &self.metrics).await)
+                let target = webhook::Target { spec: w, url: registered.url.as_ref() };
+                (
+                    "webhook",
+                    webhook::send(&self.http, target, &self.defaults, &req, &self.attempts, &self.metrics).await,
+                )
             }
-            CapabilitySpec::Worker(w) => ("worker", self.queue.run(&req, &w, &self.defaults).await),
+            CapabilitySpec::Worker(w) => ("worker", self.queue.run(&req, w, &self.defaults).await),
         };
         self.count(kind, req.operation, &outcome);
         outcome

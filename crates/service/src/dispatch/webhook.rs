@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::attempts::{Attempt, AttemptLog, now_ms};
 use super::{CallOutcome, DispatchRequest, Operation};
@@ -16,6 +16,19 @@ const MAX_RESPONSE_BYTES: usize = 1 << 20;
 /// Longest backoff between attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// What every attempt POSTs, borrowed from the request (no copy of the arguments or the
+/// output). The fields are in the order receivers have always seen them: by name.
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    args: &'a Value,
+    capability: &'a str,
+    key: &'a str,
+    operation: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<&'a Value>,
+    tool: &'a str,
+}
+
 enum Try {
     Done(Value, Option<String>),
     /// Certainly not processed; may retry.
@@ -26,29 +39,35 @@ enum Try {
     Maybe(String),
 }
 
+/// Where a webhook goes: its spec and its URL, parsed when the capability was registered.
+#[derive(Clone, Copy)]
+pub(super) struct Target<'a> {
+    pub(super) spec: &'a WebhookSpec,
+    pub(super) url: Option<&'a reqwest::Url>,
+}
+
 pub(super) async fn send(
     http: &reqwest::Client,
-    spec: &WebhookSpec,
+    target: Target<'_>,
     defaults: &DispatchSection,
     req: &DispatchRequest,
     log: &AttemptLog,
     metrics: &Metrics,
 ) -> CallOutcome {
+    let spec = target.spec;
     let attempts = spec.attempts.unwrap_or(defaults.webhook_attempts).max(1);
     let timeout = Duration::from_millis(spec.timeout_ms.unwrap_or(defaults.webhook_timeout_ms).max(1));
     let backoff = Duration::from_millis(spec.backoff_ms.unwrap_or(defaults.webhook_backoff_ms));
     // The key, rendered once: every attempt's header and body and its record carry this text.
     let key = req.key.to_string();
-    let mut body = json!({
-        "operation": req.operation.as_str(),
-        "tool": req.tool,
-        "capability": req.capability,
-        "key": key,
-        "args": &*req.args,
-    });
-    if let Some(o) = &req.output {
-        body["output"] = (**o).clone();
-    }
+    let body = Body {
+        args: &req.args,
+        capability: &req.capability,
+        key: &key,
+        operation: req.operation.as_str(),
+        output: req.output.as_deref(),
+        tool: &req.tool,
+    };
     let mut maybe_happened = false;
     let mut last = String::new();
     for n in 1..=attempts {
@@ -58,7 +77,7 @@ pub(super) async fn send(
         }
         let started = Instant::now();
         let started_ms = now_ms();
-        let result = attempt(http, &spec.url, timeout, req.operation, &key, n, &body).await;
+        let result = attempt(http, target, timeout, req.operation, &key, n, &body).await;
         metrics.webhook_duration.observe(started.elapsed().as_secs_f64());
         let (label, detail) = match &result {
             Try::Done(..) => ("done", "2xx".to_owned()),
@@ -113,15 +132,18 @@ pub(super) async fn send(
 
 async fn attempt(
     http: &reqwest::Client,
-    url: &str,
+    target: Target<'_>,
     timeout: Duration,
     operation: Operation,
     key: &str,
     n: u32,
-    body: &Value,
+    body: &Body<'_>,
 ) -> Try {
-    let sent = http
-        .post(url)
+    let builder = match target.url {
+        Some(url) => http.post(url.clone()),
+        None => http.post(&target.spec.url),
+    };
+    let sent = builder
         .timeout(timeout)
         .header("Idempotency-Key", key)
         .header("Tidegate-Operation", operation.as_str())
