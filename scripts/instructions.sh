@@ -23,7 +23,10 @@
 #       webhook receiver) sends it 20 and then 220 one-request transactions (`--forms batch`,
 #       one client: begin, a reversible and a gated webhook effect, seal, commit), so only
 #       the server's own work is counted: HTTP, JSON, authentication, the engine, the ledger
-#       and both webhook calls. Memory and the embedded durable store by default.
+#       and both webhook calls. Memory and the embedded durable store by default. The server
+#       logs at its default level (one line per request); RUST_LOG=warn leaves that out. To
+#       count an older server, set TIDEGATE_BIN to it and TIDEGATE_DRIVER_BIN to a binary
+#       that has `bench serve --against` (default: TIDEGATE_BIN).
 #
 # Needs valgrind (`apt-get install valgrind`) and a release build of the binary
 # (`cargo build --release -p tidegate`; set TIDEGATE_BIN to use another). Set
@@ -57,8 +60,15 @@ extra=()
 [ -n "$calls" ] && extra=(--calls "$calls")
 [ "$paper" = 1 ] && extra=(--paper-overhead)
 [ "$spec" = 1 ] && extra=(--speculation)
-out="${TIDEGATE_CALLGRIND_DIR:-$(mktemp -d)}"
-mkdir -p "$out"
+if [ -n "${TIDEGATE_CALLGRIND_DIR:-}" ]; then
+    out=$TIDEGATE_CALLGRIND_DIR
+    mkdir -p "$out"
+else
+    # A temporary directory, removed after a successful run (kept, with its logs, after a
+    # failure).
+    out=$(mktemp -d)
+    trap 'status=$?; [ "$status" -eq 0 ] && rm -rf "$out"; exit "$status"' EXIT
+fi
 levels=("$@")
 [ ${#levels[@]} -eq 0 ] && levels=(L0 L1 L4)
 [ "$paper" = 1 ] && levels=(default)
@@ -75,20 +85,26 @@ collected() {
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/valgrind.$level.$n.log"
 }
 # The server under callgrind, driven from another process; prints the instructions it
-# executed from start to its exit on SIGTERM.
+# executed from start to its exit on SIGTERM. Runs in a background subshell (`serve_count`):
+# its traps kill the server and remove its directory (which holds the tenant's admin key)
+# whatever happens, including a SIGTERM or SIGINT to this script.
 serve_collected() {
-    local n=$1 store=$2 tmp
-    tmp=$(mktemp -d)
+    # Not `local`: the EXIT trap runs after the function has returned.
+    local n=$1 store=$2
+    pid=""
+    tmp=$(mktemp -d) || return 1
+    trap 'exit 143' TERM INT
+    trap '[ -n "$pid" ] && { kill -KILL "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; }; rm -rf "$tmp"' EXIT
     local where=(--memory)
     [ "$store" = durable ] && where=(--data-dir "$tmp/data")
     valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.serve-$store.$n" \
         "$bin" serve --listen 127.0.0.1:0 "${where[@]}" --bootstrap-tenant bench \
         >"$tmp/stdout" 2>"$out/valgrind.serve-$store.$n.log" &
-    local pid=$! waited=0
+    pid=$!
+    local waited=0
     until grep -qs '^listening on ' "$tmp/stdout"; do
         if ! kill -0 "$pid" 2>/dev/null || [ "$waited" -ge 600 ]; then
-            echo "the server did not start (see $out/valgrind.serve-$store.$n.log)" >&2
-            kill -KILL "$pid" 2>/dev/null || true
+            echo "the server did not start within 120 s (see $out/valgrind.serve-$store.$n.log)" >&2
             return 1
         fi
         sleep 0.2
@@ -97,18 +113,45 @@ serve_collected() {
     local addr key
     addr=$(sed -n 's/^listening on //p' "$tmp/stdout")
     key=$(sed -n 's/^tenant=bench role=admin key=//p' "$tmp/stdout")
-    if ! "$bin" bench serve --against "http://$addr" --key "$key" --transactions "$n" \
+    if ! timeout 900 "$driver" bench serve --against "http://$addr" --key "$key" --transactions "$n" \
         --forms batch --clients 1 >"$tmp/load" 2>&1; then
-        echo "the load failed: $(cat "$tmp/load")" >&2
-        kill -KILL "$pid" 2>/dev/null || true
+        echo "the load failed or took over 900 s: $(cat "$tmp/load")" >&2
         return 1
     fi
     kill -TERM "$pid"
+    # A clean stop drains and writes the profile; past 120 s it is stuck.
+    waited=0
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$waited" -ge 600 ]; then
+            echo "the server did not stop within 120 s of SIGTERM" >&2
+            return 1
+        fi
+        sleep 0.2
+        waited=$((waited + 1))
+    done
     wait "$pid" || true
-    rm -rf "$tmp"
+    pid=""
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/valgrind.serve-$store.$n.log"
 }
+# Sets `count` to what serve_collected printed; the script's TERM/INT stop it too.
+serve_count() {
+    serve_collected "$1" "$2" >"$out/serve.count" &
+    child=$!
+    if ! wait "$child"; then
+        child=""
+        return 1
+    fi
+    child=""
+    count=$(cat "$out/serve.count")
+}
 if [ "$serve" = 1 ]; then
+    child=""
+    trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; wait; exit 143' TERM INT
+    driver="${TIDEGATE_DRIVER_BIN:-$bin}"
+    if [ ! -x "$driver" ]; then
+        echo "no driver binary at $driver (TIDEGATE_DRIVER_BIN)" >&2
+        exit 2
+    fi
     stores=("$@")
     [ ${#stores[@]} -eq 0 ] && stores=(memory durable)
     for store in "${stores[@]}"; do
@@ -116,8 +159,10 @@ if [ "$serve" = 1 ]; then
             memory | durable) ;;
             *) echo "store $store: expected memory or durable" >&2; exit 2 ;;
         esac
-        a=$(serve_collected "$small" "$store")
-        b=$(serve_collected "$large" "$store")
+        serve_count "$small" "$store" || exit 1
+        a=$count
+        serve_count "$large" "$store" || exit 1
+        b=$count
         if [ -z "$a" ] || [ -z "$b" ]; then
             echo "serve $store: callgrind reported no count (see $out/valgrind.serve-$store.*.log)" >&2
             exit 1

@@ -119,10 +119,13 @@ pub enum Which {
         /// Only the in-memory store.
         #[arg(long)]
         memory_only: bool,
-        /// Instead of starting servers, drive the `tidegate serve` at this base URL
-        /// (`http://127.0.0.1:7878`): define the benchmark's capabilities and tools in the
-        /// key's tenant, then run `--transactions` per client of one form at one client count
-        /// (`scripts/instructions.sh` counts the server's instructions this way).
+        /// Instead of starting servers, drive the `tidegate serve` on this host at this base
+        /// URL (`http://127.0.0.1:7878`): define the benchmark's tools (`reserve`, `notify`)
+        /// and capabilities (`bench-reserve`, `bench-notify`) in the key's tenant, replacing
+        /// any of those names (use a scratch tenant), run `--transactions` per client of one
+        /// form (`--forms batch` or `steps`, required) at one client count (`--clients N`,
+        /// required), then remove them (`scripts/instructions.sh` counts the server's
+        /// instructions this way).
         #[arg(long, value_name = "URL", requires_all = ["key", "transactions"], conflicts_with_all = ["data_dir", "memory_only", "seconds"])]
         against: Option<String>,
         /// With `--against`: an admin key of the tenant to run in.

@@ -277,11 +277,13 @@ async fn server_run(
     Ok(measurement("server", form, store, clients, lat, failed, elapsed))
 }
 
-/// Drives a server that runs elsewhere (`tidegate bench serve --against URL`): defines the
-/// benchmark's capabilities and tools in the key's tenant (pointing at this process's
-/// receiver), then runs exactly `transactions` transactions per client, one after another.
-/// The store is the server's (`external` in the measurement). `scripts/instructions.sh` uses
-/// it to count the server's instructions per transaction in a process of its own.
+/// Drives a server that runs elsewhere on this host (`tidegate bench serve --against URL`):
+/// defines (replacing any of the same names) the benchmark's tools `reserve` and `notify` and
+/// capabilities `bench-reserve` and `bench-notify` in the key's tenant, pointing at this
+/// process's receiver on 127.0.0.1, runs exactly `transactions` transactions per client, one
+/// after another, and removes the four definitions again. Use a scratch tenant. The store is
+/// the server's (`external` in the measurement). `scripts/instructions.sh` uses it to count
+/// the server's instructions per transaction in a process of its own.
 pub async fn against(
     form: Form,
     base: &str,
@@ -296,6 +298,17 @@ pub async fn against(
     let start = Instant::now();
     let (lat, failed) = drive(form, &http, base, key, clients, Stop::After(transactions)).await;
     let elapsed = start.elapsed().as_secs_f64();
+    // Left behind, they would point at a receiver that is gone.
+    for path in ["tools/reserve", "tools/notify", "capabilities/bench-reserve", "capabilities/bench-notify"] {
+        let r = http.delete(format!("{base}/v1/{path}")).bearer_auth(key).send().await;
+        let r = r.map_err(|e| BenchError::Http { step: "removing a definition", detail: e.to_string() })?;
+        if !r.status().is_success() {
+            return Err(BenchError::Http {
+                step: "removing a definition",
+                detail: format!("{path}: HTTP {}", r.status()),
+            });
+        }
+    }
     Ok(measurement("server", form, StoreKind::External, clients, lat, failed, elapsed))
 }
 

@@ -56,11 +56,12 @@ async fn gated_release_reaches_the_webhook_once_with_the_effects_key_at_commit()
     assert_eq!(d[0].key, key);
     assert_eq!(d[0].operation, "release");
     assert_eq!(d[0].body["args"]["body"], "refunded");
-    // The whole body: receivers see exactly these fields (a release carries no output).
+    // The whole body, byte for byte: these fields in this order (a release carries no output).
     assert_eq!(
-        d[0].body,
-        json!({"args": {"body": "refunded", "id": "ann"}, "capability": "send_email-call",
-            "key": key, "operation": "release", "tool": "send_email"})
+        d[0].raw,
+        format!(
+            r#"{{"args":{{"body":"refunded","id":"ann"}},"capability":"send_email-call","key":"{key}","operation":"release","tool":"send_email"}}"#
+        )
     );
 
     // Asking again answers the settled transaction and sends nothing more.
@@ -720,6 +721,10 @@ async fn the_benchmark_drives_a_server_running_elsewhere_for_a_fixed_count() {
     for (form, clients, each) in [(Form::Batch, 2, 3), (Form::Steps, 1, 2)] {
         let m = against(form, &h.base, &k.admin, clients, each).await.unwrap();
         assert_eq!((m.committed, m.failed, m.store), (clients as u64 * each, 0, "external"), "{m:?}");
+        for path in ["/v1/tools/reserve", "/v1/capabilities/bench-notify"] {
+            let r = h.req("GET", path, Some(&k.admin), None).await;
+            assert_eq!(r.status, 404, "the run removes what it defined: {path} {r:?}");
+        }
     }
     let refused = against(Form::Batch, &h.base, &k.agent, 1, 1).await;
     assert!(

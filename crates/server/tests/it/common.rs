@@ -202,6 +202,9 @@ pub struct Delivery {
     pub operation: String,
     pub attempt: String,
     pub body: Value,
+    /// The body exactly as it arrived.
+    #[serde(default)]
+    pub raw: String,
     /// Whether the sink applied it (false for a duplicate key or a scripted failure).
     pub applied: bool,
 }
@@ -236,7 +239,8 @@ async fn hook(
 ) -> impl IntoResponse {
     let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let key = h("idempotency-key");
-    let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let raw = body;
+    let body: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
     let (scripted, delay) = {
         let mut s = st.lock();
         (s.script.get_mut(&path).and_then(VecDeque::pop_front), s.delay.get(&path).copied())
@@ -252,6 +256,7 @@ async fn hook(
             operation: h("tidegate-operation"),
             attempt: h("tidegate-attempt"),
             body,
+            raw,
             applied: false,
         };
         append(&log, &d);
@@ -272,6 +277,7 @@ async fn hook(
         operation: h("tidegate-operation"),
         attempt: h("tidegate-attempt"),
         body,
+        raw,
         applied,
     };
     append(&log, &d);

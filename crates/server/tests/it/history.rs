@@ -231,6 +231,7 @@ mod tests {
             operation: String::new(),
             attempt: "1".into(),
             body: json!({"args": {"op": op}}),
+            raw: String::new(),
             applied: true,
         }
     }

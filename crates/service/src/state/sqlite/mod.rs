@@ -200,10 +200,11 @@ impl Db {
         // Every statement of the hot paths stays prepared (rusqlite keeps 16 by default).
         conn.set_prepared_statement_cache_capacity(64);
         // Without the planner's stability guarantee, SQLite marks a statement whose plan may
-        // depend on a bound value and re-prepares it after each rebinding: the attempt
-        // records' inserts were parsed and planned again on every write (about 120,000
-        // instructions per server transaction). No statement here relies on value-specific
-        // plans (there is no ANALYZE data).
+        // depend on a bound value and re-prepares it after each rebinding: the per-attempt
+        // `DELETE ... LIMIT 1 OFFSET ?2` that keeps each effect's attempts bounded (a bound
+        // LIMIT/OFFSET is such a value) was parsed and planned again on every attempt record,
+        // about 120,000 instructions per server transaction. It changes plans only, never
+        // results, and no statement here relies on a value-specific plan (no ANALYZE data).
         conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
             .map_err(sql_err(path, "enable the query planner stability guarantee"))?;
         let mut db = Db {
