@@ -89,8 +89,8 @@ collected() {
 # its traps kill the server and remove its directory (which holds the tenant's admin key)
 # whatever happens, including a SIGTERM or SIGINT to this script.
 serve_collected() {
-    # Not `local`: the EXIT trap runs after the function has returned.
     local n=$1 store=$2
+    # `pid` and `tmp` are not `local`: the EXIT trap runs after the function has returned.
     pid=""
     tmp=$(mktemp -d) || return 1
     trap 'exit 143' TERM INT
