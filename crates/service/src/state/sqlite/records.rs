@@ -266,3 +266,49 @@ fn record_one(
     .map_err(e("forget old attempts"))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::StatementStatus;
+
+    use super::super::{Db, Sync};
+    use crate::dispatch::{Attempt, Operation};
+    use crate::state::Limits;
+
+    /// The statements of an attempt record stay prepared across writes: none is parsed and
+    /// planned again after rebinding (the per-attempt `DELETE ... OFFSET ?2` was, on every
+    /// record, before the connection enabled the planner's stability guarantee).
+    #[test]
+    fn recording_attempts_re_prepares_no_statement() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits { idempotency_ttl_ms: 60_000, idempotency_max: 100, attempts_retained: 3 };
+        let mut db = Db::open(&dir.path().join("state.db"), limits).unwrap();
+        // More keys than are retained, so the pruning statements run too.
+        for i in 0..20u32 {
+            let a = Attempt {
+                operation: Operation::Call,
+                capability: "cap".into(),
+                kind: "webhook".into(),
+                attempt: i % 4 + 1,
+                key: format!("k{i}"),
+                started_at_ms: u64::from(i),
+                finished_at_ms: Some(u64::from(i) + 1),
+                result: "done".into(),
+                detail: "2xx".into(),
+            };
+            let key = format!("effect-{}", i / 2);
+            db.write(Sync::Relaxed, "test", |tx, c| super::record_one(tx, c, &key, &a)).unwrap();
+        }
+        for sql in [
+            "INSERT OR IGNORE INTO attempt_keys(effect_key) VALUES (?1)",
+            "DELETE FROM attempts WHERE effect_key = ?1 AND id <= \
+             (SELECT id FROM attempts WHERE effect_key = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+            "DELETE FROM attempts WHERE effect_key IN \
+             (SELECT effect_key FROM attempt_keys ORDER BY id LIMIT ?1)",
+        ] {
+            let cached = db.conn.prepare_cached(sql).unwrap();
+            assert!(cached.get_status(StatementStatus::Run) > 0, "never ran, so it proves nothing: {sql}");
+            assert_eq!(cached.get_status(StatementStatus::RePrepare), 0, "re-prepared: {sql}");
+        }
+    }
+}
