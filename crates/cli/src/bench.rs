@@ -90,7 +90,7 @@ pub enum Which {
         #[arg(long)]
         checkpoint_every: Option<u64>,
         /// Pairs of 64-client runs, one with checkpoints and one without, side by side, for
-        /// `checkpoint_cost_64` (the median of the pairs' shares; a single pair swung from 0
+        /// `checkpoint_cost_64` (the median of the pairs' shares; one comparison swung from 0
         /// to 27% on a disk whose rate drifts between runs). Each run takes `--seconds`.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
         checkpoint_pairs: u32,
@@ -461,7 +461,7 @@ fn durable(
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let (r, mut shares) = result?;
+    let (r, shares) = result?;
     let mut out = json!({
         "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
         "fsync_per_s": fsync.round(),
@@ -489,12 +489,7 @@ fn durable(
         // The checkpoint mechanism's cost: the share of 64-client throughput it takes, the
         // median over the pairs (each pair's share beside it).
         let pairs: Vec<Value> = shares.iter().map(|x| json!((x * 1000.0).round() / 1000.0)).collect();
-        shares.sort_by(f64::total_cmp);
-        let n = shares.len();
-        if n > 0 {
-            let median = if n % 2 == 1 { shares[n / 2] } else { (shares[n / 2 - 1] + shares[n / 2]) / 2.0 };
-            o.insert("checkpoint_cost_64".into(), json!((median * 1000.0).round() / 1000.0));
-        }
+        o.insert("checkpoint_cost_64".into(), json!((median(shares) * 1000.0).round() / 1000.0));
         o.insert("checkpoint_cost_64_pairs".into(), Value::Array(pairs));
     }
     if let (Some(pg), Some(o)) = (r.get(5..7), out.as_object_mut()) {
@@ -582,6 +577,7 @@ const SCOPES: [&str; 8] = [
     "bench:item:7",
 ];
 
+/// The middle value (the upper of the two middle ones for an even count; 0 for none).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
