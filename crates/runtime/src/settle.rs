@@ -9,6 +9,9 @@ use std::future::Future;
 use crate::engine::Tidegate;
 use crate::{Error, Result};
 
+/// Work run by [`Tidegate::detached`] or [`Tidegate::spawn_owned`], its type erased.
+type Work<T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'static>>;
+
 impl Tidegate {
     /// Runs `work` to completion whether or not the returned future stays alive: dropping
     /// the returned future does not cancel the work, so settlement never depends on the
@@ -20,15 +23,21 @@ impl Tidegate {
     /// task of its own ([`Tidegate::spawn_owned`]) before this future returns `Pending`, so the
     /// caller can drop it only once the engine owns the rest. (Dropped before its first poll,
     /// nothing ran, as for any future.)
-    pub(crate) async fn detached<T: Send + 'static>(
+    ///
+    /// Only the boxing is generic over the work's type; the rest is compiled once per output
+    /// type (see [`Tidegate::spawn_owned`]).
+    pub(crate) fn detached<T: Send + 'static>(
         &self,
         work: impl Future<Output = Result<T>> + Send + 'static,
-    ) -> Result<T> {
+    ) -> impl Future<Output = Result<T>> + Send + '_ {
+        // Boxed once: moved to a task afterwards without copying the (large) future itself.
+        self.detached_boxed(Box::pin(work))
+    }
+
+    async fn detached_boxed<T: Send + 'static>(&self, mut work: Work<T>) -> Result<T> {
         if self.inner.poisoned.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(self.stopped_error());
         }
-        // Boxed once: moved to a task afterwards without copying the (large) future itself.
-        let mut work = Box::pin(work);
         let handle = &self.inner.handle;
         let first = std::future::poll_fn(|cx| {
             let _rt = handle.enter();
@@ -39,7 +48,7 @@ impl Tidegate {
             return r;
         }
         // The work's wakers now point at this task; the spawned task's first poll replaces them.
-        match self.spawn_owned(work).await {
+        match self.spawn_boxed(work).await {
             Ok(r) => r,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // The runtime is shutting down: the work did not finish here.
@@ -49,10 +58,19 @@ impl Tidegate {
 
     /// Spawns `work` on the engine's runtime as a task the engine owns: it runs whether or not
     /// anyone waits for it, until it finishes or [`Tidegate::stop`] cancels it.
+    ///
+    /// The work is boxed and the task is built around the box, so the task's machinery (its
+    /// wrapper future, tokio's harness for it) is compiled once per output type, not once per
+    /// work type: a generic caller otherwise multiplies it (docs/performance.md, "First run
+    /// and test run").
     pub(crate) fn spawn_owned<T: Send + 'static>(
         &self,
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> tokio::task::JoinHandle<Result<T>> {
+        self.spawn_boxed(Box::pin(work))
+    }
+
+    fn spawn_boxed<T: Send + 'static>(&self, work: Work<T>) -> tokio::task::JoinHandle<Result<T>> {
         let inner = self.inner.clone();
         // Taken on the caller's task: the wrapper re-enters the caller's context in the task.
         let scope = self.inner.task_scope.as_ref().map(|f| f());

@@ -23,9 +23,23 @@ impl Tidegate {
         if self.inner.poisoned.load(AtomicOrdering::Relaxed) {
             return Err(self.stopped_error());
         }
-        let mut background: SmallVec<[Action; 2]> = SmallVec::new();
         let mut g = self.inner.shared.lock();
         let r = f(&mut g.core);
+        let lsn = self.after_transition(g)?;
+        match r {
+            Ok(r) => Ok((r, lsn)),
+            Err(e) => Err(self.inner.shared.lock().endings.explain(e)),
+        }
+    }
+
+    /// The part of [`Tidegate::with_core`] that does not depend on the transition: appends
+    /// the events, hands them to the observers, dispatches the actions and releases the lock.
+    /// Kept out of the generic function on purpose: a closure or `async` block written inside
+    /// a generic function is a new type for each instantiation, so the two settlement tasks
+    /// spawned below were compiled once per caller of `with_core` (about a hundred copies of
+    /// the task machinery in the binary; docs/performance.md, "First run and test run").
+    fn after_transition(&self, mut g: parking_lot::MutexGuard<'_, Shared>) -> Result<Lsn> {
+        let mut background: SmallVec<[Action; 2]> = SmallVec::new();
         let mut lsn = 0;
         // Contexts of settled transactions, dropped after the lock (a handle may be a language
         // binding's object whose drop must not run under the engine's lock).
@@ -119,10 +133,7 @@ impl Tidegate {
                 _ => {}
             }
         }
-        match r {
-            Ok(r) => Ok((r, lsn)),
-            Err(e) => Err(self.inner.shared.lock().endings.explain(e)),
-        }
+        Ok(lsn)
     }
 
     /// Waits until everything the engine has appended so far is durable: after a settlement

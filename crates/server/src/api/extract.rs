@@ -13,7 +13,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::problem::ApiError;
 use crate::AppState;
-use tidegate_service::auth::{Needs, Role};
+use tidegate_service::auth::{Needs, Permission, Role};
 use tidegate_service::tenant::Tenant;
 
 /// Who is calling: set by the auth middleware, read by [`Caller`].
@@ -66,25 +66,32 @@ impl<S: Send + Sync, P: Needs> FromRequestParts<S> for Caller<P> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        let ctx = match parts.extensions.get::<AuthState>() {
-            Some(AuthState::Ok(ctx)) => ctx.clone(),
-            Some(AuthState::Refused(e)) => return Err(e.clone()),
-            None => return Err(ApiError::unauthenticated("no API key: send `Authorization: Bearer <key>`")),
-        };
-        if !ctx.role.grants(P::PERMISSION) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                format!(
-                    "a key with role `{}` lacks permission `{}` (docs/server.md, Roles and permissions)",
-                    ctx.role,
-                    P::PERMISSION.as_str()
-                ),
-            ));
-        }
-        let slot = parts.extensions.get::<RequestSlot>().cloned().unwrap_or_default();
+        let (ctx, slot) = authorize(parts, P::PERMISSION)?;
         Ok(Caller { tenant: ctx.tenant.clone(), role: ctx.role, key_id: ctx.key_id.clone(), slot, _p: PhantomData })
     }
+}
+
+/// The authenticated caller's context, if its role grants `need`, and the request's slot.
+/// Not generic, so that it is compiled once rather than once per permission.
+fn authorize(parts: &Parts, need: Permission) -> Result<(Arc<AuthContext>, RequestSlot), ApiError> {
+    let ctx = match parts.extensions.get::<AuthState>() {
+        Some(AuthState::Ok(ctx)) => ctx.clone(),
+        Some(AuthState::Refused(e)) => return Err(e.clone()),
+        None => return Err(ApiError::unauthenticated("no API key: send `Authorization: Bearer <key>`")),
+    };
+    if !ctx.role.grants(need) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "a key with role `{}` lacks permission `{}` (docs/server.md, Roles and permissions)",
+                ctx.role,
+                need.as_str()
+            ),
+        ));
+    }
+    let slot = parts.extensions.get::<RequestSlot>().cloned().unwrap_or_default();
+    Ok((ctx, slot))
 }
 
 /// A JSON object body. An empty body reads as `{}`; unknown fields, wrong types, a JSON value
@@ -97,36 +104,43 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let has_type = req.headers().contains_key(header::CONTENT_TYPE);
-        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
-            let ct = ct.to_str().unwrap_or("");
-            let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-            if !(mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))) {
-                let mut e = ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "unsupported_media_type",
-                    format!("request bodies are JSON; got Content-Type `{ct}`"),
-                );
-                e.field = Some("Content-Type".into());
-                e.value = Some(ct.to_owned());
-                e.expected = Some("application/json".into());
-                return Err(e);
-            }
-        }
-        let limit = state.config().limits.max_body_bytes;
-        let bytes = read_body(req.into_body(), limit).await?;
-        if !has_type && !bytes.iter().all(u8::is_ascii_whitespace) {
+        let bytes = json_body(req, state).await?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// A JSON request's body, its media type checked and its size limited. Not generic, so that
+/// it is compiled once rather than once per body type.
+async fn json_body(req: Request, state: &AppState) -> Result<axum::body::Bytes, ApiError> {
+    let has_type = req.headers().contains_key(header::CONTENT_TYPE);
+    if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("");
+        let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        if !(mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))) {
             let mut e = ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
-                "the request has a body but no Content-Type; request bodies are JSON",
+                format!("request bodies are JSON; got Content-Type `{ct}`"),
             );
             e.field = Some("Content-Type".into());
+            e.value = Some(ct.to_owned());
             e.expected = Some("application/json".into());
             return Err(e);
         }
-        parse_json(&bytes).map(ApiJson)
     }
+    let limit = state.config().limits.max_body_bytes;
+    let bytes = read_body(req.into_body(), limit).await?;
+    if !has_type && !bytes.iter().all(u8::is_ascii_whitespace) {
+        let mut e = ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the request has a body but no Content-Type; request bodies are JSON",
+        );
+        e.field = Some("Content-Type".into());
+        e.expected = Some("application/json".into());
+        return Err(e);
+    }
+    Ok(bytes)
 }
 
 /// Reads a body up to `limit` bytes (413 beyond).
