@@ -6,11 +6,10 @@ use tidegate_core::{CallOutcome, Outcome};
 
 use std::future::Future;
 
+use futures::future::BoxFuture;
+
 use crate::engine::Tidegate;
 use crate::{Error, Result};
-
-/// Work run by [`Tidegate::detached`] or [`Tidegate::spawn_owned`], its type erased.
-type Work<T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'static>>;
 
 impl Tidegate {
     /// Runs `work` to completion whether or not the returned future stays alive: dropping
@@ -34,7 +33,7 @@ impl Tidegate {
         self.detached_boxed(Box::pin(work))
     }
 
-    async fn detached_boxed<T: Send + 'static>(&self, mut work: Work<T>) -> Result<T> {
+    async fn detached_boxed<T: Send + 'static>(&self, mut work: BoxFuture<'static, Result<T>>) -> Result<T> {
         if self.inner.poisoned.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(self.stopped_error());
         }
@@ -70,7 +69,10 @@ impl Tidegate {
         self.spawn_boxed(Box::pin(work))
     }
 
-    fn spawn_boxed<T: Send + 'static>(&self, work: Work<T>) -> tokio::task::JoinHandle<Result<T>> {
+    fn spawn_boxed<T: Send + 'static>(
+        &self,
+        work: BoxFuture<'static, Result<T>>,
+    ) -> tokio::task::JoinHandle<Result<T>> {
         let inner = self.inner.clone();
         // Taken on the caller's task: the wrapper re-enters the caller's context in the task.
         let scope = self.inner.task_scope.as_ref().map(|f| f());
