@@ -23,8 +23,9 @@ report_stages() {
 trap report_stages EXIT
 stage "build the workspace's tests" cargo test --workspace --no-run
 # cargo-nextest (on the project's machines) runs every test binary's tests side by side, each in
-# its own process, instead of one binary after the other (about 130 s instead of 220 s on the
-# 2-core machine); it does not run doctests, so they run after it. Without nextest, cargo test.
+# its own process, four at a time (.config/nextest.toml), instead of one binary after the other
+# (about 105 s instead of 220 s on the 2-core machine); it does not run doctests, so they run
+# after it. Without nextest, cargo test.
 if cargo nextest --version >/dev/null 2>&1; then
     stage "cargo nextest run --workspace" cargo nextest run --workspace --no-fail-fast
     stage "cargo test --workspace --doc" cargo test --workspace --doc
