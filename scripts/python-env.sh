@@ -59,8 +59,9 @@ tidegate_install_requirements() {
 # Prints the path of uv (pinned in scripts/requirements-ci.txt), installing it into the main
 # environment .venv/ with pip when that environment exists and lacks it; fails (and the caller
 # uses pip) when there is no main environment yet. uv installs a suite's pinned requirements
-# into a fresh environment in about 1 s where pip took about 24 s (the MCP suite's, on the
-# 2-core machine), and it refuses to install into anything but a virtual environment.
+# into a fresh environment in about 6 s where pip took about 24 s (the MCP suite's, empty
+# caches, on the 2-core machine), and it refuses to install into anything but a virtual
+# environment.
 tidegate_uv() {
     local req="$tidegate_root/scripts/requirements-ci.txt"
     [ -x "$tidegate_venv/bin/python" ] || return 1
