@@ -43,7 +43,8 @@ tidegate_install_requirements() {
     if cmp -s "$req" "$stamp"; then
         return 0
     fi
-    if [ "$req" != "$tidegate_root/scripts/requirements-ci.txt" ] && uv="$(tidegate_uv)"; then
+    # uv's own pin (scripts/requirements-ci.txt, however the path is spelled) goes in with pip.
+    if [ "$(basename "$req")" != requirements-ci.txt ] && uv="$(tidegate_uv)"; then
         # uv reads a certificate bundle from SSL_CERT_FILE; pip's own setting, if any, is passed on.
         local cert="${SSL_CERT_FILE:-${PIP_CERT:-}}"
         if ! env ${cert:+SSL_CERT_FILE="$cert"} "$uv" pip install --quiet --compile-bytecode --python "$dir/bin/python" -r "$req"; then
