@@ -38,21 +38,18 @@ tidegate_make_venv() {
 # nothing else would, and every fresh interpreter compiled langgraph again (the Python
 # suite took 81 s instead of 54).
 tidegate_install_requirements() {
-    local dir="$1" req="$2" stamp uv
+    local dir="$1" req="$2" stamp uv=""
+    # uv reads a certificate bundle from SSL_CERT_FILE; pip's own setting, if any, is passed on.
+    local cert="${SSL_CERT_FILE:-${PIP_CERT:-}}"
     stamp="$dir/.installed-$(basename "$req")"
     if cmp -s "$req" "$stamp"; then
         return 0
     fi
     # uv's own pin (scripts/requirements-ci.txt, however the path is spelled) goes in with pip.
-    if [ "$(basename "$req")" != requirements-ci.txt ] && uv="$(tidegate_uv)"; then
-        # uv reads a certificate bundle from SSL_CERT_FILE; pip's own setting, if any, is passed on.
-        local cert="${SSL_CERT_FILE:-${PIP_CERT:-}}"
-        if ! env ${cert:+SSL_CERT_FILE="$cert"} "$uv" pip install --quiet --compile-bytecode --python "$dir/bin/python" -r "$req"; then
-            echo "warning: uv could not install $req into $dir; trying pip" >&2
-            "$dir/bin/python" -m pip install --require-virtualenv --quiet --disable-pip-version-check -r "$req"
-        fi
-    else
-        "$dir/bin/python" -m pip install --require-virtualenv --quiet --disable-pip-version-check -r "$req"
+    if [ "$(basename "$req")" = requirements-ci.txt ] || ! uv="$(tidegate_uv)" \
+        || ! env ${cert:+SSL_CERT_FILE="$cert"} "$uv" pip install --quiet --compile-bytecode --python "$dir/bin/python" -r "$req"; then
+        [ -z "$uv" ] || echo "warning: uv could not install $req into $dir; trying pip" >&2
+        "$dir/bin/python" -m pip install --require-virtualenv --quiet --disable-pip-version-check -r "$req" || return 1
     fi
     cp "$req" "$stamp"
 }
@@ -64,11 +61,9 @@ tidegate_install_requirements() {
 # caches, on the 2-core machine), and it refuses to install into anything but a virtual
 # environment.
 tidegate_uv() {
-    local req="$tidegate_root/scripts/requirements-ci.txt"
     [ -x "$tidegate_venv/bin/python" ] || return 1
-    if [ ! -x "$tidegate_venv/bin/uv" ] || ! cmp -s "$req" "$tidegate_venv/.installed-requirements-ci.txt"; then
-        tidegate_install_requirements "$tidegate_venv" "$req" >&2 || return 1
-    fi
+    tidegate_install_requirements "$tidegate_venv" "$tidegate_root/scripts/requirements-ci.txt" >&2 || return 1
+    [ -x "$tidegate_venv/bin/uv" ] || return 1
     echo "$tidegate_venv/bin/uv"
 }
 
